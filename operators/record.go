@@ -1,0 +1,65 @@
+// Package operators holds the pure stream operators of rtproxy: filter, set,
+// map, broadcast join, tumbling and sliding windows, and drop_duplicates.
+//
+// An operator is a function of (record, state) to output records and dead
+// letters. It performs no I/O: it never imports franz-go, pebble, or anything
+// under pipeline/ or protocol/. State goes through the small interfaces of
+// package state; tables through the Table interface below.
+//
+// The Record type is shared with pipeline/, which builds records from Kafka
+// and turns the outputs back into Kafka records.
+package operators
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Record is one record as the steps of a route see it.
+//
+// Value is the decoded value: for format json any JSON value (usually
+// map[string]any), for format raw the string of the bytes. Raw keeps the
+// original value bytes so a dead letter can carry them unchanged.
+type Record struct {
+	Topic     string
+	Partition int32
+	Offset    int64
+	Key       []byte
+	Value     any
+	Raw       []byte
+	Headers   []Header
+	Timestamp int64 // epoch millis of the Kafka record
+	EventTime int64 // epoch millis: source.event_time, or Timestamp when unset
+
+	// Bound holds names bound by join steps (`as`). Joined rows are never
+	// merged into Value.
+	Bound map[string]any
+
+	// Window is set on rows emitted by a window step.
+	Window *WindowRef
+}
+
+// WindowRef names the window a row came from: [Start, End) in epoch millis.
+type WindowRef struct {
+	Start, End int64
+}
+
+// Reason is why a record became a dead letter. The values are a contract:
+// they are written to the rtproxy-reason header.
+type Reason string
+
+const (
+	ReasonDecode  Reason = "decode"  // the value could not be decoded (not JSON)
+	ReasonError   Reason = "error"   // an expression failed at runtime
+	ReasonLate    Reason = "late"    // every window of the record had closed
+	ReasonMissing Reason = "missing" // a join found no row and missing: dead_letter
+)
+
+// Emitter receives what a step produces. Emit passes a record on to the
+// next step (or to the sink after the last one). DeadLetter sends the
+// record to the route's dead-letter topic with a reason.
+type Emitter interface {
+	Emit(r *Record)
+	DeadLetter(r *Record, reason Reason, err error)
+}

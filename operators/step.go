@@ -1,0 +1,42 @@
+package operators
+
+import "github.com/rtproxy/rtproxy/state"
+
+// Step is one compiled step of a route. Process must never panic on bad
+// input: a runtime failure becomes a dead letter with ReasonError.
+type Step interface {
+	// Kind is the step kind as written in the rule file: "filter", "set",
+	// "map", "join", "drop_duplicates", "window".
+	Kind() string
+	Process(r *Record, out Emitter)
+}
+
+// Keyed is a stateful step whose state is partitioned by its own key
+// expression. The pipeline shuffles records to the worker owning
+// ShuffleKey(r) before calling Process, so one key is only ever seen by one
+// worker. A ShuffleKey error sends the record to the dead-letter topic.
+type Keyed interface {
+	Step
+	ShuffleKey(r *Record) (string, error)
+}
+
+// Timed is a step that reacts to the route's watermark (windows close,
+// ttl'd keys expire). The pipeline calls Advance whenever the watermark
+// moves; watermark is epoch millis.
+type Timed interface {
+	Advance(watermark int64, out Emitter)
+}
+
+// Stateful is a step whose state must be part of a checkpoint. Snapshot
+// writes the step's full state into w; Restore replaces the state with what
+// r holds. Both are called with the step quiesced (no concurrent Process).
+type Stateful interface {
+	Snapshot(w state.Writer) error
+	Restore(r state.Reader) error
+}
+
+// Table is what a broadcast join looks up. File tables and topic tables
+// both implement it. Lookup must be safe for concurrent use.
+type Table interface {
+	Lookup(key string) (row map[string]any, ok bool)
+}

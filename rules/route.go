@@ -1,0 +1,79 @@
+// Package rules owns rule files: it parses the YAML, compiles every expr
+// expression once, runs the analyzer that refuses plans that cannot run
+// (with file:line:col errors), and watches the rules directory.
+//
+// It may import operators (for the step constructors and types) and state
+// (interfaces only); it must never import pipeline/ or protocol/.
+package rules
+
+import (
+	"time"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/state"
+)
+
+// Route is one compiled, analyzed rule file: everything pipeline/ needs to
+// run it.
+type Route struct {
+	Name string // unique across the rules directory
+	File string // absolute path of the rule file
+	Hash string // hex sha256 of the file content (and of file tables it reads)
+
+	Source             Source
+	Sink               Sink
+	DeadLetter         string // defaults to "<source topic>.dlq"
+	CheckpointInterval time.Duration
+	Tables             map[string]TableSpec
+	Steps              []StepSpec
+}
+
+// Source is the `source:` block.
+type Source struct {
+	Topic       string
+	Format      string          // "json" or "raw"
+	EventTime   *operators.Expr // nil: the record timestamp
+	Watermark   time.Duration   // allowed lateness
+	IdleTimeout time.Duration
+	Start       string // "earliest" or "latest"
+}
+
+// Sink is the `sink:` block.
+type Sink struct {
+	Topic string
+	Key   *operators.Expr // nil: the source key (window rows: the window key)
+}
+
+// TableSpec is one entry of `tables:`. Exactly one of File or Topic is set.
+// A file table is loaded by rules (Table is set); a topic table is fed by
+// the pipeline (Table is nil until the pipeline provides one).
+type TableSpec struct {
+	Name  string
+	File  string // absolute path
+	Key   string // field of each row that is its key (file tables)
+	Topic string
+	Table operators.Table
+}
+
+// StepSpec is one compiled step.
+type StepSpec struct {
+	Index int    // position in steps:, from 0
+	Kind  string // filter, set, map, join, drop_duplicates, window
+	// Fingerprint identifies the step's definition: the same text in the
+	// same position with the same upstream semantics gives the same
+	// fingerprint. State of a step whose fingerprint is unchanged survives
+	// a reload; a changed step starts empty.
+	Fingerprint string
+	Line, Col   int
+	Table       string // join steps: the table name
+	// Build makes one instance of the step. The pipeline builds Keyed steps
+	// once per shuffle worker, each with its own KV; other steps may be
+	// built once per reader.
+	Build func(BuildEnv) (operators.Step, error)
+}
+
+// BuildEnv is what a step instance is built with.
+type BuildEnv struct {
+	KV     state.KV                   // the step's state namespace (nil for stateless steps)
+	Tables map[string]operators.Table // every table of the route, by name
+}
