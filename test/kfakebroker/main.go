@@ -1,0 +1,86 @@
+// Command kfakebroker runs franz-go's kfake as its own process, so that
+// tests and benchmarks talk to a broker over real loopback sockets and can
+// kill and restart it (with -data-dir) like a real one.
+//
+// It prints one line "ready ADDR,ADDR,..." on stdout once it listens, and
+// runs until SIGTERM/SIGINT.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+func main() {
+	var (
+		brokers = flag.Int("brokers", 3, "number of brokers")
+		ports   = flag.String("ports", "", "comma-separated ports, one per broker (default: random)")
+		dataDir = flag.String("data-dir", "", "persist data here so a restart keeps it")
+		topics  = flag.String("topics", "", "comma-separated NAME:PARTITIONS to create up front")
+		parts   = flag.Int("default-partitions", 3, "partitions of auto-created topics")
+		auto    = flag.Bool("auto-create", true, "auto-create topics on produce/metadata")
+		sasl    = flag.String("sasl", "", "enable SASL with superuser MECH:USER:PASS (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+	)
+	flag.Parse()
+
+	opts := []kfake.Opt{
+		kfake.NumBrokers(*brokers),
+		kfake.DefaultNumPartitions(*parts),
+	}
+	if *auto {
+		opts = append(opts, kfake.AllowAutoTopicCreation())
+	}
+	if *ports != "" {
+		var ps []int
+		for _, p := range strings.Split(*ports, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(p))
+			if err != nil {
+				log.Fatalf("bad -ports %q: %v", *ports, err)
+			}
+			ps = append(ps, n)
+		}
+		opts = append(opts, kfake.Ports(ps...))
+	}
+	if *dataDir != "" {
+		opts = append(opts, kfake.DataDir(*dataDir), kfake.SyncWrites())
+	}
+	if *sasl != "" {
+		f := strings.SplitN(*sasl, ":", 3)
+		if len(f) != 3 {
+			log.Fatalf("bad -sasl %q: want MECH:USER:PASS", *sasl)
+		}
+		opts = append(opts, kfake.EnableSASL(), kfake.Superuser(f[0], f[1], f[2]))
+	}
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		log.Fatalf("kfake: %v", err)
+	}
+	if *topics != "" {
+		for _, t := range strings.Split(*topics, ",") {
+			name, n, ok := strings.Cut(t, ":")
+			np := int64(*parts)
+			if ok {
+				if np, err = strconv.ParseInt(n, 10, 32); err != nil {
+					log.Fatalf("bad -topics entry %q: %v", t, err)
+				}
+			}
+			if err := c.CreateTopic(name, int32(np), nil); err != nil && !strings.Contains(err.Error(), "exists") {
+				log.Fatalf("create topic %s: %v", name, err)
+			}
+		}
+	}
+	fmt.Printf("ready %s\n", strings.Join(c.ListenAddrs(), ","))
+
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	<-sig
+	c.Close()
+}
