@@ -678,7 +678,8 @@ func MakeRecords(topic, prefix string, n int) []*kgo.Record {
 // their values in order.
 func Produce(t testing.TB, seeds []string, topic, prefix string, n int) []string {
 	t.Helper()
-	cl := NewClient(t, seeds)
+	// Uncompressed, so that clients without snappy/lz4 libraries can read them.
+	cl := NewClient(t, seeds, kgo.ProducerBatchCompression(kgo.NoCompression()))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rs := MakeRecords(topic, prefix, n)
