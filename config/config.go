@@ -1,0 +1,281 @@
+// Package config owns the proxy's own configuration: the YAML file, its
+// defaults (all in Default), its conflicts (all in Validate), and the
+// RTPROXY_* environment overrides. Command-line flags are applied by the
+// caller (cmd/rtproxy) on top, so the precedence is
+// flags > environment > file > defaults.
+//
+// It may import only the standard library and the YAML parser; it must never
+// import protocol/, pipeline/ or rules/, which consume what it produces.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is the whole proxy configuration. Every leaf field has a yaml key;
+// its environment variable is RTPROXY_ followed by the key path in upper case
+// joined by underscores (tls.upstream.ca_file → RTPROXY_TLS_UPSTREAM_CA_FILE).
+type Config struct {
+	// Listen is the bootstrap address clients dial. Default 127.0.0.1:9092.
+	Listen string `yaml:"listen"`
+	// AdvertiseHost is the host clients are told to reach the per-broker
+	// listeners on. Default 127.0.0.1.
+	AdvertiseHost string `yaml:"advertise_host"`
+	// BrokerPorts is the first port of the per-broker listener range.
+	// Default 9093.
+	BrokerPorts int `yaml:"broker_ports"`
+	// BrokerPortCount is the size of that range. Default 100.
+	BrokerPortCount int `yaml:"broker_port_count"`
+	// Upstream lists the seed brokers (host:port). Empty starts an
+	// embedded 3-broker kfake cluster, for development only.
+	Upstream []string `yaml:"upstream"`
+	// RulesDir holds one YAML rule file per route. Default ./rules.
+	RulesDir string `yaml:"rules_dir"`
+	// StateDir holds pebble state, checkpoints and the embedded broker's
+	// data. Default ./state.
+	StateDir string `yaml:"state_dir"`
+	// AdminListen serves /metrics, /healthz, /readyz and /routes.
+	// Default 127.0.0.1:9644.
+	AdminListen string `yaml:"admin_listen"`
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string `yaml:"log_level"`
+	// LogFormat is text or json. Default text.
+	LogFormat string `yaml:"log_format"`
+	// MaxFrameBytes caps one Kafka frame, in bytes. Default 104857600
+	// (100 MiB, Kafka's socket.request.max.bytes).
+	MaxFrameBytes int64 `yaml:"max_frame_bytes"`
+	// ShutdownGrace bounds how long in-flight requests and pipelines get
+	// to finish after SIGTERM. Default 10s.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+
+	TLS  TLS  `yaml:"tls"`
+	SASL SASL `yaml:"sasl"`
+}
+
+// TLS holds both sides of TLS, each configured on its own.
+type TLS struct {
+	Client   ClientTLS   `yaml:"client"`
+	Upstream UpstreamTLS `yaml:"upstream"`
+}
+
+// ClientTLS terminates TLS from clients. Empty CertFile means plaintext.
+type ClientTLS struct {
+	CertFile          string `yaml:"cert_file"`
+	KeyFile           string `yaml:"key_file"`
+	ClientCAFile      string `yaml:"client_ca_file"`
+	RequireClientCert bool   `yaml:"require_client_cert"`
+}
+
+// Enabled reports whether client-side TLS is configured.
+func (c ClientTLS) Enabled() bool { return c.CertFile != "" }
+
+// UpstreamTLS originates TLS toward the brokers.
+type UpstreamTLS struct {
+	Enabled            bool   `yaml:"enabled"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// SASL is the proxy's own upstream identity, used by the connections it
+// opens itself (the pipelines). Client SASL is forwarded, never replaced.
+type SASL struct {
+	Mechanism string `yaml:"mechanism"` // PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512; empty: none
+	Username  string `yaml:"username"`
+	Password  string `yaml:"password"`
+}
+
+// SASL mechanisms the proxy can speak upstream.
+const (
+	MechPlain       = "PLAIN"
+	MechScramSHA256 = "SCRAM-SHA-256"
+	MechScramSHA512 = "SCRAM-SHA-512"
+)
+
+// Default returns the configuration used when nothing else is given. It is
+// the only place defaults live.
+func Default() *Config {
+	return &Config{
+		Listen:          "127.0.0.1:9092",
+		AdvertiseHost:   "127.0.0.1",
+		BrokerPorts:     9093,
+		BrokerPortCount: 100,
+		Upstream:        nil,
+		RulesDir:        "./rules",
+		StateDir:        "./state",
+		AdminListen:     "127.0.0.1:9644",
+		LogLevel:        "info",
+		LogFormat:       "text",
+		MaxFrameBytes:   100 << 20,
+		ShutdownGrace:   10 * time.Second,
+	}
+}
+
+// Embedded reports whether no upstream is configured, which means the proxy
+// runs its own in-process development cluster.
+func (c *Config) Embedded() bool { return len(c.Upstream) == 0 }
+
+// Validate checks every field and every conflict between fields, and returns
+// all problems at once (joined), each naming its key.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+
+	listenPort, err := hostPort(c.Listen)
+	if err != nil {
+		bad("listen", "%v", err)
+	}
+	adminPort, err := hostPort(c.AdminListen)
+	if err != nil {
+		bad("admin_listen", "%v", err)
+	}
+	if c.AdvertiseHost == "" {
+		bad("advertise_host", "must not be empty")
+	} else if strings.ContainsAny(c.AdvertiseHost, ":/ ") && net.ParseIP(c.AdvertiseHost) == nil {
+		bad("advertise_host", "%q is not a host name or IP address (no port)", c.AdvertiseHost)
+	}
+
+	rangeOK := true
+	if c.BrokerPorts < 1 || c.BrokerPorts > 65535 {
+		bad("broker_ports", "%d is not a port (1-65535)", c.BrokerPorts)
+		rangeOK = false
+	}
+	if c.BrokerPortCount < 1 {
+		bad("broker_port_count", "must be at least 1, got %d", c.BrokerPortCount)
+		rangeOK = false
+	}
+	if rangeOK {
+		last := c.BrokerPorts + c.BrokerPortCount - 1
+		if last > 65535 {
+			bad("broker_port_count", "range %d-%d runs past port 65535", c.BrokerPorts, last)
+		}
+		inRange := func(p int) bool { return p >= c.BrokerPorts && p <= last }
+		if listenPort > 0 && inRange(listenPort) {
+			bad("listen", "port %d is inside the broker port range %d-%d", listenPort, c.BrokerPorts, last)
+		}
+		if adminPort > 0 && inRange(adminPort) {
+			bad("admin_listen", "port %d is inside the broker port range %d-%d", adminPort, c.BrokerPorts, last)
+		}
+	}
+	if listenPort > 0 && listenPort == adminPort {
+		bad("admin_listen", "port %d is also the listen port", adminPort)
+	}
+
+	for i, u := range c.Upstream {
+		if p, err := hostPort(u); err != nil {
+			bad(fmt.Sprintf("upstream[%d]", i), "%v", err)
+		} else if p == 0 {
+			bad(fmt.Sprintf("upstream[%d]", i), "%q: port 0 is not a broker port", u)
+		}
+	}
+	if c.RulesDir == "" {
+		bad("rules_dir", "must not be empty")
+	}
+	if c.StateDir == "" {
+		bad("state_dir", "must not be empty")
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "warning", "error":
+	default:
+		bad("log_level", "%q is not one of debug, info, warn, error", c.LogLevel)
+	}
+	switch strings.ToLower(c.LogFormat) {
+	case "text", "json":
+	default:
+		bad("log_format", "%q is not one of text, json", c.LogFormat)
+	}
+	if c.MaxFrameBytes < 1024 || c.MaxFrameBytes > math.MaxInt32 {
+		bad("max_frame_bytes", "%d is outside 1024..%d", c.MaxFrameBytes, math.MaxInt32)
+	}
+	if c.ShutdownGrace < 0 {
+		bad("shutdown_grace", "must not be negative, got %s", c.ShutdownGrace)
+	}
+
+	ct := c.TLS.Client
+	if (ct.CertFile == "") != (ct.KeyFile == "") {
+		bad("tls.client", "cert_file and key_file must be set together")
+	}
+	if ct.CertFile == "" && (ct.ClientCAFile != "" || ct.RequireClientCert) {
+		bad("tls.client", "client_ca_file/require_client_cert need cert_file and key_file (client TLS is off)")
+	}
+	if ct.RequireClientCert && ct.ClientCAFile == "" {
+		bad("tls.client.require_client_cert", "needs client_ca_file to verify client certificates against")
+	}
+
+	ut := c.TLS.Upstream
+	if (ut.CertFile == "") != (ut.KeyFile == "") {
+		bad("tls.upstream", "cert_file and key_file must be set together")
+	}
+	if !ut.Enabled && (ut.CAFile != "" || ut.CertFile != "" || ut.ServerName != "" || ut.InsecureSkipVerify) {
+		bad("tls.upstream", "ca_file/cert_file/key_file/server_name/insecure_skip_verify are set but enabled is false")
+	}
+	if ut.Enabled && c.Embedded() {
+		bad("tls.upstream.enabled", "the embedded development broker speaks plaintext; set upstream or disable upstream TLS")
+	}
+
+	s := c.SASL
+	switch s.Mechanism {
+	case "":
+		if s.Username != "" || s.Password != "" {
+			bad("sasl.mechanism", "username/password are set but no mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+		}
+	case MechPlain, MechScramSHA256, MechScramSHA512:
+		if s.Username == "" {
+			bad("sasl.username", "required with mechanism %s", s.Mechanism)
+		}
+		if c.Embedded() {
+			bad("sasl.mechanism", "the embedded development broker has no SASL; set upstream or remove sasl")
+		}
+	default:
+		bad("sasl.mechanism", "%q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", s.Mechanism)
+	}
+
+	return errors.Join(errs...)
+}
+
+// hostPort checks a host:port address and returns its port. An empty host
+// (":9092") means every interface and is allowed.
+func hostPort(addr string) (int, error) {
+	if addr == "" {
+		return 0, errors.New("must not be empty (want host:port)")
+	}
+	_, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not host:port: %v", addr, stripAddrErr(err))
+	}
+	p, err := strconv.Atoi(ps)
+	if err != nil || p < 0 || p > 65535 {
+		return 0, fmt.Errorf("%q: port %q is not 0-65535", addr, ps)
+	}
+	return p, nil
+}
+
+// stripAddrErr drops net.AddrError's repetition of the address we already
+// print.
+func stripAddrErr(err error) string {
+	var ae *net.AddrError
+	if errors.As(err, &ae) {
+		return ae.Err
+	}
+	return err.Error()
+}
+
+// Redacted returns a copy safe to print or log: secrets are replaced.
+func (c *Config) Redacted() *Config {
+	cp := *c
+	cp.Upstream = append([]string(nil), c.Upstream...)
+	if cp.SASL.Password != "" {
+		cp.SASL.Password = "REDACTED"
+	}
+	return &cp
+}
