@@ -123,9 +123,9 @@ func runtimeGOROOT() string {
 	return strings.TrimSpace(string(out))
 }
 
-// binary returns the path of a built binary or fails the test with the
+// binPath returns the path of a built binary or fails the test with the
 // build output.
-func binary(t testing.TB, name string) string {
+func binPath(t testing.TB, name string) string {
 	t.Helper()
 	buildBinaries(t)
 	if err := binErr[name]; err != nil {
@@ -251,7 +251,7 @@ func StartKfake(t testing.TB, o KfakeOpts) *Kfake {
 	if len(o.Ports) != o.Brokers {
 		t.Fatalf("StartKfake: %d ports for %d brokers", len(o.Ports), o.Brokers)
 	}
-	k := &Kfake{Opts: o, t: t, bin: binary(t, "kfakebroker"), logs: &logBuf{}}
+	k := &Kfake{Opts: o, t: t, bin: binPath(t, "kfakebroker"), logs: &logBuf{}}
 	for _, p := range o.Ports {
 		k.Addrs = append(k.Addrs, fmt.Sprintf("127.0.0.1:%d", p))
 	}
@@ -409,7 +409,7 @@ func StartProxy(t testing.TB, o ProxyOpts) *Proxy {
 		BrokerPortFirst: FreePortBlock(t, BrokerPortCount),
 		Opts:            o,
 		t:               t,
-		bin:             binary(t, "rtproxy"),
+		bin:             binPath(t, "rtproxy"),
 		logs:            &logBuf{},
 	}
 	p.AdminURL = "http://" + p.AdminAddr
@@ -491,6 +491,49 @@ func (p *Proxy) PID() int {
 		return 0
 	}
 	return p.cmd.Process.Pid
+}
+
+// Running reports whether the proxy process is alive.
+func (p *Proxy) Running() bool {
+	p.mu.Lock()
+	done := p.done
+	stopped := p.cmd == nil
+	p.mu.Unlock()
+	if stopped || done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// RSSKiB reads the proxy's resident set size (VmRSS) from /proc.
+func (p *Proxy) RSSKiB(t testing.TB) int64 {
+	t.Helper()
+	pid := p.PID()
+	if pid == 0 {
+		t.Fatalf("proxy is not running")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("read proxy status: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			f := strings.Fields(rest)
+			if len(f) >= 1 {
+				n, err := strconv.ParseInt(f[0], 10, 64)
+				if err == nil {
+					return n
+				}
+			}
+		}
+	}
+	t.Fatalf("no VmRSS in /proc/%d/status", pid)
+	return 0
 }
 
 // Stop sends SIGTERM and returns the exit code (-1 if killed by a signal).
