@@ -15,6 +15,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -595,6 +596,62 @@ func (p *Proxy) Metrics(t testing.TB) string {
 		t.Fatalf("GET /metrics: %s: %s", resp.Status, b)
 	}
 	return string(b)
+}
+
+// GetJSON fetches an admin path (such as "/routes") and decodes its JSON
+// body into out, failing on a non-200 status.
+func (p *Proxy) GetJSON(t testing.TB, path string, out any) {
+	t.Helper()
+	resp, err := http.Get(p.AdminURL + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s: %s", path, resp.Status, b)
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatalf("GET %s: not JSON (%v): %s", path, err, b)
+	}
+}
+
+// WriteRuleFile writes a rule file atomically (temp file + rename, as an
+// editor or a ConfigMap update would) into dir and returns its path.
+func WriteRuleFile(t testing.TB, dir, name, yaml string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	tmp, err := os.CreateTemp(dir, ".tmp-"+name+"-")
+	if err != nil {
+		t.Fatalf("write rule %s: %v", name, err)
+	}
+	if _, err := tmp.WriteString(yaml); err != nil {
+		t.Fatalf("write rule %s: %v", name, err)
+	}
+	if err := tmp.Close(); err != nil {
+		t.Fatalf("write rule %s: %v", name, err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		t.Fatalf("write rule %s: %v", name, err)
+	}
+	return path
+}
+
+// Eventually retries cond every 50ms until it returns nil or timeout
+// passes, then fails with its last error.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not true after %v: %v", what, timeout, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // --- stack: kfake + proxy --------------------------------------------------
