@@ -1,0 +1,344 @@
+// Package pipeline runs rtproxy's routes: for every compiled rules.Route it
+// keeps one long-running reader per source partition, runs the route's steps
+// on each record the moment it is fetched, shuffles records in process to the
+// worker owning their key at every stateful step, tracks event-time
+// watermarks, writes outputs and dead letters through an idempotent producer,
+// and checkpoints state and offsets together as a consistent cut.
+//
+// It may import operators, state, offsets, rules (types) and franz-go; it
+// must never import protocol/, config/ or cmd/.
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"runtime"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/rules"
+	"github.com/rtproxy/rtproxy/state"
+)
+
+// Config configures a Manager.
+type Config struct {
+	// Seeds are the upstream brokers the pipeline connects to directly.
+	Seeds []string
+	// ClientOpts are added to every franz-go client (TLS, SASL, dialer).
+	ClientOpts []kgo.Opt
+	// StateDir holds the pebble state of every route.
+	StateDir string
+	// Logger receives structured logs; nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the pipeline metrics; nil uses a private registry.
+	Registerer prometheus.Registerer
+	// Workers is the number of shuffle workers per stateful step. Default
+	// GOMAXPROCS. Keyed state is namespaced by worker, so changing it starts
+	// keyed steps empty.
+	Workers int
+	// StopTimeout bounds how long stopping a route waits for outstanding
+	// outputs to be acknowledged before giving up on its final checkpoint
+	// (the previous checkpoint then stays the recovery point). Default 8s.
+	StopTimeout time.Duration
+}
+
+// ErrClosed is returned by Run when called on a Manager that already ran.
+var ErrClosed = errors.New("pipeline: manager closed")
+
+// Manager runs the desired set of routes.
+type Manager struct {
+	cfg Config
+	log *slog.Logger
+	db  *state.DB
+	met *metrics
+
+	applyMu sync.Mutex // serializes reconcile: one start/stop/swap at a time
+
+	mu struct {
+		sync.Mutex
+		ctx      context.Context // set by Run; nil before
+		closed   bool
+		desired  []*rules.Route
+		routes   map[string]*route // running versions, by route name
+		stopped  map[string]*rules.Route
+		ruleErrs map[string]string // by absolute file
+	}
+}
+
+// New opens the state directory and returns a Manager that runs nothing
+// until Run.
+func New(cfg Config) (*Manager, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = 8 * time.Second
+	}
+	if len(cfg.Seeds) == 0 {
+		return nil, errors.New("pipeline: no seed brokers")
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("pipeline: no state dir")
+	}
+	met, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	db, err := state.Open(cfg.StateDir, cfg.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: open state %s: %w", cfg.StateDir, err)
+	}
+	m := &Manager{cfg: cfg, log: cfg.Logger, db: db, met: met}
+	m.mu.routes = map[string]*route{}
+	m.mu.stopped = map[string]*rules.Route{}
+	m.mu.ruleErrs = map[string]string{}
+	return m, nil
+}
+
+// Run starts the desired routes and runs until ctx is done; then every route
+// writes a final checkpoint and closes, and the state store is closed.
+func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	if m.mu.closed || m.mu.ctx != nil {
+		m.mu.Unlock()
+		return ErrClosed
+	}
+	m.mu.ctx = ctx
+	m.mu.Unlock()
+	m.reconcile()
+
+	<-ctx.Done()
+
+	m.applyMu.Lock()
+	m.mu.Lock()
+	m.mu.closed = true
+	rs := make([]*route, 0, len(m.mu.routes))
+	for _, r := range m.mu.routes {
+		rs = append(rs, r)
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, r := range rs {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.stop() }()
+	}
+	wg.Wait()
+	m.applyMu.Unlock()
+	if err := m.db.Close(); err != nil {
+		return fmt.Errorf("pipeline: close state: %w", err)
+	}
+	return nil
+}
+
+// Apply makes routes the desired set: new routes start, removed ones stop
+// (final checkpoint, state kept), and a route whose content hash changed is
+// swapped at a record boundary: the old version stops dispatching, drains,
+// writes a final checkpoint, and the new version starts from exactly those
+// offsets with the state of its unchanged steps. Apply returns once the
+// changes are made (or at once, before Run).
+func (m *Manager) Apply(routes []*rules.Route) {
+	m.mu.Lock()
+	m.mu.desired = append([]*rules.Route(nil), routes...)
+	started := m.mu.ctx != nil && !m.mu.closed
+	m.mu.Unlock()
+	if started {
+		m.reconcile()
+	}
+}
+
+func (m *Manager) reconcile() {
+	m.applyMu.Lock()
+	defer m.applyMu.Unlock()
+	m.mu.Lock()
+	if m.mu.closed {
+		m.mu.Unlock()
+		return
+	}
+	ctx := m.mu.ctx
+	want := map[string]*rules.Route{}
+	for _, d := range m.mu.desired {
+		want[d.Name] = d
+	}
+	var stop []*route
+	var start []*rules.Route
+	for name, r := range m.mu.routes {
+		d, ok := want[name]
+		if !ok {
+			stop = append(stop, r)
+			delete(m.mu.routes, name)
+			m.mu.stopped[name] = r.def
+			continue
+		}
+		if d.Hash != r.def.Hash {
+			stop = append(stop, r)
+			delete(m.mu.routes, name)
+			start = append(start, d)
+		}
+	}
+	for name, d := range want {
+		if _, ok := m.mu.routes[name]; !ok && !containsRoute(start, name) {
+			start = append(start, d)
+		}
+	}
+	m.mu.Unlock()
+
+	// Stopping first keeps the swap exact: the new version loads the old
+	// version's final checkpoint.
+	var wg sync.WaitGroup
+	for _, r := range stop {
+		wg.Add(1)
+		go func() { defer wg.Done(); r.stop() }()
+	}
+	wg.Wait()
+	for _, d := range start {
+		r := newRoute(m, d)
+		m.mu.Lock()
+		m.mu.routes[d.Name] = r
+		delete(m.mu.stopped, d.Name)
+		m.mu.Unlock()
+		r.start(ctx)
+	}
+}
+
+func containsRoute(rs []*rules.Route, name string) bool {
+	for _, r := range rs {
+		if r.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// SetRuleErrors records the current rule-file errors; Status shows each next
+// to the route of the same file until the next call clears it.
+func (m *Manager) SetRuleErrors(errs []error) {
+	byFile := map[string]string{}
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		file := errorFile(err)
+		if prev := byFile[file]; prev != "" {
+			byFile[file] = prev + "; " + err.Error()
+		} else {
+			byFile[file] = err.Error()
+		}
+	}
+	m.mu.Lock()
+	m.mu.ruleErrs = byFile
+	m.mu.Unlock()
+}
+
+// RouteStatus is one route in Status.
+type RouteStatus struct {
+	Name           string            `json:"name"`
+	File           string            `json:"file"`
+	Source         string            `json:"source"`
+	Sink           string            `json:"sink"`
+	State          string            `json:"state"` // running, stopped, error
+	Partitions     []PartitionStatus `json:"partitions"`
+	Watermark      *time.Time        `json:"watermark,omitempty"`
+	LastCheckpoint *time.Time        `json:"last_checkpoint,omitempty"`
+	LastError      string            `json:"last_error,omitempty"`
+	RuleError      string            `json:"rule_error,omitempty"`
+}
+
+// PartitionStatus is one source partition of a route.
+type PartitionStatus struct {
+	Partition     int32 `json:"partition"`
+	DoneOffset    int64 `json:"done_offset"`
+	HighWatermark int64 `json:"high_watermark"`
+	Lag           int64 `json:"lag"`
+}
+
+// Status returns []RouteStatus (sorted by name) for the admin /routes page.
+func (m *Manager) Status() any { return m.Routes() }
+
+// Routes is Status with its concrete type.
+func (m *Manager) Routes() []RouteStatus {
+	m.mu.Lock()
+	rs := make([]*route, 0, len(m.mu.routes))
+	for _, r := range m.mu.routes {
+		rs = append(rs, r)
+	}
+	var out []RouteStatus
+	seenFile := map[string]bool{}
+	for _, d := range m.mu.stopped {
+		out = append(out, RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: d.Sink.Topic,
+			State: "stopped", Partitions: []PartitionStatus{}})
+	}
+	ruleErrs := m.mu.ruleErrs
+	m.mu.Unlock()
+	for _, r := range rs {
+		out = append(out, r.status())
+	}
+	for i := range out {
+		seenFile[out[i].File] = true
+		if e, ok := ruleErrs[out[i].File]; ok {
+			out[i].RuleError = e
+		}
+	}
+	// A file that never compiled has no route; show its error on its own.
+	for file, e := range ruleErrs {
+		if !seenFile[file] {
+			out = append(out, RouteStatus{File: file, State: "error", RuleError: e, Partitions: []PartitionStatus{}})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].File < out[j].File
+	})
+	return out
+}
+
+// errorFile finds the rule file an error names: the File field of the first
+// error in its chain that has one (rules.Error). Reflection keeps this
+// package independent of how rules spells its error type.
+func errorFile(err error) string {
+	for _, e := range flattenErrors(err) {
+		v := reflect.ValueOf(e)
+		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
+			if v.IsNil() {
+				break
+			}
+			v = v.Elem()
+		}
+		if v.Kind() == reflect.Struct {
+			if f := v.FieldByName("File"); f.IsValid() && f.Kind() == reflect.String {
+				return f.String()
+			}
+		}
+	}
+	return ""
+}
+
+func flattenErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
+	out := []error{err}
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			out = append(out, flattenErrors(e)...)
+		}
+	case interface{ Unwrap() error }:
+		out = append(out, flattenErrors(u.Unwrap())...)
+	}
+	return out
+}

@@ -1,0 +1,366 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/state"
+)
+
+type stateCheckpoint = state.Checkpoint
+
+var kerrTopicExists = kerr.TopicAlreadyExists
+
+// Header names on outputs and dead letters. They are a contract with
+// consumers: they tell a repeat after recovery apart and say why a record
+// was dead-lettered.
+const (
+	HeaderSource = "rtproxy-source" // topic/partition/offset of the source record
+	HeaderWindow = "rtproxy-window" // <start>-<end> epoch millis of a window row
+	HeaderReason = "rtproxy-reason"
+	HeaderError  = "rtproxy-error"
+	HeaderRoute  = "rtproxy-route"
+	HeaderStep   = "rtproxy-step" // "<index>:<kind>", or "source" / "sink"
+)
+
+func atomicAdd(p *int32, d int32) int32 { return atomic.AddInt32(p, d) }
+
+// processSource turns one fetched record into a step record and runs the
+// partition's chain on it.
+func (r *route) processSource(p *partition, kr *kgo.Record) {
+	now := time.Now()
+	r.m.met.recordsIn.WithLabelValues(r.name, p.label).Inc()
+	r.tracker.Begin(p.id, kr.Offset)
+	tk := &ticket{r: r, p: p.id, off: kr.Offset, fetched: now, n: 1}
+	rec := &operators.Record{
+		Topic:     kr.Topic,
+		Partition: kr.Partition,
+		Offset:    kr.Offset,
+		Key:       kr.Key,
+		Raw:       kr.Value,
+		Timestamp: kr.Timestamp.UnixMilli(),
+	}
+	if len(kr.Headers) > 0 {
+		rec.Headers = make([]operators.Header, len(kr.Headers))
+		for i, h := range kr.Headers {
+			rec.Headers[i] = operators.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	defer tk.release()
+	if r.def.Source.Format == "raw" {
+		rec.Value = string(kr.Value)
+	} else {
+		v, err := operators.DecodeJSON(kr.Value)
+		if err != nil {
+			r.deadLetter(rec, operators.ReasonDecode, err, "source", tk)
+			return
+		}
+		rec.Value = v
+	}
+	rec.EventTime = rec.Timestamp
+	if et := r.def.Source.EventTime; et != nil {
+		v, err := et.Eval(rec)
+		if err == nil {
+			rec.EventTime, err = eventMillis(v)
+		}
+		if err != nil {
+			r.deadLetter(rec, operators.ReasonError, fmt.Errorf("event_time %s: %w", et.Source, err), "source", tk)
+			return
+		}
+	}
+	c := p.chain
+	c.cur = tk
+	c.run(0, rec)
+	c.cur = nil
+	if r.timed {
+		// After the record is queued to its worker: a watermark never
+		// overtakes the record that raised it.
+		if wm, moved := r.wm.observe(p.id, rec.EventTime, now); moved {
+			r.broadcastWatermark(wm)
+		}
+	}
+}
+
+func (r *route) broadcastWatermark(wm int64) {
+	r.m.met.watermark.WithLabelValues(r.name).Set(float64(wm) / 1000)
+	if len(r.stages) > 0 {
+		r.stages[0].watermark(wm, 0)
+	}
+}
+
+// idleLoop moves the watermark when partitions go idle.
+func (r *route) idleLoop() {
+	iv := min(r.wm.idle/4, 200*time.Millisecond)
+	iv = max(iv, 10*time.Millisecond)
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.halt:
+			return
+		case now := <-t.C:
+			r.cut.RLock()
+			if !r.halted {
+				if wm, moved := r.wm.tick(now); moved {
+					r.broadcastWatermark(wm)
+				}
+			}
+			r.cut.RUnlock()
+		}
+	}
+}
+
+// eventMillis reads an event_time value: epoch millis as a number, an RFC
+// 3339 string, or a time.
+func eventMillis(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case int:
+		return int64(x), nil
+	case int32:
+		return int64(x), nil
+	case uint64:
+		if x > math.MaxInt64 {
+			return 0, errNoEventTime
+		}
+		return int64(x), nil
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) || math.Abs(x) > 1<<62 {
+			return 0, errNoEventTime
+		}
+		return int64(x), nil
+	case float32:
+		return eventMillis(float64(x))
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n, nil
+		}
+		f, err := x.Float64()
+		if err != nil {
+			return 0, errNoEventTime
+		}
+		return eventMillis(f)
+	case string:
+		t, err := time.Parse(time.RFC3339Nano, x)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %v", errNoEventTime, err)
+		}
+		return t.UnixMilli(), nil
+	case time.Time:
+		return x.UnixMilli(), nil
+	}
+	return 0, fmt.Errorf("%w: got %T", errNoEventTime, v)
+}
+
+// output writes a record that left the last step to the sink.
+func (r *route) output(rec *operators.Record, tk *ticket) {
+	key := rec.Key
+	if k := r.def.Sink.Key; k != nil {
+		v, err := k.Eval(rec)
+		if err != nil {
+			r.deadLetter(rec, operators.ReasonError, err, "sink", tk)
+			return
+		}
+		key = keyBytes(v)
+	}
+	val, err := r.encodeValue(rec)
+	if err != nil {
+		r.deadLetter(rec, operators.ReasonError, err, "sink", tk)
+		return
+	}
+	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+1)
+	for _, h := range rec.Headers {
+		if strings.HasPrefix(h.Key, "rtproxy-") {
+			continue // a route reading another route's sink: ours replace theirs
+		}
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	if w := rec.Window; w != nil {
+		hs = append(hs, kgo.RecordHeader{Key: HeaderWindow, Value: fmt.Appendf(nil, "%d-%d", w.Start, w.End)})
+	} else {
+		hs = append(hs, kgo.RecordHeader{Key: HeaderSource, Value: sourceRef(rec)})
+	}
+	kr := &kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs}
+	r.produce(kr, tk, true, rec.Timestamp)
+}
+
+func sourceRef(rec *operators.Record) []byte {
+	b := make([]byte, 0, len(rec.Topic)+24)
+	b = append(b, rec.Topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(rec.Partition), 10)
+	b = append(b, '/')
+	return strconv.AppendInt(b, rec.Offset, 10)
+}
+
+func (r *route) encodeValue(rec *operators.Record) ([]byte, error) {
+	switch v := rec.Value.(type) {
+	case string:
+		if r.def.Source.Format == "raw" && rec.Window == nil {
+			return []byte(v), nil
+		}
+	case []byte:
+		return v, nil
+	case nil:
+		if rec.Window == nil && rec.Raw != nil && r.def.Source.Format == "raw" {
+			return rec.Raw, nil
+		}
+	}
+	return operators.AppendJSON(nil, rec.Value)
+}
+
+func keyBytes(v any) []byte {
+	switch x := v.(type) {
+	case nil:
+		return nil
+	case string:
+		return []byte(x)
+	case []byte:
+		return x
+	case float64:
+		return strconv.AppendFloat(nil, x, 'f', -1, 64)
+	}
+	b, err := operators.AppendJSON(nil, v)
+	if err != nil {
+		return fmt.Append(nil, v)
+	}
+	return b
+}
+
+// deadLetter sends rec to the route's dead-letter topic with its original
+// key and value and headers saying why.
+func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err error, step string, tk *ticket) {
+	r.m.met.deadLetters.WithLabelValues(r.name, string(reason)).Inc()
+	val := rec.Raw
+	if val == nil && rec.Value != nil {
+		val, _ = operators.AppendJSON(nil, rec.Value)
+	}
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	hs := []kgo.RecordHeader{
+		{Key: HeaderReason, Value: []byte(reason)},
+		{Key: HeaderError, Value: []byte(msg)},
+		{Key: HeaderRoute, Value: []byte(r.name)},
+		{Key: HeaderStep, Value: []byte(step)},
+		{Key: HeaderSource, Value: sourceRef(rec)},
+	}
+	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
+	r.produce(kr, tk, false, rec.Timestamp)
+}
+
+// produce writes kr and, on acknowledgement, releases its hold on tk. A
+// failed write is retried with backoff for as long as the route runs: the
+// record's offset cannot become done before, so nothing is dropped.
+func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int64) {
+	if tk != nil {
+		tk.hold()
+	}
+	ep := r.inflightAdd(1, -1)
+	attempt := 0
+	var cb func(*kgo.Record, error)
+	cb = func(got *kgo.Record, err error) {
+		if err != nil {
+			if errors.Is(err, kgo.ErrClientClosed) || r.ctx.Err() != nil {
+				r.inflightAdd(-1, ep)
+				return
+			}
+			attempt++
+			r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
+			backoff := min(50*time.Millisecond<<min(attempt, 7), 5*time.Second)
+			again := &kgo.Record{Topic: got.Topic, Key: got.Key, Value: got.Value, Headers: got.Headers}
+			time.AfterFunc(backoff, func() { r.cl.Produce(context.Background(), again, cb) })
+			return
+		}
+		if attempt > 0 {
+			r.sinkRecovered()
+		}
+		if isOutput {
+			met := r.m.met
+			met.recordsOut.WithLabelValues(r.name).Inc()
+			met.endToEnd.WithLabelValues(r.name).Observe(time.Since(time.UnixMilli(srcMillis)).Seconds())
+		}
+		r.inflightAdd(-1, ep)
+		if tk != nil {
+			tk.release()
+		}
+	}
+	r.cl.Produce(context.Background(), kr, cb)
+}
+
+// inflightAdd counts an output produced (d=1, ep<0: in the current epoch,
+// which it returns) or acknowledged (d=-1 with the epoch it was produced in).
+func (r *route) inflightAdd(d int, ep int64) int64 {
+	r.inflight.Lock()
+	if ep < 0 {
+		ep = r.inflight.epoch
+	}
+	n := r.inflight.byEpoch[ep] + d
+	if n == 0 {
+		delete(r.inflight.byEpoch, ep)
+		r.inflight.zero.Broadcast()
+	} else {
+		r.inflight.byEpoch[ep] = n
+	}
+	r.inflight.Unlock()
+	return ep
+}
+
+func (r *route) sinkError(err error) {
+	r.m.met.sinkErrors.WithLabelValues(r.name).Inc()
+	r.st.Lock()
+	first := !r.st.sinkDown
+	r.st.sinkDown = true
+	r.st.lastErr, r.st.lastErrAt = err.Error(), time.Now()
+	r.st.Unlock()
+	if first {
+		r.log.Warn("sink unreachable; retrying, offsets hold", "err", err)
+	}
+}
+
+func (r *route) sinkRecovered() {
+	r.st.Lock()
+	was := r.st.sinkDown
+	r.st.sinkDown = false
+	r.st.Unlock()
+	if was {
+		r.log.Info("sink reachable again")
+	}
+}
+
+// connHook reports broker connection failures of the route's client, which
+// would otherwise only surface after the delivery timeout.
+type connHook struct{ r *route }
+
+func (h *connHook) OnBrokerConnect(meta kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil || h.r.ctx.Err() != nil {
+		return
+	}
+	h.r.sinkError(fmt.Errorf("connect broker %d (%s:%d): %w", meta.NodeID, meta.Host, meta.Port, err))
+}
+
+func (h *connHook) OnBrokerWrite(meta kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if err == nil && key == 0 {
+		// A produce request went out: the sink is reachable.
+		h.r.st.Lock()
+		down := h.r.st.sinkDown
+		h.r.st.Unlock()
+		if down {
+			h.r.sinkRecovered()
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+		"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// topicTable feeds a join table from a (usually compacted) topic: the
+// record key is the row key, the JSON value the row, a tombstone deletes it.
+type topicTable struct {
+	topic  string
+	cl     *kgo.Client
+	table  *operators.MapTable
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// applyTableRecord applies one table-topic record: a tombstone deletes the
+// row, anything else must be a JSON object.
+func applyTableRecord(t *operators.MapTable, rec *kgo.Record) error {
+	key := string(rec.Key)
+	if rec.Value == nil {
+		t.Delete(key)
+		return nil
+	}
+	v, err := operators.DecodeJSON(rec.Value)
+	if err != nil {
+		return err
+	}
+	row, ok := v.(map[string]any)
+	if !ok {
+		return fmt.Errorf("row is %T, not a JSON object", v)
+	}
+	t.Set(key, row)
+	return nil
+}
+
+// openTopicTable reads the table topic from its start to the high
+// watermarks it had when called, then follows it in the background.
+func openTopicTable(ctx context.Context, r *route, base []kgo.Opt, adm *kadm.Client, ts rules.TableSpec) (*topicTable, error) {
+	starts, err := adm.ListStartOffsets(ctx, ts.Topic)
+	if err == nil {
+		err = starts.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("route %q table %s: list offsets of %s: %w", r.name, ts.Name, ts.Topic, err)
+	}
+	ends, err := adm.ListEndOffsets(ctx, ts.Topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("route %q table %s: list offsets of %s: %w", r.name, ts.Name, ts.Topic, err)
+	}
+	next := map[int32]int64{}
+	end := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) { end[o.Partition] = o.Offset })
+	starts.Each(func(o kadm.ListedOffset) { next[o.Partition] = o.Offset })
+	if len(end) == 0 {
+		return nil, fmt.Errorf("route %q table %s: topic %s not found", r.name, ts.Name, ts.Topic)
+	}
+	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), base...),
+		kgo.ConsumeTopics(ts.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(50*time.Millisecond),
+	)...)
+	if err != nil {
+		return nil, err
+	}
+	tt := &topicTable{topic: ts.Topic, cl: cl, table: operators.NewMapTable(), done: make(chan struct{})}
+	caught := func() bool {
+		for p, e := range end {
+			if next[p] < e {
+				return false
+			}
+		}
+		return true
+	}
+	for !caught() {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			cl.Close()
+			return nil, fmt.Errorf("route %q table %s: reading %s: %w", r.name, ts.Name, ts.Topic, ctx.Err())
+		}
+		fs.EachError(func(t string, p int32, err error) {
+			r.noteError(fmt.Errorf("table %s: fetch %s[%d]: %w", ts.Name, t, p, err))
+		})
+		fs.EachRecord(func(rec *kgo.Record) {
+			next[rec.Partition] = rec.Offset + 1
+			if err := applyTableRecord(tt.table, rec); err != nil {
+				r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %w", ts.Name, rec.Topic, rec.Partition, rec.Offset, err))
+			}
+		})
+	}
+	fctx, cancel := context.WithCancel(context.Background())
+	tt.cancel = cancel
+	go func() {
+		defer close(tt.done)
+		for {
+			fs := cl.PollFetches(fctx)
+			if fctx.Err() != nil || fs.IsClientClosed() {
+				return
+			}
+			fs.EachError(func(t string, p int32, err error) {
+				if !errors.Is(err, context.Canceled) {
+					r.noteError(fmt.Errorf("table %s: fetch %s[%d]: %w", ts.Name, t, p, err))
+				}
+			})
+			fs.EachRecord(func(rec *kgo.Record) {
+				if err := applyTableRecord(tt.table, rec); err != nil {
+					r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %w", ts.Name, rec.Topic, rec.Partition, rec.Offset, err))
+				}
+			})
+		}
+	}()
+	return tt, nil
+}
+
+func (t *topicTable) close() {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	t.cl.Close()
+	if t.cancel != nil {
+		<-t.done
+	}
+}

@@ -1,0 +1,117 @@
+package pipeline
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// defaultIdleTimeout applies when a route sets no source.idle_timeout.
+const defaultIdleTimeout = 10 * time.Second
+
+// watermark is a route's event-time watermark: the minimum over active
+// partitions of (max event time seen − allowed lateness).
+//
+//  1. A partition that has seen no record holds the watermark back for
+//     idle_timeout after the route starts, then counts as idle.
+//  2. A partition idle longer than idle_timeout does not hold it back.
+//  3. When every partition is idle the watermark moves at wall-clock speed
+//     from where it stood; before the first record it does not exist.
+//  4. It never moves backwards.
+type watermark struct {
+	mu       sync.Mutex
+	lateness int64 // millis
+	idle     time.Duration
+	started  time.Time
+
+	maxEv      []int64
+	seen       []bool
+	lastActive []time.Time
+
+	cur          int64
+	has          bool
+	allIdleSince time.Time
+	base         int64
+}
+
+func (w *watermark) init(src rules.Source, nparts int, now time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lateness = src.Watermark.Milliseconds()
+	w.idle = src.IdleTimeout
+	if w.idle <= 0 {
+		w.idle = defaultIdleTimeout
+	}
+	w.started = now
+	w.maxEv = make([]int64, nparts)
+	w.seen = make([]bool, nparts)
+	w.lastActive = make([]time.Time, nparts)
+	w.has = false
+}
+
+// observe notes an event time on partition p and returns the watermark if
+// it moved.
+func (w *watermark) observe(p int32, ev int64, now time.Time) (int64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if int(p) >= len(w.maxEv) {
+		return 0, false
+	}
+	if !w.seen[p] || ev > w.maxEv[p] {
+		w.maxEv[p] = ev
+	}
+	w.seen[p] = true
+	w.lastActive[p] = now
+	return w.computeLocked(now)
+}
+
+// tick re-evaluates idleness.
+func (w *watermark) tick(now time.Time) (int64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.computeLocked(now)
+}
+
+func (w *watermark) current() (int64, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cur, w.has
+}
+
+func (w *watermark) computeLocked(now time.Time) (int64, bool) {
+	low := int64(math.MaxInt64)
+	active := false
+	for p := range w.maxEv {
+		if !w.seen[p] {
+			if now.Sub(w.started) < w.idle {
+				return 0, false
+			}
+			continue
+		}
+		if now.Sub(w.lastActive[p]) >= w.idle {
+			continue
+		}
+		active = true
+		low = min(low, w.maxEv[p])
+	}
+	var cand int64
+	if active {
+		w.allIdleSince = time.Time{}
+		cand = low - w.lateness
+	} else {
+		if !w.has {
+			return 0, false
+		}
+		if w.allIdleSince.IsZero() {
+			w.allIdleSince, w.base = now, w.cur
+		}
+		cand = w.base + now.Sub(w.allIdleSince).Milliseconds()
+	}
+	if w.has && cand <= w.cur {
+		return w.cur, false
+	}
+	w.cur, w.has = cand, true
+	return cand, true
+}
