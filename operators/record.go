@@ -38,6 +38,25 @@ type Record struct {
 
 	// Window is set on rows emitted by a window step.
 	Window *WindowRef
+
+	// env is what expressions see, built at the first Eval and reused by
+	// every later expression on this record (see exprEnv): building it
+	// costs a map, a header map and a key string, too much to pay per
+	// expression.
+	env map[string]any
+	// shuffleKey caches the key a Keyed step computed in ShuffleKey so
+	// Process does not evaluate the key expression a second time.
+	shuffleKey    string
+	shuffleKeyFor *Expr
+}
+
+// ResetEnv forgets the expression environment cached on r. Call it after
+// changing Key, Headers, Timestamp, Topic, Partition or Offset of a record
+// that has already been evaluated (Value and Bound are picked up on every
+// Eval without it), or before reusing a Record value for another record.
+func (r *Record) ResetEnv() {
+	r.env = nil
+	r.shuffleKeyFor = nil
 }
 
 // WindowRef names the window a row came from: [Start, End) in epoch millis.

@@ -1,0 +1,744 @@
+package operators
+
+// Window snapshot layout (Snapshot / Restore), byte by byte. All integers
+// are big-endian unless "uvarint"; a "time" is 8 bytes big-endian with the
+// sign bit flipped so that byte order is time order (putTime).
+//
+//	key "m"  (written first)
+//	  [0]      version = 1
+//	  [1]      1 if a watermark has been seen, else 0
+//	  [2:10]   watermark (time)
+//	  uvarint  number of aggregates, then per aggregate: uvarint len + func
+//	           name; Restore refuses a snapshot whose aggregates differ
+//
+//	key "w" <end: time> <window key bytes>   (one per open window, written
+//	                                          in key order: by end, then key)
+//	  per aggregate, in spec order:
+//	    count          uvarint n
+//	    sum            8 bytes float64 bits
+//	    avg            8 bytes float64 bits (sum), uvarint n
+//	    min, max       kind byte: 0 none | 1 number + 8 bytes float64 bits |
+//	                   2 string + uvarint len + bytes
+//	    first, last    kind byte: 0 none | 1 + time of the record + uvarint
+//	                   len + JSON of the value
+//	    count_distinct uvarint count, then each member (uvarint len + bytes)
+//	                   in byte order
+//
+// The window start is not stored: it is always end - size.
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/rtproxy/rtproxy/state"
+)
+
+// AggFunc is an aggregate function of window.aggregate.
+type AggFunc string
+
+const (
+	AggCount         AggFunc = "count"          // records: int64
+	AggSum           AggFunc = "sum"            // float64; 0 for none
+	AggMin           AggFunc = "min"            // float64 or string; null for none
+	AggMax           AggFunc = "max"            // float64 or string; null for none
+	AggAvg           AggFunc = "avg"            // float64; null for none
+	AggFirst         AggFunc = "first"          // value at the smallest event time
+	AggLast          AggFunc = "last"           // value at the largest event time
+	AggCountDistinct AggFunc = "count_distinct" // exact: int64
+)
+
+// IsAggregate reports whether name is an aggregate function (for the
+// analyzer, which refuses aggregates outside window.aggregate).
+func IsAggregate(name string) bool {
+	switch AggFunc(name) {
+	case AggCount, AggSum, AggMin, AggMax, AggAvg, AggFirst, AggLast, AggCountDistinct:
+		return true
+	}
+	return false
+}
+
+// Aggregate is one `name: func(arg)` entry of window.aggregate. Arg is nil
+// for count().
+type Aggregate struct {
+	Name string
+	Func AggFunc
+	Arg  *Expr
+}
+
+// WindowSpec is a compiled `window:` step.
+type WindowSpec struct {
+	Kind         string // "tumbling" or "sliding"
+	Size, Slide  time.Duration
+	Key          *Expr // nil: one window for all records (key "")
+	Aggregates   []Aggregate
+	EmitOnUpdate bool
+}
+
+// window is the tumbling and sliding window step.
+//
+// Assignment: tumbling windows are [k·size, (k+1)·size), sliding windows
+// every [k·slide, k·slide+size) that contains the event time; all aligned
+// to the epoch. A record updates each of its windows that is still open
+// (end > watermark). When none is open the record is late and becomes a
+// dead letter with ReasonLate; a record with some windows open only
+// updates those.
+//
+// Closing: Advance(wm) closes every window with end <= wm, in order of end
+// then key. With emit on_close the closed window's row is emitted then.
+// With on_update a row is emitted after every change and nothing more at
+// close (the last update already carried the final row), so a consumer
+// sees each state of the window exactly once.
+//
+// Aggregates ignore a null argument (a missing field), like SQL: sum and
+// avg take numbers, min and max take numbers or strings (strings compare
+// bytewise, and mixing both kinds in one window is an error), first and
+// last keep the value of the record with the smallest / largest event time
+// (ties: the earlier / later record processed), count_distinct counts
+// distinct values exactly (1 and 1.0 are one value, "1" is another).
+// An argument of the wrong type sends the record to the dead-letter output
+// with ReasonError before any of its windows change.
+//
+// State is held in memory, bounded by the open windows, and goes into a
+// checkpoint through Snapshot / Restore (layout at the top of this file).
+type window struct {
+	spec        WindowSpec
+	size, slide int64 // millis; tumbling: slide == size
+
+	byEnd     map[int64]map[string]*winState
+	ends      []int64 // the keys of byEnd, ascending
+	watermark int64
+	hasWM     bool
+
+	args []any // scratch: aggregate arguments of the current record
+	wins []int64
+}
+
+type winState struct {
+	accs []acc
+}
+
+// acc is the accumulator of one aggregate in one window; which fields it
+// uses depends on the function.
+type acc struct {
+	n    int64   // count, avg
+	f    float64 // sum, avg, min/max of numbers
+	s    string  // min/max of strings
+	kind uint8   // min/max: 0 none, 1 number, 2 string; first/last: 0 none, 1 set
+	t    int64   // first/last: event time of the kept value
+	v    any     // first/last
+	set  map[string]struct{}
+}
+
+const (
+	kindNone   = 0
+	kindNumber = 1
+	kindString = 2
+)
+
+// NewWindow returns the `window:` step. Spec problems (size <= 0, a slide
+// that does not fit) are the analyzer's job; NewWindow treats a
+// non-positive slide of a sliding window as tumbling.
+func NewWindow(spec WindowSpec) Keyed {
+	w := &window{
+		spec:  spec,
+		size:  spec.Size.Milliseconds(),
+		slide: spec.Slide.Milliseconds(),
+		byEnd: make(map[int64]map[string]*winState),
+	}
+	if w.size <= 0 {
+		w.size = 1
+	}
+	if spec.Kind != "sliding" || w.slide <= 0 || w.slide > w.size {
+		w.slide = w.size
+	}
+	return w
+}
+
+func (w *window) Kind() string { return "window" }
+
+// ShuffleKey implements Keyed.
+func (w *window) ShuffleKey(r *Record) (string, error) {
+	return shuffleKey(w.spec.Key, r)
+}
+
+// OpenWindows is the number of open (key, window) pairs: the size of the
+// step's state.
+func (w *window) OpenWindows() int {
+	n := 0
+	for _, m := range w.byEnd {
+		n += len(m)
+	}
+	return n
+}
+
+// floorDiv is floor(a / b) for b > 0, also for negative a.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+func (w *window) Process(r *Record, out Emitter) {
+	defer recoverTo("window", r, out)
+	key, err := shuffleKey(w.spec.Key, r)
+	if err != nil {
+		out.DeadLetter(r, ReasonError, fmt.Errorf("window: key: %w", err))
+		return
+	}
+	t := r.EventTime
+
+	// The open windows of t, by ascending end.
+	w.wins = w.wins[:0]
+	last := floorDiv(t, w.slide) * w.slide
+	for s := last; s > t-w.size; s -= w.slide {
+		if !w.hasWM || s+w.size > w.watermark {
+			w.wins = append(w.wins, s+w.size)
+		}
+	}
+	if len(w.wins) == 0 {
+		out.DeadLetter(r, ReasonLate, fmt.Errorf("window: event time %d is late: its last window [%d, %d) closed at watermark %d",
+			t, last, last+w.size, w.watermark))
+		return
+	}
+	slices.Reverse(w.wins)
+
+	// Evaluate and check every argument before any window changes, so a
+	// dead letter leaves the state as if the record had never come.
+	w.args = w.args[:0]
+	for _, a := range w.spec.Aggregates {
+		var v any
+		if a.Arg != nil {
+			v, err = a.Arg.Eval(r)
+			if err != nil {
+				out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
+				return
+			}
+			if v, err = checkArg(a, v); err != nil {
+				out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
+				return
+			}
+		}
+		w.args = append(w.args, v)
+	}
+	for _, end := range w.wins {
+		if ws := w.byEnd[end][key]; ws != nil {
+			for i, a := range w.spec.Aggregates {
+				if err := ws.accs[i].fits(a, w.args[i]); err != nil {
+					out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
+					return
+				}
+			}
+		}
+	}
+
+	for _, end := range w.wins {
+		ws := w.get(end, key)
+		for i, a := range w.spec.Aggregates {
+			ws.accs[i].add(a.Func, w.args[i], t)
+		}
+		if w.spec.EmitOnUpdate {
+			out.Emit(w.row(end, key, ws))
+		}
+	}
+}
+
+// get returns the state of window (end, key), creating it.
+func (w *window) get(end int64, key string) *winState {
+	m := w.byEnd[end]
+	if m == nil {
+		m = make(map[string]*winState)
+		w.byEnd[end] = m
+		i, _ := slices.BinarySearch(w.ends, end)
+		w.ends = slices.Insert(w.ends, i, end)
+	}
+	ws := m[key]
+	if ws == nil {
+		ws = &winState{accs: make([]acc, len(w.spec.Aggregates))}
+		m[key] = ws
+	}
+	return ws
+}
+
+// checkArg validates an aggregate argument and normalises numbers to
+// float64.
+func checkArg(a Aggregate, v any) (any, error) {
+	if v == nil {
+		return nil, nil
+	}
+	switch a.Func {
+	case AggSum, AggAvg:
+		f, ok := toFloat(v)
+		if !ok {
+			return nil, fmt.Errorf("%s(%s) got %s, want a number", a.Func, a.Arg.Source, jsonKind(v))
+		}
+		return f, nil
+	case AggMin, AggMax:
+		if f, ok := toFloat(v); ok {
+			return f, nil
+		}
+		if _, ok := v.(string); ok {
+			return v, nil
+		}
+		return nil, fmt.Errorf("%s(%s) got %s, want a number or a string", a.Func, a.Arg.Source, jsonKind(v))
+	case AggCountDistinct:
+		return distinctKey(v)
+	}
+	return v, nil
+}
+
+// distinctKey is the identity of a value for count_distinct: a kind letter
+// then the value, so 1 (int) and 1.0 are one member and "1" is another.
+func distinctKey(v any) (string, error) {
+	switch x := v.(type) {
+	case string:
+		return "s" + x, nil
+	case bool:
+		return "b" + strconv.FormatBool(x), nil
+	}
+	if f, ok := toFloat(v); ok {
+		return "n" + strconv.FormatFloat(f, 'g', -1, 64), nil
+	}
+	b, err := AppendJSON([]byte{'j'}, v)
+	if err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+// fits reports whether v can be added to c without mixing min/max kinds.
+func (c *acc) fits(a Aggregate, v any) error {
+	if (a.Func != AggMin && a.Func != AggMax) || v == nil || c.kind == kindNone {
+		return nil
+	}
+	_, isStr := v.(string)
+	if isStr != (c.kind == kindString) {
+		had := "numbers"
+		if c.kind == kindString {
+			had = "strings"
+		}
+		return fmt.Errorf("%s(%s) got %s after %s in the same window", a.Func, a.Arg.Source, jsonKind(v), had)
+	}
+	return nil
+}
+
+// add folds v (already checked by checkArg and fits) into c.
+func (c *acc) add(fn AggFunc, v any, t int64) {
+	if fn == AggCount {
+		c.n++
+		return
+	}
+	if v == nil {
+		return
+	}
+	switch fn {
+	case AggSum:
+		c.f += v.(float64)
+	case AggAvg:
+		c.f += v.(float64)
+		c.n++
+	case AggMin, AggMax:
+		if s, ok := v.(string); ok {
+			if c.kind == kindNone || (fn == AggMin && s < c.s) || (fn == AggMax && s > c.s) {
+				c.s, c.kind = s, kindString
+			}
+			return
+		}
+		f := v.(float64)
+		if c.kind == kindNone || (fn == AggMin && f < c.f) || (fn == AggMax && f > c.f) {
+			c.f, c.kind = f, kindNumber
+		}
+	case AggFirst:
+		if c.kind == kindNone || t < c.t {
+			c.v, c.t, c.kind = v, t, 1
+		}
+	case AggLast:
+		if c.kind == kindNone || t >= c.t {
+			c.v, c.t, c.kind = v, t, 1
+		}
+	case AggCountDistinct:
+		if c.set == nil {
+			c.set = make(map[string]struct{})
+		}
+		c.set[v.(string)] = struct{}{}
+	}
+}
+
+// value is the aggregate's output.
+func (c *acc) value(fn AggFunc) any {
+	switch fn {
+	case AggCount:
+		return c.n
+	case AggSum:
+		return c.f
+	case AggAvg:
+		if c.n == 0 {
+			return nil
+		}
+		return c.f / float64(c.n)
+	case AggMin, AggMax:
+		switch c.kind {
+		case kindNumber:
+			return c.f
+		case kindString:
+			return c.s
+		}
+		return nil
+	case AggFirst, AggLast:
+		return c.v
+	case AggCountDistinct:
+		return int64(len(c.set))
+	}
+	return nil
+}
+
+// WindowHeader is the header every window row carries: "<start>-<end>".
+const WindowHeader = "rtproxy-window"
+
+// row builds the output record of window (end, key).
+func (w *window) row(end int64, key string, ws *winState) *Record {
+	start := end - w.size
+	v := make(map[string]any, 3+len(w.spec.Aggregates))
+	v["key"] = key
+	v["window_start"] = start
+	v["window_end"] = end
+	for i, a := range w.spec.Aggregates {
+		v[a.Name] = ws.accs[i].value(a.Func)
+	}
+	hv := strconv.AppendInt(nil, start, 10)
+	hv = append(hv, '-')
+	hv = strconv.AppendInt(hv, end, 10)
+	return &Record{
+		Key:       []byte(key),
+		Value:     v,
+		Timestamp: end - 1,
+		EventTime: end - 1,
+		Offset:    -1,
+		Partition: -1,
+		Headers:   []Header{{Key: WindowHeader, Value: hv}},
+		Window:    &WindowRef{Start: start, End: end},
+	}
+}
+
+// Advance closes every window with end <= watermark. The watermark never
+// moves back: a smaller value is ignored.
+func (w *window) Advance(watermark int64, out Emitter) {
+	if w.hasWM && watermark <= w.watermark {
+		return
+	}
+	w.watermark, w.hasWM = watermark, true
+	n := 0
+	for _, end := range w.ends {
+		if end > watermark {
+			break
+		}
+		n++
+		m := w.byEnd[end]
+		if !w.spec.EmitOnUpdate {
+			keys := make([]string, 0, len(m))
+			for k := range m {
+				keys = append(keys, k)
+			}
+			slices.Sort(keys)
+			for _, k := range keys {
+				out.Emit(w.row(end, k, m[k]))
+			}
+		}
+		delete(w.byEnd, end)
+	}
+	w.ends = slices.Delete(w.ends, 0, n)
+}
+
+// Snapshot implements Stateful; the layout is at the top of this file.
+func (w *window) Snapshot(sw state.Writer) error {
+	meta := []byte{1, 0}
+	if w.hasWM {
+		meta[1] = 1
+	}
+	meta = putTime(meta, w.watermark)
+	meta = binary.AppendUvarint(meta, uint64(len(w.spec.Aggregates)))
+	for _, a := range w.spec.Aggregates {
+		meta = binary.AppendUvarint(meta, uint64(len(a.Func)))
+		meta = append(meta, a.Func...)
+	}
+	if err := sw.Put([]byte{'m'}, meta); err != nil {
+		return fmt.Errorf("window snapshot: %w", err)
+	}
+	var kb, vb []byte
+	for _, end := range w.ends {
+		m := w.byEnd[end]
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			kb = append(putTime(append(kb[:0], 'w'), end), k...)
+			vb = vb[:0]
+			for i, a := range w.spec.Aggregates {
+				var err error
+				if vb, err = m[k].accs[i].appendTo(vb, a.Func); err != nil {
+					return fmt.Errorf("window snapshot: %s: %w", a.Name, err)
+				}
+			}
+			if err := sw.Put(kb, vb); err != nil {
+				return fmt.Errorf("window snapshot: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *acc) appendTo(b []byte, fn AggFunc) ([]byte, error) {
+	switch fn {
+	case AggCount:
+		return binary.AppendUvarint(b, uint64(c.n)), nil
+	case AggSum:
+		return binary.BigEndian.AppendUint64(b, math.Float64bits(c.f)), nil
+	case AggAvg:
+		b = binary.BigEndian.AppendUint64(b, math.Float64bits(c.f))
+		return binary.AppendUvarint(b, uint64(c.n)), nil
+	case AggMin, AggMax:
+		b = append(b, c.kind)
+		switch c.kind {
+		case kindNumber:
+			b = binary.BigEndian.AppendUint64(b, math.Float64bits(c.f))
+		case kindString:
+			b = binary.AppendUvarint(b, uint64(len(c.s)))
+			b = append(b, c.s...)
+		}
+		return b, nil
+	case AggFirst, AggLast:
+		b = append(b, c.kind)
+		if c.kind == kindNone {
+			return b, nil
+		}
+		b = putTime(b, c.t)
+		j, err := AppendJSON(nil, c.v)
+		if err != nil {
+			return nil, err
+		}
+		b = binary.AppendUvarint(b, uint64(len(j)))
+		return append(b, j...), nil
+	case AggCountDistinct:
+		members := make([]string, 0, len(c.set))
+		for m := range c.set {
+			members = append(members, m)
+		}
+		slices.Sort(members)
+		b = binary.AppendUvarint(b, uint64(len(members)))
+		for _, m := range members {
+			b = binary.AppendUvarint(b, uint64(len(m)))
+			b = append(b, m...)
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("unknown aggregate %q", fn)
+}
+
+// errSnapshot is wrapped by every Restore error about the bytes.
+var errSnapshot = errors.New("window snapshot is corrupt")
+
+// Restore implements Stateful: it replaces the state with the snapshot.
+// On error the state is left empty.
+func (w *window) Restore(sr state.Reader) error {
+	w.byEnd = make(map[int64]map[string]*winState)
+	w.ends = w.ends[:0]
+	w.watermark, w.hasWM = 0, false
+	sawMeta := false
+	err := sr.Each(func(k, v []byte) error {
+		switch {
+		case len(k) == 1 && k[0] == 'm':
+			if err := w.restoreMeta(v); err != nil {
+				return err
+			}
+			sawMeta = true
+			return nil
+		case len(k) >= 9 && k[0] == 'w':
+			if !sawMeta {
+				return fmt.Errorf("%w: window entry before meta entry", errSnapshot)
+			}
+			end := getTime(k[1:9])
+			ws := w.get(end, string(k[9:]))
+			d := snapDec{b: v}
+			for i, a := range w.spec.Aggregates {
+				ws.accs[i].readFrom(&d, a.Func)
+			}
+			if d.err != nil {
+				return fmt.Errorf("%w: window %d key %q: %v", errSnapshot, end, k[9:], d.err)
+			}
+			if len(d.b) != 0 {
+				return fmt.Errorf("%w: window %d key %q: %d trailing bytes", errSnapshot, end, k[9:], len(d.b))
+			}
+			return nil
+		}
+		return fmt.Errorf("%w: unknown entry %q", errSnapshot, k)
+	})
+	if err != nil {
+		w.byEnd = make(map[int64]map[string]*winState)
+		w.ends = w.ends[:0]
+		w.watermark, w.hasWM = 0, false
+		return fmt.Errorf("window restore: %w", err)
+	}
+	return nil
+}
+
+func (w *window) restoreMeta(v []byte) error {
+	d := snapDec{b: v}
+	ver := d.byte()
+	has := d.byte()
+	wm := d.time()
+	n := d.uvarint()
+	if d.err != nil {
+		return fmt.Errorf("%w: meta: %v", errSnapshot, d.err)
+	}
+	if ver != 1 {
+		return fmt.Errorf("%w: meta: version %d, this build reads 1", errSnapshot, ver)
+	}
+	if n != uint64(len(w.spec.Aggregates)) {
+		return fmt.Errorf("window snapshot has %d aggregates, the step has %d", n, len(w.spec.Aggregates))
+	}
+	for _, a := range w.spec.Aggregates {
+		fn := d.bytes()
+		if d.err != nil {
+			return fmt.Errorf("%w: meta: %v", errSnapshot, d.err)
+		}
+		if AggFunc(fn) != a.Func {
+			return fmt.Errorf("window snapshot aggregate %q is %s, the step has %s", a.Name, fn, a.Func)
+		}
+	}
+	if len(d.b) != 0 {
+		return fmt.Errorf("%w: meta: %d trailing bytes", errSnapshot, len(d.b))
+	}
+	w.watermark, w.hasWM = wm, has == 1
+	return nil
+}
+
+func (c *acc) readFrom(d *snapDec, fn AggFunc) {
+	switch fn {
+	case AggCount:
+		c.n = int64(d.uvarint())
+	case AggSum:
+		c.f = d.float()
+	case AggAvg:
+		c.f = d.float()
+		c.n = int64(d.uvarint())
+	case AggMin, AggMax:
+		c.kind = d.byte()
+		switch c.kind {
+		case kindNone:
+		case kindNumber:
+			c.f = d.float()
+		case kindString:
+			c.s = string(d.bytes())
+		default:
+			d.fail("kind %d", c.kind)
+		}
+	case AggFirst, AggLast:
+		c.kind = d.byte()
+		switch c.kind {
+		case kindNone:
+		case 1:
+			c.t = d.time()
+			j := d.bytes()
+			if d.err == nil {
+				v, err := DecodeJSON(j)
+				if err != nil {
+					d.fail("%v", err)
+				}
+				c.v = v
+			}
+		default:
+			d.fail("kind %d", c.kind)
+		}
+	case AggCountDistinct:
+		n := d.uvarint()
+		if n > uint64(len(d.b)) { // each member takes at least one byte
+			d.fail("count_distinct of %d members in %d bytes", n, len(d.b))
+			return
+		}
+		c.set = make(map[string]struct{}, n)
+		for range n {
+			m := d.bytes()
+			if d.err != nil {
+				return
+			}
+			c.set[string(m)] = struct{}{}
+		}
+	}
+}
+
+// snapDec reads a snapshot value and remembers its first error, so callers
+// check once at the end.
+type snapDec struct {
+	b   []byte
+	err error
+}
+
+func (d *snapDec) fail(f string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf(f, args...)
+	}
+	d.b = nil
+}
+
+func (d *snapDec) byte() byte {
+	if len(d.b) < 1 {
+		d.fail("truncated")
+		return 0
+	}
+	x := d.b[0]
+	d.b = d.b[1:]
+	return x
+}
+
+func (d *snapDec) time() int64 {
+	if len(d.b) < 8 {
+		d.fail("truncated")
+		return 0
+	}
+	t := getTime(d.b)
+	d.b = d.b[8:]
+	return t
+}
+
+func (d *snapDec) float() float64 {
+	if len(d.b) < 8 {
+		d.fail("truncated")
+		return 0
+	}
+	f := math.Float64frombits(binary.BigEndian.Uint64(d.b))
+	d.b = d.b[8:]
+	return f
+}
+
+func (d *snapDec) uvarint() uint64 {
+	x, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.fail("bad uvarint")
+		return 0
+	}
+	d.b = d.b[n:]
+	return x
+}
+
+func (d *snapDec) bytes() []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.fail("truncated: %d bytes announced, %d left", n, len(d.b))
+		return nil
+	}
+	x := bytes.Clone(d.b[:n])
+	d.b = d.b[n:]
+	return x
+}
