@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Installs what the tests need on a fresh Debian machine, and only what is
+# missing: kcat, kafka-python, confluent-kafka (Debian packages, used with
+# /usr/bin/python3), file (image-check), node/npm and the kafkajs lockfile.
+# With CI=true a dependency that is missing and cannot be installed is an
+# error; locally it is a warning and the tests that need it report it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ci=${CI:-false}
+missing=()
+command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+/usr/bin/python3 -c 'import kafka' >/dev/null 2>&1 || missing+=(python3-kafka)
+/usr/bin/python3 -c 'import confluent_kafka' >/dev/null 2>&1 || missing+=(python3-confluent-kafka)
+command -v file >/dev/null 2>&1 || missing+=(file)
+if [ -f test/integration/package-lock.json ] && ! command -v npm >/dev/null 2>&1; then
+	missing+=(nodejs npm)
+fi
+
+fail() {
+	if [ "$ci" = true ]; then
+		echo "deps: $*" >&2
+		exit 1
+	fi
+	echo "deps: warning: $*" >&2
+}
+
+if [ ${#missing[@]} -gt 0 ]; then
+	sudo=()
+	if [ "$(id -u)" -ne 0 ]; then
+		if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+			sudo=(sudo -n)
+		else
+			fail "missing ${missing[*]} and not root (no passwordless sudo); install them with apt-get"
+			sudo=(none)
+		fi
+	fi
+	if [ "${sudo[0]:-}" != none ]; then
+		echo "deps: installing ${missing[*]}"
+		export DEBIAN_FRONTEND=noninteractive
+		"${sudo[@]}" apt-get update -qq
+		"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+	fi
+else
+	echo "deps: kcat, python3-kafka, python3-confluent-kafka, file: present"
+fi
+
+# kafkajs for the client matrix, pinned by the committed lockfile. npm ci
+# wipes node_modules, so it runs only when the lockfile changed since the
+# last install (a stamp records its hash).
+lock=test/integration/package-lock.json
+if [ -f "$lock" ]; then
+	stamp=test/integration/node_modules/.rtproxy-lock-sha256
+	want=$(sha256sum "$lock" | cut -d' ' -f1)
+	if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+		if command -v npm >/dev/null 2>&1; then
+			echo "deps: npm ci --prefix test/integration"
+			npm ci --prefix test/integration --no-audit --no-fund
+			echo "$want" >"$stamp"
+		else
+			fail "npm is missing; kafkajs tests cannot run"
+		fi
+	else
+		echo "deps: test/integration/node_modules matches package-lock.json"
+	fi
+fi

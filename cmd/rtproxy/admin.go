@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// admin is the operator-facing HTTP server: /metrics, /healthz, /readyz and
+// /routes.
+type admin struct {
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	srv      *http.Server
+	ln       net.Listener
+	ready    func() (bool, string) // reports readiness and, when not ready, why
+	routes   func() any            // the pipeline manager's status; nil: no routes
+	stopping atomic.Bool
+}
+
+func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger) (*admin, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin_listen %s: %w", addr, err)
+	}
+	a := &admin{log: log, reg: reg, ln: ln}
+	a.ready = func() (bool, string) { return false, "starting" }
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelError),
+		Registry:          reg, // rtproxy's own promhttp_* counters
+		EnableOpenMetrics: true,
+	}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", a.serveReady)
+	mux.HandleFunc("GET /routes", a.serveRoutes)
+	a.srv = &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return a, nil
+}
+
+// Addr is the bound address (useful when admin_listen asked for port 0).
+func (a *admin) Addr() string { return a.ln.Addr().String() }
+
+func (a *admin) serve() {
+	if err := a.srv.Serve(a.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		a.log.Error("admin server stopped", "err", err)
+	}
+}
+
+func (a *admin) serveReady(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if a.stopping.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintln(w, "not ready: shutting down")
+		return
+	}
+	if ok, why := a.ready(); !ok {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "not ready: %s\n", why)
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+func (a *admin) serveRoutes(w http.ResponseWriter, _ *http.Request) {
+	var v any = []any{}
+	if a.routes != nil {
+		if s := a.routes(); s != nil {
+			v = s
+		}
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		http.Error(w, "encode routes: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	// A typed nil slice marshals as null; /routes promises a list.
+	if string(b) == "null" {
+		b = []byte("[]")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(append(b, '\n'))
+}
+
+// shutdown stops the server, letting in-flight scrapes finish within ctx.
+func (a *admin) shutdown(ctx context.Context) {
+	if err := a.srv.Shutdown(ctx); err != nil {
+		a.srv.Close()
+	}
+}

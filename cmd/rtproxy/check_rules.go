@@ -1,0 +1,16 @@
+package main
+
+import (
+	"io"
+
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// checkRules is the adapter to the rules package's linter: the same loader
+// and analyzer the running proxy uses. Exit 1 when anything is wrong.
+func checkRules(paths []string, stdout, _ io.Writer) int {
+	if rules.CheckPaths(stdout, paths) {
+		return 0
+	}
+	return 1
+}
