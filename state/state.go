@@ -2,7 +2,24 @@
 // and step, written together with the route's offsets in one atomic batch
 // at each checkpoint, restored on start.
 //
-// It must never import pipeline/, operators/ or protocol/.
+// One DB (Open) serves the whole process. Each step of each route gets a KV
+// (DB.Namespace). A KV's writes are readable at once but live only in an
+// in-memory overlay until the route's next checkpoint, which writes every
+// overlay of the route, the route's offsets, step snapshots and a
+// checkpoint record in one synced pebble batch. A crash therefore rolls the
+// state back to exactly the last checkpoint, matching the offsets that
+// replay resumes from. Overlays hold only the writes since the last
+// checkpoint, so state far larger than memory lives in pebble.
+//
+// To keep a checkpoint from stalling its route, DB.Freeze cuts the state
+// at a consistent point in O(number of steps) and processing continues;
+// Frozen.Commit writes the cut once the outputs before it are acknowledged.
+// DB.Checkpoint does both at once.
+//
+// The byte layout of every key and record is at the top of layout.go.
+//
+// It imports pebble and offsets/ (for the offsets encoding) and must never
+// import pipeline/, operators/ or protocol/.
 package state
 
 // KV is one namespace of keyed state (one step of one route). Reads see
