@@ -1,0 +1,73 @@
+package protocol
+
+import (
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Fetch (key 1).
+//
+// Responses v0-v15 carry no address and are forwarded raw. v16+ (KIP-951)
+// may carry, in top-level tag 0, the endpoints of new partition leaders
+// (named by each partition's CurrentLeader tag). As for Produce, the body is
+// walked without decoding — the record batches are skipped by length — and
+// decoded, rewritten and re-encoded only when a top-level tag is present.
+// Node ids are kept, so CurrentLeader stays consistent with the endpoints.
+//
+// v16+ layout walked (all compact, flexible):
+//
+//	int32 throttle, int16 error, int32 session id
+//	[topics: uuid topic id,
+//	  [partitions: int32 index, int16 error, int64 high watermark,
+//	    int64 last stable offset, int64 log start offset,
+//	    [aborted txns: int64 producer id, int64 first offset, tags],
+//	    int32 preferred read replica, nullable bytes records, tags],
+//	  tags]
+//	tags  <- node endpoints live here
+func rewriteFetch(m Mapper, version int16, body, dst []byte) ([]byte, bool, error) {
+	if version < 16 {
+		return nil, false, nil
+	}
+	if !fetchHasTopTags(body) {
+		return nil, false, nil
+	}
+	r, err := decodeResponse(int16(kmsg.Fetch), version, body)
+	if err != nil {
+		return nil, false, err
+	}
+	resp := r.(*kmsg.FetchResponse)
+	if len(resp.Brokers) == 0 {
+		return nil, false, nil
+	}
+	for i := range resp.Brokers {
+		b := &resp.Brokers[i]
+		h, p, err := m.MapBroker(b.NodeID, b.Host, b.Port)
+		if err != nil {
+			return nil, false, err
+		}
+		b.Host, b.Port = h, p
+	}
+	return resp.AppendTo(dst), true, nil
+}
+
+// fetchHasTopTags reports whether a v16+ Fetch response body has any
+// top-level tagged field; an unwalkable body reports true (see Produce).
+func fetchHasTopTags(body []byte) bool {
+	s := skipper{p: body}
+	s.skip(4 + 2 + 4)
+	for t := s.arrayLen(); t > 0 && !s.bad; t-- {
+		s.skip(16)
+		for p := s.arrayLen(); p > 0 && !s.bad; p-- {
+			s.skip(4 + 2 + 8 + 8 + 8)
+			for a := s.arrayLen(); a > 0 && !s.bad; a-- {
+				s.skip(16)
+				s.tags()
+			}
+			s.skip(4)
+			s.compactBytes()
+			s.tags()
+		}
+		s.tags()
+	}
+	n, ok := s.topLevelTagCount()
+	return !ok || n > 0
+}

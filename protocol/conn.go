@@ -1,0 +1,382 @@
+package protocol
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// maxInFlight bounds the requests one connection may have outstanding at
+// the broker. Past it the proxy stops reading the client until a response
+// returns, which bounds the FIFO without dropping anything (Kafka brokers
+// answer one request per connection at a time anyway).
+const maxInFlight = 64
+
+// inflight is one request awaiting its response.
+type inflight struct {
+	key, version int16
+	corr         int32
+	sent         time.Time
+}
+
+// pair is one client connection and its upstream connection. Two
+// goroutines serve it: clientLoop reads requests and writes them upstream,
+// brokerLoop reads responses and writes them to the client. Each blocks on
+// its write when the other side is slow, which is the backpressure: at
+// most one frame per direction is buffered in the proxy.
+type pair struct {
+	p          *Proxy
+	client     net.Conn
+	upstream   net.Conn
+	clientAddr string
+
+	queue    chan inflight // FIFO of requests awaiting responses
+	done     chan struct{} // closed by close()
+	reqsDone chan struct{} // closed when clientLoop stops reading requests
+	once     sync.Once
+	draining atomic.Bool
+	reported atomic.Bool // one log line per connection
+}
+
+// serve runs one accepted client connection; node is -1 for the bootstrap
+// listener.
+func (p *Proxy) serve(c net.Conn, node int32) {
+	defer p.pairs.Done()
+	addr := c.RemoteAddr().String()
+	if p.cfg.ClientTLS != nil {
+		tc := tls.Server(c, p.cfg.ClientTLS)
+		c.SetDeadline(time.Now().Add(dialTimeout))
+		if err := tc.Handshake(); err != nil {
+			reason := "TLS handshake failed: " + err.Error()
+			var rh tls.RecordHeaderError
+			if errors.As(err, &rh) {
+				reason = "plaintext (non-TLS) bytes sent to a TLS listener"
+				p.m.frameErrors.WithLabelValues("plaintext_on_tls").Inc()
+			} else {
+				p.m.frameErrors.WithLabelValues("tls_handshake").Inc()
+			}
+			p.log.Warn("closing client connection", "client", addr, "reason", reason)
+			c.Close()
+			return
+		}
+		c.SetDeadline(time.Time{})
+		c = tc
+	}
+	up, target, err := p.dialFor(node)
+	if err != nil {
+		p.log.Warn("closing client connection: upstream unreachable", "client", addr, "upstream", target, "err", err)
+		c.Close()
+		return
+	}
+	pr := &pair{
+		p:          p,
+		client:     c,
+		upstream:   up,
+		clientAddr: addr,
+		queue:      make(chan inflight, maxInFlight),
+		done:       make(chan struct{}),
+		reqsDone:   make(chan struct{}),
+	}
+	p.mu.Lock()
+	if p.mu.closed {
+		p.mu.Unlock()
+		c.Close()
+		up.Close()
+		return
+	}
+	p.mu.conns[pr] = struct{}{}
+	p.mu.Unlock()
+	p.m.connsOpen.Inc()
+	p.m.connsTotal.Inc()
+
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); pr.brokerLoop() }()
+	pr.clientLoop()
+	wg.Wait()
+}
+
+// dialFor connects to the upstream for node, or to any reachable seed (and
+// then any known broker) for the bootstrap listener.
+func (p *Proxy) dialFor(node int32) (net.Conn, string, error) {
+	if node >= 0 {
+		p.mu.Lock()
+		e := p.mu.brokers[node]
+		target := ""
+		if e != nil {
+			target = e.upstream
+		}
+		p.mu.Unlock()
+		if target == "" {
+			return nil, fmt.Sprintf("node %d", node), fmt.Errorf("no upstream address known for node %d", node)
+		}
+		c, err := p.dial(target)
+		return c, target, err
+	}
+	cands := p.bootstrapCandidates()
+	var firstErr error
+	for _, t := range cands {
+		c, err := p.dial(t)
+		if err == nil {
+			return c, t, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	return nil, fmt.Sprint(cands), firstErr
+}
+
+// bootstrapCandidates lists the seeds, rotated so load spreads, followed by
+// brokers learned from metadata (a seed list may name only some brokers).
+func (p *Proxy) bootstrapCandidates() []string {
+	seeds := p.cfg.Upstream
+	start := int(p.seedNext.Add(1)) % len(seeds)
+	out := make([]string, 0, len(seeds)+4)
+	out = append(out, seeds[start:]...)
+	out = append(out, seeds[:start]...)
+	p.mu.Lock()
+	for _, e := range p.mu.brokers {
+		out = append(out, e.upstream)
+	}
+	p.mu.Unlock()
+	return out
+}
+
+func (p *Proxy) dial(target string) (net.Conn, error) {
+	d := net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+	c, err := d.DialContext(p.stopCtx, "tcp", target)
+	if err != nil {
+		return nil, err
+	}
+	if p.cfg.UpstreamTLS == nil {
+		return c, nil
+	}
+	cfg := p.cfg.UpstreamTLS.Clone()
+	if cfg.ServerName == "" {
+		host, _, _ := net.SplitHostPort(target)
+		cfg.ServerName = host
+	}
+	tc := tls.Client(c, cfg)
+	ctx, cancel := context.WithTimeout(p.stopCtx, dialTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("TLS handshake with %s: %w", target, err)
+	}
+	return tc, nil
+}
+
+// report logs the single line a connection gets when it is closed for a
+// reason worth an operator's attention.
+func (pr *pair) report(msg string, args ...any) {
+	if pr.reported.CompareAndSwap(false, true) {
+		pr.p.log.Warn(msg, append([]any{"client", pr.clientAddr}, args...)...)
+	}
+}
+
+func (pr *pair) close() {
+	pr.once.Do(func() {
+		close(pr.done)
+		pr.client.Close()
+		pr.upstream.Close()
+		// Whatever is still queued will never be answered.
+	drained:
+		for {
+			select {
+			case r := <-pr.queue:
+				pr.p.m.api(r.key).errors.Inc()
+			default:
+				break drained
+			}
+		}
+		pr.p.mu.Lock()
+		delete(pr.p.mu.conns, pr)
+		pr.p.mu.Unlock()
+		pr.p.m.connsOpen.Dec()
+	})
+}
+
+// drain stops reading new requests; the pair closes once the requests in
+// flight are answered (or Run's grace period ends).
+func (pr *pair) drain() {
+	pr.draining.Store(true)
+	pr.client.SetReadDeadline(time.Now())
+}
+
+// finishIfIdle closes the pair when the client stopped sending and nothing
+// is left in flight. Both loops call it; close is idempotent.
+func (pr *pair) finishIfIdle() {
+	select {
+	case <-pr.reqsDone:
+		if len(pr.queue) == 0 {
+			pr.close()
+		}
+	default:
+	}
+}
+
+func isClosedErr(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
+}
+
+func (pr *pair) clientLoop() {
+	p := pr.p
+	var size [4]byte
+	first := true
+	for {
+		frame, err := ReadFrame(pr.client, &size, p.cfg.MaxFrameBytes, first)
+		if err != nil {
+			var ne net.Error
+			if pr.draining.Load() && errors.As(err, &ne) && ne.Timeout() {
+				close(pr.reqsDone)
+				pr.finishIfIdle()
+				return
+			}
+			if reason := frameReason(err); reason != "" {
+				p.m.frameErrors.WithLabelValues(reason).Inc()
+				pr.report("closing client connection: malformed frame", "reason", err.Error())
+			} else if !isClosedErr(err) {
+				p.log.Debug("client connection closed", "client", pr.clientAddr, "err", err)
+			}
+			pr.close()
+			return
+		}
+		first = false
+		h, err := ParseRequestHeader(frame[4:])
+		expectResponse := true
+		if err == nil && h.APIKey == int16(kmsg.Produce) {
+			var acks int16
+			acks, err = produceAcks(frame[4:], h)
+			if err != nil {
+				err = fmt.Errorf("%w: produce request truncated before acks", ErrBadHeader)
+			}
+			expectResponse = acks != 0
+		}
+		if err != nil {
+			ReleaseFrame(frame)
+			p.m.frameErrors.WithLabelValues("bad_header").Inc()
+			pr.report("closing client connection: malformed frame", "reason", err.Error())
+			pr.close()
+			return
+		}
+		am := p.m.api(h.APIKey)
+		am.requests.Inc()
+		p.m.bytesC2B.Add(float64(len(frame)))
+		if expectResponse {
+			// Queue before writing: the response can come back before
+			// Write returns.
+			select {
+			case pr.queue <- inflight{key: h.APIKey, version: h.APIVersion, corr: h.CorrelationID, sent: time.Now()}:
+			case <-pr.done:
+				ReleaseFrame(frame)
+				return
+			}
+		}
+		_, err = pr.upstream.Write(frame)
+		ReleaseFrame(frame)
+		if err != nil {
+			if !expectResponse {
+				am.errors.Inc()
+			}
+			select {
+			case <-pr.done:
+			default:
+				pr.report("closing client connection: upstream write failed", "upstream", pr.upstream.RemoteAddr().String(), "err", err)
+			}
+			pr.close()
+			return
+		}
+	}
+}
+
+func (pr *pair) brokerLoop() {
+	p := pr.p
+	var size [4]byte
+	for {
+		frame, err := ReadFrame(pr.upstream, &size, p.cfg.MaxFrameBytes, false)
+		if err != nil {
+			select {
+			case <-pr.done:
+			default:
+				if len(pr.queue) > 0 || !isClosedErr(err) {
+					pr.report("closing client connection: upstream connection failed",
+						"upstream", pr.upstream.RemoteAddr().String(), "err", err, "in_flight", len(pr.queue))
+				}
+			}
+			pr.close()
+			return
+		}
+		var req inflight
+		select {
+		case req = <-pr.queue:
+		default:
+			ReleaseFrame(frame)
+			pr.report("closing client connection: broker sent a response with no request in flight",
+				"upstream", pr.upstream.RemoteAddr().String())
+			pr.close()
+			return
+		}
+		am := p.m.api(req.key)
+		am.latency.Observe(time.Since(req.sent).Seconds())
+		if corr := int32(binary.BigEndian.Uint32(frame[4:])); corr != req.corr {
+			ReleaseFrame(frame)
+			am.errors.Inc()
+			pr.report("closing client connection: response out of order",
+				"want_correlation_id", req.corr, "got_correlation_id", corr, "api", kmsg.NameForKey(req.key))
+			pr.close()
+			return
+		}
+		out := frame
+		if rw := rewriterFor(req.key); rw != nil {
+			rewritten, err := pr.rewrite(rw, req, frame)
+			if err != nil {
+				ReleaseFrame(frame)
+				am.errors.Inc()
+				pr.report("closing client connection: cannot rewrite response",
+					"api", kmsg.NameForKey(req.key), "version", req.version, "err", err)
+				pr.close()
+				return
+			}
+			if rewritten != nil {
+				ReleaseFrame(frame)
+				out = rewritten
+			}
+		}
+		p.m.bytesB2C.Add(float64(len(out)))
+		_, err = pr.client.Write(out)
+		ReleaseFrame(out)
+		if err != nil {
+			pr.close()
+			return
+		}
+		pr.finishIfIdle()
+	}
+}
+
+// rewrite returns a new frame when rw changed the response, nil when the
+// original can be forwarded.
+func (pr *pair) rewrite(rw rewriteFunc, req inflight, frame []byte) ([]byte, error) {
+	off, err := responseBodyOffset(frame[4:], req.key, req.version)
+	if err != nil {
+		return nil, fmt.Errorf("response header: %w", err)
+	}
+	hdrEnd := 4 + off
+	dst := make([]byte, hdrEnd, len(frame)+128)
+	copy(dst, frame[:hdrEnd])
+	out, changed, err := rw(pr.p, req.version, frame[hdrEnd:], dst)
+	if err != nil || !changed {
+		return nil, err
+	}
+	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+	return out, nil
+}

@@ -1,0 +1,132 @@
+package protocol
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+)
+
+// A Kafka frame on the wire is
+//
+//	bytes 0..3  int32 big-endian size N of what follows (the header and body)
+//	bytes 4..   N bytes: request or response header, then the body
+//
+// The proxy keeps the four size bytes in front of the payload in the same
+// buffer, so that a frame read from one side is written to the other with a
+// single Write call and no copy.
+
+// ErrFrameTooLarge is returned when a frame announces more bytes than the
+// configured cap; the reason in the log line says whether the bytes looked
+// like a TLS handshake instead.
+var ErrFrameTooLarge = errors.New("frame exceeds max_frame_bytes")
+
+// ErrTLSOnPlaintext is returned when the first bytes of a connection to a
+// plaintext listener are a TLS handshake record (0x16 0x03 ..).
+var ErrTLSOnPlaintext = errors.New("TLS handshake (ClientHello) sent to a plaintext listener")
+
+// ErrFrameTruncated is returned when the peer closes in the middle of a frame.
+var ErrFrameTruncated = errors.New("frame truncated: connection closed mid-frame")
+
+// ErrFrameNegative is returned for a negative or too-short size prefix.
+var ErrFrameNegative = errors.New("frame size is negative or smaller than a header")
+
+// minFrame is the smallest payload that can hold anything we parse: a
+// response correlation id (4 bytes). Requests are checked against their
+// own 8-byte minimum by ParseRequestHeader.
+const minFrame = 4
+
+// Buffers come from size-classed pools: an idle connection owns no frame
+// buffer at all, and a busy one reuses the buffer of its previous frame
+// instead of allocating per request (the 1,000-idle-connections budget).
+var bufClasses = [...]int{4 << 10, 64 << 10, 1 << 20, 8 << 20}
+
+var bufPools [len(bufClasses)]sync.Pool
+
+func getBuf(n int) []byte {
+	for i, c := range bufClasses {
+		if n <= c {
+			if p, ok := bufPools[i].Get().(*[]byte); ok {
+				return (*p)[:n]
+			}
+			b := make([]byte, c)
+			return b[:n]
+		}
+	}
+	// Frames beyond the largest class are rare (big fetches); they are not
+	// pooled so that one huge frame does not pin its memory forever.
+	return make([]byte, n)
+}
+
+func putBuf(b []byte) {
+	c := cap(b)
+	for i, cl := range bufClasses {
+		if c == cl {
+			b = b[:c]
+			bufPools[i].Put(&b)
+			return
+		}
+	}
+}
+
+// looksLikeTLS reports whether the first bytes are a TLS handshake record
+// header: content type 22 and a 3.x record version.
+func looksLikeTLS(b []byte) bool {
+	return len(b) >= 2 && b[0] == 0x16 && b[1] == 0x03
+}
+
+// ReadFrame reads one size-prefixed frame from r. The returned buffer holds
+// the four size bytes followed by the payload; release it with ReleaseFrame.
+// sizeBuf is scratch space owned by the caller (so the size read does not
+// allocate). first says whether this is the first frame of the connection,
+// which is where a misdirected TLS handshake is recognised.
+func ReadFrame(r io.Reader, sizeBuf *[4]byte, maxBytes int32, first bool) ([]byte, error) {
+	if _, err := io.ReadFull(r, sizeBuf[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, ErrFrameTruncated
+		}
+		return nil, err
+	}
+	if first && looksLikeTLS(sizeBuf[:]) {
+		return nil, ErrTLSOnPlaintext
+	}
+	n := int32(binary.BigEndian.Uint32(sizeBuf[:]))
+	if n < minFrame {
+		return nil, fmt.Errorf("%w (%d)", ErrFrameNegative, n)
+	}
+	if n > maxBytes {
+		return nil, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, n, maxBytes)
+	}
+	buf := getBuf(int(n) + 4)
+	copy(buf, sizeBuf[:])
+	if _, err := io.ReadFull(r, buf[4:]); err != nil {
+		putBuf(buf)
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return nil, ErrFrameTruncated
+		}
+		return nil, err
+	}
+	return buf, nil
+}
+
+// ReleaseFrame returns a frame buffer from ReadFrame to its pool.
+func ReleaseFrame(b []byte) { putBuf(b) }
+
+// frameReason maps a read error to the short label used in
+// rtproxy_proxy_frame_errors_total{reason}; "" means not a frame error.
+func frameReason(err error) string {
+	switch {
+	case errors.Is(err, ErrTLSOnPlaintext):
+		return "tls_on_plaintext"
+	case errors.Is(err, ErrFrameTooLarge):
+		return "too_large"
+	case errors.Is(err, ErrFrameTruncated):
+		return "truncated"
+	case errors.Is(err, ErrFrameNegative):
+		return "bad_size"
+	case errors.Is(err, ErrBadHeader):
+		return "bad_header"
+	}
+	return ""
+}

@@ -1,0 +1,102 @@
+package protocol
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// metrics are the proxy's collectors. Children for every API key are
+// resolved once at construction so that the per-request cost is an atomic
+// add, not a label lookup.
+type metrics struct {
+	connsOpen   prometheus.Gauge
+	connsTotal  prometheus.Counter
+	bytesC2B    prometheus.Counter
+	bytesB2C    prometheus.Counter
+	frameErrors *prometheus.CounterVec
+
+	reqs *prometheus.CounterVec
+	errs *prometheus.CounterVec
+	lat  *prometheus.HistogramVec
+	// apis caches the children per API key (last slot: unknown keys). They
+	// are resolved on first use so that /metrics lists only APIs seen.
+	apis [maxKnownKey + 2]atomic.Pointer[apiMetrics]
+}
+
+type apiMetrics struct {
+	requests prometheus.Counter
+	errors   prometheus.Counter
+	latency  prometheus.Observer
+}
+
+func (m *metrics) api(k int16) *apiMetrics {
+	s := keySlot(k)
+	if a := m.apis[s].Load(); a != nil {
+		return a
+	}
+	l := apiLabel(s)
+	a := &apiMetrics{
+		requests: m.reqs.WithLabelValues(l),
+		errors:   m.errs.WithLabelValues(l),
+		latency:  m.lat.WithLabelValues(l),
+	}
+	m.apis[s].Store(a)
+	return a
+}
+
+func apiLabel(k int) string {
+	if k > maxKnownKey {
+		return "unknown"
+	}
+	if n := kmsg.NameForKey(int16(k)); n != "" && n != "Unknown" {
+		return n
+	}
+	return "unknown"
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		connsOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rtproxy_proxy_connections_open", Help: "Client connections currently open through the proxy.",
+		}),
+		connsTotal: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_connections_total", Help: "Client connections accepted since start.",
+		}),
+		frameErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_frame_errors_total", Help: "Client connections closed for a malformed frame, by reason.",
+		}, []string{"reason"}),
+	}
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtproxy_proxy_bytes_total", Help: "Bytes forwarded, by direction.",
+	}, []string{"direction"})
+	m.bytesC2B = bytes.WithLabelValues("client_to_broker")
+	m.bytesB2C = bytes.WithLabelValues("broker_to_client")
+	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtproxy_proxy_requests_total", Help: "Requests forwarded, by API.",
+	}, []string{"api"})
+	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtproxy_proxy_request_errors_total",
+		Help: "Requests that got no response through the proxy (upstream failed, connection closed with the request in flight, or the response could not be rewritten), by API.",
+	}, []string{"api"})
+	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "rtproxy_proxy_upstream_latency_seconds",
+		Help:    "Time from forwarding a request upstream to receiving its response, by API.",
+		Buckets: prometheus.ExponentialBuckets(50e-6, 2.5, 14),
+	}, []string{"api"})
+	m.reqs, m.errs, m.lat = reqs, errs, lat
+	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.frameErrors, bytes, reqs, errs, lat} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func keySlot(k int16) int {
+	if k < 0 || int(k) > maxKnownKey {
+		return maxKnownKey + 1
+	}
+	return int(k)
+}

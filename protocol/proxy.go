@@ -1,0 +1,314 @@
+// Package protocol is rtproxy's transparent Kafka proxy core: it owns the
+// Kafka wire (frames, request/response headers), the connection pairs
+// between clients and brokers, the broker address map (one local listener
+// per upstream broker), ApiVersions capping and the rewriting of every
+// response that carries a broker address, plus TLS on either side and
+// SASL pass-through.
+//
+// Only headers are parsed on the hot path; everything that needs no rewrite
+// is forwarded as raw bytes. It imports kmsg for the responses it must
+// rewrite, and must never import rules/, pipeline/ or operators/: the proxy
+// knows nothing of routes.
+package protocol
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures a Proxy. Zero values take the defaults listed.
+type Config struct {
+	Listen          string        // bootstrap listener, e.g. "127.0.0.1:9092" (required)
+	AdvertiseHost   string        // host clients are told; default 127.0.0.1
+	BrokerPortFirst int           // first per-broker port; default 9093
+	BrokerPortCount int           // size of the per-broker port range; default 100
+	Upstream        []string      // seed brokers host:port (required)
+	MaxFrameBytes   int32         // default 100 MiB
+	ClientTLS       *tls.Config   // nil: plaintext toward clients
+	UpstreamTLS     *tls.Config   // nil: plaintext toward brokers
+	ShutdownGrace   time.Duration // default 10s
+	Logger          *slog.Logger  // default: discard
+	Registerer      prometheus.Registerer
+}
+
+const (
+	defaultAdvertiseHost   = "127.0.0.1"
+	defaultBrokerPortFirst = 9093
+	defaultBrokerPortCount = 100
+	defaultMaxFrameBytes   = 100 << 20
+	defaultShutdownGrace   = 10 * time.Second
+
+	// dialTimeout bounds how long a client waits before its connection is
+	// closed because the upstream broker is unreachable.
+	dialTimeout = 5 * time.Second
+	// metadataRefresh is how often the proxy re-reads cluster metadata on
+	// its own, so brokers that appear get a listener even if no client
+	// asked; on failure it retries after metadataRetry.
+	metadataRefresh = 30 * time.Second
+	metadataRetry   = time.Second
+)
+
+func (c *Config) applyDefaults() {
+	if c.AdvertiseHost == "" {
+		c.AdvertiseHost = defaultAdvertiseHost
+	}
+	if c.BrokerPortFirst == 0 {
+		c.BrokerPortFirst = defaultBrokerPortFirst
+	}
+	if c.BrokerPortCount == 0 {
+		c.BrokerPortCount = defaultBrokerPortCount
+	}
+	if c.MaxFrameBytes == 0 {
+		c.MaxFrameBytes = defaultMaxFrameBytes
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = defaultShutdownGrace
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Registerer == nil {
+		c.Registerer = prometheus.NewRegistry()
+	}
+}
+
+func (c *Config) validate() error {
+	if c.Listen == "" {
+		return errors.New("protocol: Listen is required")
+	}
+	if len(c.Upstream) == 0 {
+		return errors.New("protocol: at least one Upstream seed broker is required")
+	}
+	for _, u := range c.Upstream {
+		if _, _, err := net.SplitHostPort(u); err != nil {
+			return fmt.Errorf("protocol: upstream %q: %w", u, err)
+		}
+	}
+	if c.BrokerPortFirst < 1 || c.BrokerPortCount < 1 || c.BrokerPortFirst+c.BrokerPortCount-1 > 65535 {
+		return fmt.Errorf("protocol: broker port range [%d, %d) is not inside 1..65535",
+			c.BrokerPortFirst, c.BrokerPortFirst+c.BrokerPortCount)
+	}
+	if c.MaxFrameBytes < 64 {
+		return fmt.Errorf("protocol: MaxFrameBytes %d is too small", c.MaxFrameBytes)
+	}
+	if c.ShutdownGrace < 0 {
+		return fmt.Errorf("protocol: ShutdownGrace %v is negative", c.ShutdownGrace)
+	}
+	return nil
+}
+
+// Proxy is a running transparent Kafka proxy.
+type Proxy struct {
+	cfg        Config
+	log        *slog.Logger
+	m          *metrics
+	bootstrap  net.Listener
+	listenHost string
+	ports      *PortMap
+	ready      atomic.Bool
+	seedNext   atomic.Uint32
+
+	// stopCtx ends accept loops and the metadata refresher.
+	stopCtx context.Context
+	stop    context.CancelFunc
+	loops   sync.WaitGroup // accept loops and refresher
+	pairs   sync.WaitGroup // connection pairs
+
+	topics struct {
+		sync.RWMutex
+		byID map[[16]byte]string
+	}
+
+	mu struct {
+		sync.Mutex
+		closed  bool
+		brokers map[int32]*brokerEntry
+		conns   map[*pair]struct{}
+	}
+}
+
+// brokerEntry is one upstream broker and its local listener.
+type brokerEntry struct {
+	node     int32
+	port     int
+	upstream string // host:port, updated when metadata says it moved
+	ln       net.Listener
+}
+
+// New validates cfg and opens the bootstrap listener, so port errors
+// surface here rather than in Run.
+func New(cfg Config) (*Proxy, error) {
+	cfg.applyDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: listen %q: %w", cfg.Listen, err)
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: register metrics: %w", err)
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: bootstrap listener: %w", err)
+	}
+	p := &Proxy{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		m:          m,
+		bootstrap:  ln,
+		listenHost: host,
+		ports:      NewPortMap(cfg.BrokerPortFirst, cfg.BrokerPortCount),
+	}
+	p.stopCtx, p.stop = context.WithCancel(context.Background())
+	p.topics.byID = make(map[[16]byte]string)
+	p.mu.brokers = make(map[int32]*brokerEntry)
+	p.mu.conns = make(map[*pair]struct{})
+	return p, nil
+}
+
+// Addr is the bootstrap listener's actual address.
+func (p *Proxy) Addr() string { return p.bootstrap.Addr().String() }
+
+// Ready reports whether upstream metadata has been fetched at least once.
+func (p *Proxy) Ready() bool { return p.ready.Load() }
+
+// TopicName returns the topic name for a topic id seen in Metadata.
+func (p *Proxy) TopicName(id [16]byte) (string, bool) {
+	p.topics.RLock()
+	defer p.topics.RUnlock()
+	n, ok := p.topics.byID[id]
+	return n, ok
+}
+
+// LearnTopic implements Mapper.
+func (p *Proxy) LearnTopic(id [16]byte, name string) {
+	p.topics.RLock()
+	cur, ok := p.topics.byID[id]
+	p.topics.RUnlock()
+	if ok && cur == name {
+		return
+	}
+	p.topics.Lock()
+	p.topics.byID[id] = name
+	p.topics.Unlock()
+}
+
+// MapBroker implements Mapper: it records node's upstream address, opens
+// its listener on first sight, and returns the address clients must use.
+func (p *Proxy) MapBroker(node int32, host string, port int32) (string, int32, error) {
+	upstream := net.JoinHostPort(host, strconv.Itoa(int(port)))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.mu.brokers[node]; ok {
+		if e.upstream != upstream && host != "" {
+			p.log.Info("upstream broker moved", "node", node, "from", e.upstream, "to", upstream)
+			e.upstream = upstream
+		}
+		return p.cfg.AdvertiseHost, int32(e.port), nil
+	}
+	e := &brokerEntry{node: node, upstream: upstream}
+	lport, _, err := p.ports.Assign(node)
+	for err == nil {
+		ln, lerr := net.Listen("tcp", net.JoinHostPort(p.listenHost, strconv.Itoa(lport)))
+		if lerr == nil {
+			e.ln, e.port = ln, lport
+			break
+		}
+		p.log.Warn("broker port busy, trying the next one", "node", node, "port", lport, "err", lerr)
+		lport, err = p.ports.Reassign(node, lport)
+	}
+	if err != nil {
+		p.log.Error("refusing broker: no local port for it", "node", node, "upstream", upstream, "err", err)
+		return "", 0, fmt.Errorf("node %d: %w", node, err)
+	}
+	p.mu.brokers[node] = e
+	p.log.Info("broker listener open", "node", node, "listen", e.ln.Addr().String(), "upstream", upstream)
+	if p.mu.closed {
+		e.ln.Close()
+	} else {
+		p.loops.Add(1)
+		go p.acceptLoop(e.ln, node)
+	}
+	return p.cfg.AdvertiseHost, int32(e.port), nil
+}
+
+// Run serves until ctx is cancelled, then stops accepting, lets in-flight
+// requests finish within ShutdownGrace, and returns nil.
+func (p *Proxy) Run(ctx context.Context) error {
+	p.log.Info("proxy listening", "bootstrap", p.Addr(), "advertise_host", p.cfg.AdvertiseHost,
+		"broker_ports", fmt.Sprintf("%d-%d", p.cfg.BrokerPortFirst, p.cfg.BrokerPortFirst+p.cfg.BrokerPortCount-1),
+		"upstream", p.cfg.Upstream)
+	p.loops.Add(2)
+	go p.acceptLoop(p.bootstrap, -1)
+	go p.refreshLoop()
+
+	<-ctx.Done()
+	p.log.Info("proxy shutting down", "grace", p.cfg.ShutdownGrace)
+	p.stop()
+	p.mu.Lock()
+	p.mu.closed = true
+	p.bootstrap.Close()
+	for _, e := range p.mu.brokers {
+		e.ln.Close()
+	}
+	conns := make([]*pair, 0, len(p.mu.conns))
+	for c := range p.mu.conns {
+		conns = append(conns, c)
+	}
+	p.mu.Unlock()
+	p.loops.Wait()
+
+	for _, c := range conns {
+		c.drain()
+	}
+	done := make(chan struct{})
+	go func() { p.pairs.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(p.cfg.ShutdownGrace):
+		p.mu.Lock()
+		n := len(p.mu.conns)
+		for c := range p.mu.conns {
+			go c.close()
+		}
+		p.mu.Unlock()
+		p.log.Warn("shutdown grace expired, closing connections with requests in flight", "connections", n)
+		<-done
+	}
+	p.log.Info("proxy stopped")
+	return nil
+}
+
+func (p *Proxy) acceptLoop(ln net.Listener, node int32) {
+	defer p.loops.Done()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if p.stopCtx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			p.log.Error("accept failed", "listen", ln.Addr().String(), "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		p.pairs.Add(1)
+		go p.serve(c, node)
+	}
+}
