@@ -1,0 +1,178 @@
+package rules
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// isRuleFileName reports whether a directory entry is a rule file: *.yaml
+// or *.yml and not hidden. Hidden names include a Kubernetes ConfigMap
+// mount's `..data` and `..2026_01_01_...` directories, whose files are the
+// same files again behind the visible symlinks.
+func isRuleFileName(name string) bool {
+	if strings.HasPrefix(name, ".") {
+		return false
+	}
+	ext := strings.ToLower(filepath.Ext(name))
+	return ext == ".yaml" || ext == ".yml"
+}
+
+// ruleFiles lists the rule files of dir, sorted, following symlinks and
+// skipping anything that is not a regular file (subdirectories are not
+// searched).
+func ruleFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if !isRuleFileName(e.Name()) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		fi, err := os.Stat(p) // follows symlinks
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		out = append(out, p)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// fileResult is the load of one rule file.
+type fileResult struct {
+	path    string
+	content []byte
+	res     *loadResult
+}
+
+func loadPath(path string) *fileResult {
+	fr := &fileResult{path: path}
+	src, err := os.ReadFile(path)
+	if err != nil {
+		fr.res = &loadResult{errs: ErrorList{{File: path, Msg: fmt.Sprintf("cannot read rule file: %v", unwrapPathError(err))}}}
+		return fr
+	}
+	fr.content = src
+	fr.res = loadBytes(path, src)
+	return fr
+}
+
+// checkNames refuses a route name that an earlier file in results already
+// uses. The refused file's route is dropped; the error names both files.
+// results are in priority order: the first file with a name keeps it.
+func checkNames(results []*fileResult) {
+	type first struct {
+		file string
+		pos  position
+	}
+	seen := map[string]first{}
+	for _, fr := range results {
+		name := fr.res.name
+		if name == "" {
+			continue
+		}
+		if f, dup := seen[name]; dup {
+			fr.res.errs = append(fr.res.errs, &Error{
+				File: fr.path, Line: fr.res.nameNode.line, Col: fr.res.nameNode.col, Text: name,
+				Msg: fmt.Sprintf("route name `%s` is already used by %s:%d:%d; route names must be unique in the rules directory, rename one of them", name, f.file, f.pos.line, f.pos.col),
+			})
+			fr.res.route = nil
+			continue
+		}
+		seen[name] = first{fr.path, fr.res.nameNode}
+	}
+}
+
+// LoadDir loads every rule file of dir (*.yaml and *.yml, not hidden, not
+// in subdirectories, symlinks followed) and checks names across files. It
+// returns the valid routes and every error; a file with errors yields no
+// route. Each error is an *Error.
+func LoadDir(dir string) ([]*Route, []error) {
+	files, err := ruleFiles(dir)
+	if err != nil {
+		return nil, []error{&Error{File: dir, Msg: fmt.Sprintf("cannot read rules directory: %v", unwrapPathError(err))}}
+	}
+	results := make([]*fileResult, len(files))
+	for i, f := range files {
+		results[i] = loadPath(f)
+	}
+	checkNames(results)
+	var routes []*Route
+	var errs []error
+	for _, fr := range results {
+		if len(fr.res.errs) > 0 {
+			fr.res.errs.sort()
+			for _, e := range fr.res.errs {
+				errs = append(errs, e)
+			}
+			continue
+		}
+		routes = append(routes, fr.res.route)
+	}
+	return routes, errs
+}
+
+// CheckPaths is `rtproxy check PATH...`: it loads every file named and
+// every rule file of every directory named, checks route names across all
+// of them, and prints "ok <file>" for each good file and each error on its
+// own line. It returns false when anything is wrong; the caller exits 1.
+func CheckPaths(w io.Writer, paths []string) bool {
+	ok := true
+	var results []*fileResult
+	seen := map[string]bool{}
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			fmt.Fprintf(w, "%s: %v\n", p, unwrapPathError(err))
+			ok = false
+			continue
+		}
+		var files []string
+		if fi.IsDir() {
+			files, err = ruleFiles(p)
+			if err != nil {
+				fmt.Fprintf(w, "%s: cannot read directory: %v\n", p, unwrapPathError(err))
+				ok = false
+				continue
+			}
+			if len(files) == 0 {
+				fmt.Fprintf(w, "%s: no rule files (*.yaml, *.yml) in this directory\n", p)
+				ok = false
+				continue
+			}
+		} else {
+			files = []string{p}
+		}
+		for _, f := range files {
+			key := f
+			if abs, err := filepath.Abs(f); err == nil {
+				key = abs
+			}
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			results = append(results, loadPath(f))
+		}
+	}
+	checkNames(results)
+	for _, fr := range results {
+		if len(fr.res.errs) == 0 {
+			fmt.Fprintf(w, "ok %s\n", fr.path)
+			continue
+		}
+		ok = false
+		fr.res.errs.sort()
+		for _, e := range fr.res.errs {
+			fmt.Fprintln(w, e.Error())
+		}
+	}
+	return ok
+}

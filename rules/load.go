@@ -1,0 +1,554 @@
+package rules
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/rtproxy/rtproxy/operators"
+)
+
+// Defaults of a rule file. docs/RULES.md states the same values; the golden
+// test in defaults_test.go pins them.
+const (
+	DefaultFormat             = "json"
+	DefaultWatermark          = 0 * time.Second
+	DefaultIdleTimeout        = 30 * time.Second
+	DefaultStart              = "earliest"
+	DefaultCheckpointInterval = 5 * time.Second
+	DefaultDeadLetterSuffix   = ".dlq"
+	DefaultJoinMissing        = "keep"
+	DefaultWindowEmit         = "on_close"
+)
+
+// The keys each mapping of a rule file may hold. Anything else is refused
+// with the closest known key as a suggestion.
+var (
+	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps"}
+	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start"}
+	sinkKeys   = []string{"topic", "key"}
+	tableKeys  = []string{"file", "key", "topic"}
+	stepKinds  = []string{"filter", "drop_duplicates", "join", "set", "map", "window"}
+	dedupKeys  = []string{"key", "ttl"}
+	joinKeys   = []string{"table", "on", "as", "missing"}
+	windowKeys = []string{"kind", "size", "slide", "key", "aggregate", "emit"}
+)
+
+// builtinNames are the names every expression sees; a join may not bind
+// its row under one of them.
+var builtinNames = []string{"key", "value", "headers", "timestamp", "topic", "partition", "offset"}
+
+var (
+	routeNameRe  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
+	topicNameRe  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,249}$`)
+	identifierRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// LoadFile parses, compiles and analyzes one rule file. The error is nil, a
+// single *Error, or an ErrorList of every refusal found in the file.
+func LoadFile(path string) (*Route, error) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read rule file: %v", unwrapPathError(err))}
+	}
+	res := loadBytes(path, src)
+	if len(res.errs) > 0 {
+		return nil, res.errs.asError()
+	}
+	return res.route, nil
+}
+
+// loadResult is one load attempt of one file: the route when it is valid,
+// every error otherwise, and the table files it referenced (the watcher
+// watches and hashes those too).
+type loadResult struct {
+	route      *Route
+	errs       ErrorList
+	tableFiles []string
+	name       string   // the route name as written, even when invalid
+	nameNode   position // where the name is written
+}
+
+type position struct{ line, col int }
+
+// loader carries one file through parse, compile and analysis. Errors are
+// collected, not returned at the first one, so a person sees all that is
+// wrong with a file at once.
+type loader struct {
+	file  string
+	dir   string
+	src   []byte
+	lines []string
+	errs  ErrorList
+	res   *loadResult
+
+	sinkFields map[string]*keyVal // sink.key compiles after the steps
+}
+
+func loadBytes(path string, src []byte) *loadResult {
+	res := &loadResult{}
+	l := &loader{
+		file:  path,
+		dir:   filepath.Dir(path),
+		src:   src,
+		lines: strings.Split(string(src), "\n"),
+		res:   res,
+	}
+	route := l.load()
+	res.errs = l.errs
+	if len(l.errs) == 0 {
+		res.route = route
+	}
+	return res
+}
+
+// errAt records a refusal at a YAML node.
+func (l *loader) errAt(n *yaml.Node, text string, format string, args ...any) {
+	line, col := 0, 0
+	if n != nil {
+		line, col = n.Line, n.Column
+	}
+	l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col, Text: shorten(text), Msg: fmt.Sprintf(format, args...)})
+}
+
+func (l *loader) errAtPos(line, col int, text string, format string, args ...any) {
+	l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col, Text: shorten(text), Msg: fmt.Sprintf(format, args...)})
+}
+
+var yamlLineRe = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
+
+// yamlError turns a yaml.v3 syntax error into an *Error. yaml.v3 reports
+// only a line; the column is the first non-blank character of that line,
+// or for "mapping values are not allowed" the colon that is not allowed.
+func (l *loader) yamlError(err error) {
+	msg := err.Error()
+	line := 0
+	if m := yamlLineRe.FindStringSubmatch(msg); m != nil {
+		line, _ = strconv.Atoi(m[1])
+		msg = m[2]
+	} else {
+		msg = strings.TrimPrefix(msg, "yaml: ")
+	}
+	col, text := 0, ""
+	if line > 0 && line <= len(l.lines) {
+		s := strings.TrimRight(l.lines[line-1], "\r")
+		text = s
+		col = len(s) - len(strings.TrimLeft(s, " \t")) + 1
+		if strings.Contains(msg, "mapping values are not allowed") {
+			// The first ": " ends the key; the second is the offending one.
+			if i := strings.Index(s, ": "); i >= 0 {
+				if j := strings.Index(s[i+2:], ":"); j >= 0 {
+					col = len([]rune(s[:i+2+j])) + 1
+				}
+			}
+		}
+	}
+	hint := "fix the YAML syntax"
+	if strings.Contains(msg, "mapping values are not allowed") || strings.Contains(msg, "did not find expected") {
+		hint = "an expression containing `: `, `#` or a leading YAML indicator must be quoted or written in block form (`filter: |` and the expression on the next line)"
+	}
+	if strings.Contains(msg, "found character that cannot start any token") {
+		hint = "tabs cannot indent YAML; indent with spaces"
+	}
+	l.errAtPos(line, col, text, "YAML syntax error: %s; %s", msg, hint)
+}
+
+func (l *loader) load() *Route {
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(l.src))
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			l.errAtPos(1, 1, "", "empty rule file: a rule file needs at least `route`, `source.topic` and `sink.topic`")
+			return nil
+		}
+		l.yamlError(err)
+		return nil
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		l.errAt(&extra, "---", "a rule file holds one YAML document (one route); move this document to its own file")
+		return nil
+	} else if !errors.Is(err, io.EOF) {
+		l.yamlError(err)
+		return nil
+	}
+	if len(doc.Content) == 0 {
+		l.errAtPos(1, 1, "", "empty rule file: a rule file needs at least `route`, `source.topic` and `sink.topic`")
+		return nil
+	}
+	root := resolve(doc.Content[0])
+	if root.Kind != yaml.MappingNode {
+		l.errAt(root, root.Value, "a rule file is a YAML mapping with the keys %s", strings.Join(topKeys, ", "))
+		return nil
+	}
+	top := l.fields(root, topKeys, "rule file")
+
+	r := &Route{Tables: map[string]TableSpec{}}
+	if abs, err := filepath.Abs(l.file); err == nil {
+		r.File = abs
+	} else {
+		r.File = l.file
+	}
+
+	// route
+	if kv := top["route"]; kv == nil {
+		l.errAt(root, "", "missing `route`: name the route (letters, digits, `.`, `_`, `-`), e.g. `route: payments-risk`")
+	} else if name, ok := l.scalar(kv, "route"); ok {
+		l.res.name, l.res.nameNode = name, position{kv.val.Line, kv.val.Column}
+		if !routeNameRe.MatchString(name) {
+			l.errAt(kv.val, name, "route name may contain only letters, digits, `.`, `_` and `-` (at most 200)")
+		}
+		r.Name = name
+	}
+
+	l.source(top["source"], root, r)
+	l.sink(top["sink"], root, r)
+
+	// dead_letter
+	r.DeadLetter = r.Source.Topic + DefaultDeadLetterSuffix
+	if kv := top["dead_letter"]; kv != nil {
+		if t, ok := l.topicName(kv, "dead_letter"); ok {
+			r.DeadLetter = t
+			switch {
+			case r.Source.Topic != "" && t == r.Source.Topic:
+				l.errAt(kv.val, t, "dead_letter topic is the source topic; dead letters would be read again as input. Choose another topic, e.g. `%s.dlq`", r.Source.Topic)
+			case r.Sink.Topic != "" && t == r.Sink.Topic:
+				l.errAt(kv.val, t, "dead_letter topic is the sink topic; dead letters would mix with results. Choose another topic, e.g. `%s.dlq`", r.Source.Topic)
+			}
+		}
+	}
+
+	r.CheckpointInterval = DefaultCheckpointInterval
+	if kv := top["checkpoint_interval"]; kv != nil {
+		if d, ok := l.duration(kv, "checkpoint_interval", false); ok {
+			r.CheckpointInterval = d
+		}
+	}
+
+	l.tables(top["tables"], r)
+	l.steps(top["steps"], r)
+
+	if len(l.errs) > 0 {
+		return nil
+	}
+	r.Hash = l.hash(r)
+	return r
+}
+
+// hash is the route's content hash: the rule file and every file table it
+// reads, in table-name order.
+func (l *loader) hash(r *Route) string {
+	h := sha256.New()
+	h.Write(l.src)
+	names := make([]string, 0, len(r.Tables))
+	for n := range r.Tables {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		t := r.Tables[n]
+		if t.File == "" {
+			continue
+		}
+		fmt.Fprintf(h, "\x00table %s\x00", n)
+		if b, err := os.ReadFile(t.File); err == nil {
+			h.Write(b)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// keyVal is one entry of a YAML mapping.
+type keyVal struct {
+	key, val *yaml.Node
+}
+
+// resolve follows an alias to the node it names.
+func resolve(n *yaml.Node) *yaml.Node {
+	for i := 0; n != nil && n.Kind == yaml.AliasNode && i < 8; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+// fields returns the entries of mapping n by key, refusing keys that are
+// not in known (suggesting the closest) and keys written twice.
+func (l *loader) fields(n *yaml.Node, known []string, where string) map[string]*keyVal {
+	out := make(map[string]*keyVal, len(n.Content)/2)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
+		if k.Kind != yaml.ScalarNode {
+			l.errAt(k, "", "a key in %s must be a plain name", where)
+			continue
+		}
+		if !contains(known, k.Value) {
+			msg := fmt.Sprintf("unknown field `%s` in %s", k.Value, where)
+			if s := closest(k.Value, known); s != "" {
+				msg += fmt.Sprintf("; did you mean `%s`?", s)
+			} else {
+				msg += fmt.Sprintf("; known fields: %s", strings.Join(known, ", "))
+			}
+			l.errAt(k, k.Value, "%s", msg)
+			continue
+		}
+		if prev, dup := out[k.Value]; dup {
+			l.errAt(k, k.Value, "`%s` is written twice in %s (first at line %d); keep one", k.Value, where, prev.key.Line)
+			continue
+		}
+		out[k.Value] = &keyVal{key: k, val: v}
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// scalar returns the text of a scalar value; a mapping or list where text
+// belongs is refused.
+func (l *loader) scalar(kv *keyVal, what string) (string, bool) {
+	v := kv.val
+	switch {
+	case v.Kind != yaml.ScalarNode:
+		l.errAt(v, kv.key.Value, "`%s` must be a single value, not a %s", what, kindName(v))
+		return "", false
+	case v.ShortTag() == "!!null" || strings.TrimSpace(v.Value) == "":
+		l.errAt(kv.key, kv.key.Value, "`%s` is empty; give it a value", what)
+		return "", false
+	}
+	return v.Value, true
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "mapping"
+	case yaml.SequenceNode:
+		return "list"
+	}
+	return "value"
+}
+
+func (l *loader) topicName(kv *keyVal, what string) (string, bool) {
+	t, ok := l.scalar(kv, what)
+	if !ok {
+		return "", false
+	}
+	if !topicNameRe.MatchString(t) || t == "." || t == ".." {
+		l.errAt(kv.val, t, "`%s` is not a valid Kafka topic name: use letters, digits, `.`, `_` and `-` (at most 249)", what)
+		return "", false
+	}
+	return t, true
+}
+
+// duration parses a Go duration (30s, 5m, 1h30m). zeroOK allows 0.
+func (l *loader) duration(kv *keyVal, what string, zeroOK bool) (time.Duration, bool) {
+	s, ok := l.scalar(kv, what)
+	if !ok {
+		return 0, false
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		l.errAt(kv.val, s, "bad duration for `%s`: write a number with a unit, e.g. 500ms, 30s, 5m or 1h", what)
+		return 0, false
+	}
+	if d < 0 || (d == 0 && !zeroOK) {
+		l.errAt(kv.val, s, "`%s` must be greater than zero", what)
+		return 0, false
+	}
+	return d, true
+}
+
+// oneOf checks an enumerated value.
+func (l *loader) oneOf(kv *keyVal, what string, allowed ...string) (string, bool) {
+	s, ok := l.scalar(kv, what)
+	if !ok {
+		return "", false
+	}
+	if !contains(allowed, s) {
+		msg := fmt.Sprintf("`%s` must be one of %s", what, strings.Join(allowed, ", "))
+		if c := closest(s, allowed); c != "" {
+			msg += fmt.Sprintf("; did you mean `%s`?", c)
+		}
+		l.errAt(kv.val, s, "%s", msg)
+		return "", false
+	}
+	return s, true
+}
+
+func (l *loader) mapping(kv *keyVal, what, example string) bool {
+	if kv.val.Kind != yaml.MappingNode {
+		l.errAt(kv.val, kv.key.Value, "`%s` must be a mapping, e.g. %s", what, example)
+		return false
+	}
+	return true
+}
+
+func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
+	r.Source = Source{Format: DefaultFormat, Watermark: DefaultWatermark, IdleTimeout: DefaultIdleTimeout, Start: DefaultStart}
+	if kv == nil {
+		l.errAt(root, "", "missing `source`: name the topic this route reads, e.g. `source: { topic: payments }`")
+		return
+	}
+	if !l.mapping(kv, "source", "`source: { topic: payments }`") {
+		return
+	}
+	f := l.fields(kv.val, sourceKeys, "source")
+	if t := f["topic"]; t == nil {
+		l.errAt(kv.key, "source", "missing `source.topic`: the topic this route reads")
+	} else if name, ok := l.topicName(t, "source.topic"); ok {
+		r.Source.Topic = name
+	}
+	if x := f["format"]; x != nil {
+		if s, ok := l.oneOf(x, "source.format", "json", "raw"); ok {
+			r.Source.Format = s
+		}
+	}
+	if x := f["watermark"]; x != nil {
+		if d, ok := l.duration(x, "source.watermark", true); ok {
+			r.Source.Watermark = d
+		}
+	}
+	if x := f["idle_timeout"]; x != nil {
+		if d, ok := l.duration(x, "source.idle_timeout", false); ok {
+			r.Source.IdleTimeout = d
+		}
+	}
+	if x := f["start"]; x != nil {
+		if s, ok := l.oneOf(x, "source.start", "earliest", "latest"); ok {
+			r.Source.Start = s
+		}
+	}
+	if x := f["event_time"]; x != nil {
+		sc := &scope{shape: sourceShape(r.Source.Format)}
+		r.Source.EventTime = l.expr(x, "source.event_time", sc, exprAny)
+	}
+}
+
+func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
+	if kv == nil {
+		l.errAt(root, "", "missing `sink`: name the topic results go to, e.g. `sink: { topic: payments.risk }`")
+		return
+	}
+	if !l.mapping(kv, "sink", "`sink: { topic: payments.risk }`") {
+		return
+	}
+	f := l.fields(kv.val, sinkKeys, "sink")
+	l.sinkFields = f
+	if t := f["topic"]; t == nil {
+		l.errAt(kv.key, "sink", "missing `sink.topic`: the topic results go to")
+	} else if name, ok := l.topicName(t, "sink.topic"); ok {
+		r.Sink.Topic = name
+		if name == r.Source.Topic {
+			l.errAt(t.val, name, "sink topic is the source topic; the route would read its own output forever. Write results to another topic, e.g. `%s.out`", name)
+		}
+	}
+	// sink.key is compiled after the steps: it sees what the last step emits.
+}
+
+func (l *loader) tables(kv *keyVal, r *Route) {
+	if kv == nil {
+		return
+	}
+	if !l.mapping(kv, "tables", "`tables: { merchants: { file: merchants.jsonl, key: merchant_id } }`") {
+		return
+	}
+	for i := 0; i+1 < len(kv.val.Content); i += 2 {
+		k, v := resolve(kv.val.Content[i]), resolve(kv.val.Content[i+1])
+		name := k.Value
+		if k.Kind != yaml.ScalarNode || strings.TrimSpace(name) == "" {
+			l.errAt(k, "", "a table needs a name")
+			continue
+		}
+		if _, dup := r.Tables[name]; dup {
+			l.errAt(k, name, "table `%s` is defined twice; keep one", name)
+			continue
+		}
+		where := "table `" + name + "`"
+		if v.Kind != yaml.MappingNode {
+			l.errAt(v, name, "%s must be `{ file: PATH, key: FIELD }` or `{ topic: TOPIC }`", where)
+			continue
+		}
+		f := l.fields(v, tableKeys, where)
+		spec := TableSpec{Name: name}
+		// The table counts as defined even when its entry is wrong, so a
+		// join to it is not refused a second time as "undefined".
+		l.table(k, f, &spec, where)
+		r.Tables[name] = spec
+	}
+}
+
+func (l *loader) table(k *yaml.Node, f map[string]*keyVal, spec *TableSpec, where string) {
+	name := spec.Name
+	{
+		file, topic := f["file"], f["topic"]
+		switch {
+		case file != nil && topic != nil:
+			l.errAt(topic.key, "topic", "%s has both `file` and `topic`; a table comes from one of them", where)
+			return
+		case file == nil && topic == nil:
+			l.errAt(k, name, "%s needs `file` (JSON lines or CSV) or `topic` (a compacted topic)", where)
+			return
+		case topic != nil:
+			if t, ok := l.topicName(topic, where+" topic"); ok {
+				spec.Topic = t
+			}
+			if key := f["key"]; key != nil {
+				l.errAt(key.key, "key", "a topic table is keyed by the record key; remove `key` from %s", where)
+			}
+		default:
+			p, ok := l.scalar(file, where+" file")
+			if !ok {
+				return
+			}
+			key := f["key"]
+			if key == nil {
+				l.errAt(k, name, "%s needs `key`: the field of each row that joins look up, e.g. `key: merchant_id`", where)
+				return
+			}
+			field, ok := l.scalar(key, where+" key")
+			if !ok {
+				return
+			}
+			if !filepath.IsAbs(p) {
+				p = filepath.Join(l.dir, p)
+			}
+			if abs, err := filepath.Abs(p); err == nil {
+				p = abs
+			}
+			l.res.tableFiles = append(l.res.tableFiles, p)
+			spec.File, spec.Key = p, field
+			t, err := operators.LoadFileTable(p, field)
+			if err != nil {
+				l.errAt(file.val, file.val.Value, "%s cannot be loaded: %s; fix the table file or the `key`", where, strings.TrimPrefix(unwrapPathError(err).Error(), "table "))
+				return
+			}
+			spec.Table = t
+		}
+	}
+}
+
+func unwrapPathError(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return fmt.Errorf("%s: %w", pe.Path, pe.Err)
+	}
+	return err
+}

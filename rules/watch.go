@@ -1,0 +1,379 @@
+package rules
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// DefaultQuietPeriod is how long the watcher waits after the last file
+// event before it re-reads the directory: editors and ConfigMap updates
+// produce bursts of events for one logical change.
+const DefaultQuietPeriod = 50 * time.Millisecond
+
+// maxSettle bounds the debounce: a directory that never goes quiet is
+// still re-read this often.
+const maxSettle = time.Second
+
+// Watcher follows a rules directory and calls apply with the full desired
+// set of routes whenever the content of a rule file, or of a table file a
+// route reads, changes.
+//
+// Invariants:
+//  1. apply is called only from one goroutine at a time, first from Watch
+//     itself, and only when the set (route hashes and errors) changed.
+//  2. A file whose current content is invalid keeps its last valid route in
+//     the set; the error travels alongside it.
+//  3. What a file holds is decided by its content hash after a quiet
+//     period, never by the kind of event seen.
+type Watcher struct {
+	dir   string
+	log   *slog.Logger
+	apply func([]*Route, []error)
+	quiet time.Duration
+	fsw   *fsnotify.Watcher
+
+	reloadCh chan struct{}
+	cancel   context.CancelFunc
+	done     chan struct{}
+
+	reloads *prometheus.CounterVec
+	routes  prometheus.Gauge
+
+	// Owned by the loop goroutine (by Watch before the loop starts).
+	files   map[string]*watchedFile
+	dirs    map[string]bool
+	applied string
+	first   bool
+}
+
+// watchedFile is what the watcher remembers of one rule file.
+type watchedFile struct {
+	contentHash string
+	tableFiles  []string
+	tableHash   string
+	name        string   // route name of the current content
+	namePos     position // where it is written
+	cur         *Route   // the current content's route; nil when invalid
+	errs        ErrorList
+	good        *Route // the last route of this file that was accepted
+}
+
+// Watch loads dir, calls apply with the result, and then follows the
+// directory until ctx is done. The rules directory must exist. reg may be
+// nil (no metrics); log may be nil (slog.Default()).
+func Watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, apply func(routes []*Route, errs []error)) (*Watcher, error) {
+	return watch(ctx, dir, log, reg, apply, DefaultQuietPeriod)
+}
+
+func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, apply func([]*Route, []error), quiet time.Duration) (*Watcher, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("rules directory: %w", unwrapPathError(err))
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("rules directory %s is not a directory", dir)
+	}
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("rules watcher: %w", err)
+	}
+	if err := fsw.Add(dir); err != nil {
+		fsw.Close()
+		return nil, fmt.Errorf("rules watcher: watch %s: %w", dir, err)
+	}
+	w := &Watcher{
+		dir:      dir,
+		log:      log,
+		apply:    apply,
+		quiet:    quiet,
+		fsw:      fsw,
+		reloadCh: make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		files:    map[string]*watchedFile{},
+		dirs:     map[string]bool{filepath.Clean(dir): true},
+		first:    true,
+	}
+	w.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rtproxy_rules_reload_total",
+		Help: "Reloads of the rules directory that changed the route set, by result: ok, or error when any rule file was refused.",
+	}, []string{"result"})
+	w.routes = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "rtproxy_rules_routes",
+		Help: "Routes in the current rule set (a refused file that keeps its previous valid version counts).",
+	})
+	if reg != nil {
+		w.reloads = register(reg, w.reloads).(*prometheus.CounterVec)
+		w.routes = register(reg, w.routes).(prometheus.Gauge)
+	}
+	// Both label values exist from the start, so a dashboard sees 0, not
+	// a missing series.
+	w.reloads.WithLabelValues("ok")
+	w.reloads.WithLabelValues("error")
+
+	w.scan()
+	ctx, w.cancel = context.WithCancel(ctx)
+	go w.loop(ctx)
+	return w, nil
+}
+
+// register registers c, or returns the collector already registered under
+// the same name (a second watcher on one registry shares the series).
+func register(reg prometheus.Registerer, c prometheus.Collector) prometheus.Collector {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			return are.ExistingCollector
+		}
+	}
+	return c
+}
+
+// Reload asks the watcher to re-read the directory now (SIGHUP). It does
+// not wait; apply runs only if something changed.
+func (w *Watcher) Reload() {
+	select {
+	case w.reloadCh <- struct{}{}:
+	default: // a reload is already pending
+	}
+}
+
+// Close stops watching and waits for the watcher's goroutine to end.
+func (w *Watcher) Close() error {
+	w.cancel()
+	<-w.done
+	return nil
+}
+
+// Done is closed when the watcher has stopped.
+func (w *Watcher) Done() <-chan struct{} { return w.done }
+
+func (w *Watcher) loop(ctx context.Context) {
+	defer close(w.done)
+	defer w.fsw.Close()
+	var (
+		timer     = time.NewTimer(time.Hour)
+		pending   bool
+		firstSeen time.Time
+	)
+	timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case ev, ok := <-w.fsw.Events:
+			if !ok {
+				return
+			}
+			w.log.Debug("rules: file event", "name", ev.Name, "op", ev.Op.String())
+			now := time.Now()
+			if !pending {
+				pending, firstSeen = true, now
+			}
+			wait := w.quiet
+			if over := now.Sub(firstSeen) + wait - maxSettle; over > 0 {
+				wait -= over
+			}
+			timer.Reset(max(wait, 0))
+		case err, ok := <-w.fsw.Errors:
+			if !ok {
+				return
+			}
+			// An overflow drops events; a full re-read makes up for them.
+			w.log.Warn("rules: watch error; re-reading the directory", "dir", w.dir, "err", err)
+			pending, firstSeen = true, time.Now()
+			timer.Reset(w.quiet)
+		case <-timer.C:
+			pending = false
+			w.scan()
+		case <-w.reloadCh:
+			w.log.Info("rules: reload requested", "dir", w.dir)
+			w.scan()
+		}
+	}
+}
+
+// hashFiles hashes the content of files (missing ones hash as missing).
+func hashFiles(paths []string) string {
+	h := sha256.New()
+	for _, p := range paths {
+		fmt.Fprintf(h, "%s\x00", p)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			fmt.Fprintf(h, "missing\x00")
+			continue
+		}
+		h.Write(b)
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// scan re-reads the directory, reloads what changed and applies the result
+// if the set differs from the one last applied.
+func (w *Watcher) scan() {
+	files, err := ruleFiles(w.dir)
+	if err != nil {
+		// The directory is gone or unreadable (a remount in progress):
+		// keep running what runs and try again at the next event.
+		w.log.Error("rules: cannot read rules directory; keeping the current routes", "dir", w.dir, "err", err)
+		w.reloads.WithLabelValues("error").Inc()
+		return
+	}
+	present := map[string]bool{}
+	for _, path := range files {
+		present[path] = true
+		src, err := os.ReadFile(path)
+		if err != nil {
+			// Deleted between listing and reading: the next event rescans.
+			continue
+		}
+		sum := sha256.Sum256(src)
+		ch := hex.EncodeToString(sum[:])
+		wf := w.files[path]
+		if wf != nil && wf.contentHash == ch && hashFiles(wf.tableFiles) == wf.tableHash {
+			continue
+		}
+		if wf == nil {
+			wf = &watchedFile{}
+			w.files[path] = wf
+		}
+		res := loadBytes(path, src)
+		wf.contentHash = ch
+		wf.tableFiles = res.tableFiles
+		wf.tableHash = hashFiles(res.tableFiles)
+		wf.name, wf.namePos = res.name, res.nameNode
+		wf.cur, wf.errs = res.route, res.errs
+	}
+	for path := range w.files {
+		if !present[path] {
+			delete(w.files, path)
+		}
+	}
+	routes, errs := w.resolve()
+	w.watchTableDirs()
+
+	sig := signature(routes, errs)
+	if !w.first && sig == w.applied {
+		return
+	}
+	w.first = false
+	w.applied = sig
+	result := "ok"
+	if len(errs) > 0 {
+		result = "error"
+	}
+	w.reloads.WithLabelValues(result).Inc()
+	w.routes.Set(float64(len(routes)))
+	for _, e := range errs {
+		w.log.Error("rules: rule file refused; its previous valid version (if any) keeps running", "err", e.Error())
+	}
+	names := make([]string, len(routes))
+	for i, r := range routes {
+		names[i] = r.Name
+	}
+	w.log.Info("rules: applying rule set", "dir", w.dir, "routes", strings.Join(names, ","), "errors", len(errs))
+	w.apply(routes, errs)
+}
+
+// resolve decides the desired set: each file's current route if valid,
+// else its last good one; a route name already taken by a file that
+// claimed it earlier is refused. Files whose running route holds a name
+// claim it first, so a new file cannot take over a running route's name.
+func (w *Watcher) resolve() ([]*Route, []error) {
+	paths := make([]string, 0, len(w.files))
+	for p := range w.files {
+		paths = append(paths, p)
+	}
+	sort.Slice(paths, func(i, j int) bool {
+		gi, gj := w.files[paths[i]].good != nil, w.files[paths[j]].good != nil
+		if gi != gj {
+			return gi
+		}
+		return paths[i] < paths[j]
+	})
+	taken := map[string]string{} // route name -> "file:line:col"
+	var routes []*Route
+	var errs []error
+	for _, p := range paths {
+		wf := w.files[p]
+		for _, e := range wf.errs {
+			errs = append(errs, e)
+		}
+		cand := wf.cur
+		if cand == nil {
+			cand = wf.good
+		}
+		if cand == nil {
+			continue
+		}
+		if at, dup := taken[cand.Name]; dup {
+			errs = append(errs, &Error{
+				File: p, Line: wf.namePos.line, Col: wf.namePos.col, Text: cand.Name,
+				Msg: fmt.Sprintf("route name `%s` is already used by %s; route names must be unique in the rules directory, rename one of them", cand.Name, at),
+			})
+			cand = nil
+			if wf.good != nil && wf.good != wf.cur {
+				if _, dup := taken[wf.good.Name]; !dup {
+					cand = wf.good
+				}
+			}
+			if cand == nil {
+				continue
+			}
+		}
+		if cand == wf.cur {
+			wf.good = wf.cur
+		}
+		taken[cand.Name] = fmt.Sprintf("%s:%d:%d", p, wf.namePos.line, wf.namePos.col)
+		routes = append(routes, cand)
+	}
+	sort.Slice(routes, func(i, j int) bool { return routes[i].File < routes[j].File })
+	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
+	return routes, errs
+}
+
+// watchTableDirs adds the directory of every table file to the watch, so a
+// table edit reloads the routes that read it.
+func (w *Watcher) watchTableDirs() {
+	for _, wf := range w.files {
+		for _, t := range wf.tableFiles {
+			d := filepath.Clean(filepath.Dir(t))
+			if w.dirs[d] {
+				continue
+			}
+			if err := w.fsw.Add(d); err != nil {
+				w.log.Warn("rules: cannot watch table directory; edits to its tables need a reload (SIGHUP)", "dir", d, "err", err)
+				continue
+			}
+			w.dirs[d] = true
+		}
+	}
+}
+
+func signature(routes []*Route, errs []error) string {
+	var b strings.Builder
+	for _, r := range routes {
+		fmt.Fprintf(&b, "%s\x00%s\x00", r.File, r.Hash)
+	}
+	b.WriteString("\x01")
+	for _, e := range errs {
+		b.WriteString(e.Error())
+		b.WriteByte(0)
+	}
+	return b.String()
+}
+
