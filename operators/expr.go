@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/types"
 	"github.com/expr-lang/expr/vm"
 )
 
@@ -42,19 +43,24 @@ func (e *Expr) Eval(r *Record) (any, error) {
 	return out, nil
 }
 
-// envTypes is the shape expressions are type-checked against.
-func envTypes(bound []string) map[string]any {
-	env := map[string]any{
-		"key":       "",
-		"value":     any(nil),
-		"headers":   map[string]string{},
-		"timestamp": int64(0),
-		"topic":     "",
-		"partition": int32(0),
-		"offset":    int64(0),
+// envTypes is the shape expressions are type-checked against. It is a
+// types.Map rather than a map of sample values because value and the bound
+// names have no static type (any JSON value, or nil when a join missed): a
+// nil sample would type them as nil and refuse `value.amount` at compile
+// time. The runtime env is still a plain map[string]any, so expr keeps its
+// fast path for top-level names.
+func envTypes(bound []string) types.Map {
+	env := types.Map{
+		"key":       types.String,
+		"value":     types.Any,
+		"headers":   types.TypeOf(map[string]string{}),
+		"timestamp": types.Int64,
+		"topic":     types.String,
+		"partition": types.Int32,
+		"offset":    types.Int64,
 	}
 	for _, b := range bound {
-		env[b] = map[string]any{}
+		env[b] = types.Any
 	}
 	return env
 }
