@@ -1,0 +1,225 @@
+package protocol
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+var (
+	kfakeOnce sync.Once
+	kfakeBin  string
+	kfakeErr  error
+	kfakeDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kfakeDir != "" {
+		os.RemoveAll(kfakeDir)
+	}
+	os.Exit(code)
+}
+
+// buildKfake builds test/kfakebroker once per test binary.
+func buildKfake(t testing.TB) string {
+	t.Helper()
+	kfakeOnce.Do(func() {
+		kfakeDir, kfakeErr = os.MkdirTemp("", "protocol-kfake")
+		if kfakeErr != nil {
+			return
+		}
+		kfakeBin = filepath.Join(kfakeDir, "kfakebroker")
+		cmd := exec.Command("go", "build", "-o", kfakeBin, "github.com/rtproxy/rtproxy/test/kfakebroker")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			kfakeErr = fmt.Errorf("go build kfakebroker: %v\n%s", err, out)
+		}
+	})
+	if kfakeErr != nil {
+		t.Fatal(kfakeErr)
+	}
+	return kfakeBin
+}
+
+// startKfake runs a 3-broker kfake in its own process and returns its
+// broker addresses.
+func startKfake(t testing.TB, args ...string) []string {
+	t.Helper()
+	bin := buildKfake(t)
+	cmd := exec.Command(bin, append([]string{"-brokers", "3"}, args...)...)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "ready ") {
+				lines <- strings.TrimPrefix(sc.Text(), "ready ")
+			}
+		}
+	}()
+	select {
+	case l := <-lines:
+		return strings.Split(l, ",")
+	case <-time.After(20 * time.Second):
+		t.Fatal("kfakebroker did not print ready")
+	}
+	return nil
+}
+
+// syncBuffer is a log sink tests can read while the proxy writes to it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type testProxy struct {
+	*Proxy
+	logs *syncBuffer
+	reg  *prometheus.Registry
+	stop func()
+}
+
+// randomPortFirst picks a per-broker port range start; PortMap skips ports
+// another process holds, so a collision costs nothing but a log line.
+func randomPortFirst() int { return 20000 + rand.IntN(400)*100 }
+
+// startProxy runs a proxy in front of upstream until the test ends.
+func startProxy(t testing.TB, upstream []string, mod func(*Config)) *testProxy {
+	t.Helper()
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	cfg := Config{
+		Listen:          "127.0.0.1:0",
+		BrokerPortFirst: randomPortFirst(),
+		Upstream:        upstream,
+		ShutdownGrace:   2 * time.Second,
+		Logger:          slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Registerer:      reg,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run returned %v", err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Errorf("Run did not return after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	deadline := time.Now().Add(10 * time.Second)
+	for !p.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy not ready; logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return &testProxy{Proxy: p, logs: logs, reg: reg, stop: stop}
+}
+
+// isProxyAddr reports whether addr is the bootstrap or inside the
+// per-broker range.
+func (tp *testProxy) isProxyAddr(host string, port int32) bool {
+	if net.JoinHostPort(host, fmt.Sprint(port)) == tp.Addr() {
+		return true
+	}
+	return host == tp.cfg.AdvertiseHost && int(port) >= tp.cfg.BrokerPortFirst &&
+		int(port) < tp.cfg.BrokerPortFirst+tp.cfg.BrokerPortCount
+}
+
+// waitLog waits until the proxy's log contains every one of subs on one line.
+func (tp *testProxy) waitLog(t testing.TB, subs ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, l := range strings.Split(tp.logs.String(), "\n") {
+			all := true
+			for _, s := range subs {
+				all = all && strings.Contains(l, s)
+			}
+			if all {
+				return l
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no log line with %q; logs:\n%s", subs, tp.logs.String())
+	return ""
+}
+
+// metricValue reads a counter or gauge child.
+func metricValue(t testing.TB, m prometheus.Metric) float64 {
+	t.Helper()
+	var d dto.Metric
+	if err := m.Write(&d); err != nil {
+		t.Fatal(err)
+	}
+	switch {
+	case d.Counter != nil:
+		return d.Counter.GetValue()
+	case d.Gauge != nil:
+		return d.Gauge.GetValue()
+	}
+	t.Fatalf("metric is neither counter nor gauge")
+	return 0
+}
