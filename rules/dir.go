@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -130,7 +131,11 @@ func CheckPaths(w io.Writer, paths []string) bool {
 	for _, p := range paths {
 		fi, err := os.Stat(p)
 		if err != nil {
-			fmt.Fprintf(w, "%s: %v\n", p, unwrapPathError(err))
+			var pe *os.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err
+			}
+			fmt.Fprintf(w, "%s: %v\n", p, err)
 			ok = false
 			continue
 		}

@@ -95,6 +95,7 @@ type loader struct {
 	res   *loadResult
 
 	sinkFields map[string]*keyVal // sink.key compiles after the steps
+	tableDefs  map[string]string  // table name -> definition as written, for join fingerprints
 }
 
 func loadBytes(path string, src []byte) *loadResult {
@@ -492,6 +493,16 @@ func (l *loader) tables(kv *keyVal, r *Route) {
 		// join to it is not refused a second time as "undefined".
 		l.table(k, f, &spec, where)
 		r.Tables[name] = spec
+		if l.tableDefs == nil {
+			l.tableDefs = map[string]string{}
+		}
+		var def strings.Builder
+		for _, key := range tableKeys {
+			if x := f[key]; x != nil {
+				fmt.Fprintf(&def, "%s=%s ", key, x.val.Value)
+			}
+		}
+		l.tableDefs[name] = def.String()
 	}
 }
 

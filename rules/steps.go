@@ -166,8 +166,9 @@ func (l *loader) exprPos(n *yaml.Node, eLine, eCol int) (int, int) {
 	}
 	switch {
 	case n.Style&yaml.LiteralStyle != 0:
-		line := n.Line + eLine
-		return line, l.indent(line) + eCol + 1
+		// Columns inside a literal block count from the block's
+		// indentation, which its first line sets.
+		return n.Line + eLine, l.indent(n.Line+1) + eCol + 1
 	case n.Style&yaml.FoldedStyle != 0:
 		line := n.Line + 1
 		return line, l.indent(line) + 1
@@ -534,8 +535,9 @@ func (l *loader) joinStep(kv *keyVal, sc *scope, spec *StepSpec, r *Route) strin
 		}
 		return operators.NewJoin(tb, on, as, missing), nil
 	}
-	ts := r.Tables[table]
-	return fmt.Sprintf("table=%s file=%s key=%s topic=%s on=%s as=%s missing=%s", table, ts.File, ts.Key, ts.Topic, canonical(on.Source), as, missingText)
+	// The table's definition as written (not its content, not its absolute
+	// path): a table edit or a moved rules directory keeps downstream state.
+	return fmt.Sprintf("table=%s {%s} on=%s as=%s missing=%s", table, l.tableDefs[table], canonical(on.Source), as, missingText)
 }
 
 func (l *loader) dedupStep(kv *keyVal, sc *scope, spec *StepSpec) string {

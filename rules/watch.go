@@ -376,4 +376,3 @@ func signature(routes []*Route, errs []error) string {
 	}
 	return b.String()
 }
-
