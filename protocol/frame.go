@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"unsafe"
 )
 
 // A Kafka frame on the wire is
@@ -47,8 +48,8 @@ var bufPools [len(bufClasses)]sync.Pool
 func getBuf(n int) []byte {
 	for i, c := range bufClasses {
 		if n <= c {
-			if p, ok := bufPools[i].Get().(*[]byte); ok {
-				return (*p)[:n]
+			if p, ok := bufPools[i].Get().(unsafe.Pointer); ok {
+				return unsafe.Slice((*byte)(p), c)[:n]
 			}
 			b := make([]byte, c)
 			return b[:n]
@@ -63,8 +64,10 @@ func putBuf(b []byte) {
 	c := cap(b)
 	for i, cl := range bufClasses {
 		if c == cl {
-			b = b[:c]
-			bufPools[i].Put(&b)
+			// Pooling the data pointer rather than a *[]byte keeps Put
+			// from allocating a slice header per frame; the class gives
+			// the capacity back on Get.
+			bufPools[i].Put(unsafe.Pointer(unsafe.SliceData(b[:c])))
 			return
 		}
 	}
