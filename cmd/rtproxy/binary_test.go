@@ -1,0 +1,360 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/rtproxy/rtproxy/config"
+)
+
+const testVersion = "v0.0.0-cmdtest"
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// rtproxyBinary builds this command once, version-stamped the way the
+// Makefile does.
+func rtproxyBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "rtproxy-cmdtest-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "rtproxy")
+		out, err := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version="+testVersion, "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+// runBinary runs the binary to completion with env added to a clean
+// environment (no inherited RTPROXY_*).
+func runBinary(t *testing.T, env []string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	cmd := exec.Command(rtproxyBinary(t), args...)
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + t.TempDir()}, env...)
+	cmd.Dir = t.TempDir()
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if err != nil {
+		if _, ok := err.(*exec.ExitError); !ok {
+			t.Fatalf("run %v: %v", args, err)
+		}
+	}
+	return cmd.ProcessState.ExitCode(), o.String(), e.String()
+}
+
+func TestBinaryVersionAndUsage(t *testing.T) {
+	code, out, _ := runBinary(t, nil, "version")
+	if code != 0 || !strings.HasPrefix(out, "rtproxy "+testVersion+" (go") {
+		t.Fatalf("version: exit %d, %q", code, out)
+	}
+	code, _, errOut := runBinary(t, nil)
+	if code != 2 || !strings.Contains(errOut, "rtproxy run [--config FILE]") {
+		t.Fatalf("no args: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = runBinary(t, nil, "frobnicate")
+	if code != 2 || !strings.Contains(errOut, `unknown command "frobnicate"`) {
+		t.Fatalf("unknown command: exit %d, %q", code, errOut)
+	}
+}
+
+func TestBinaryCheck(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nope.yaml")
+	code, out, errOut := runBinary(t, nil, "check", missing)
+	if code != 1 || !strings.Contains(out+errOut, missing) || !strings.Contains(out+errOut, "no such file") {
+		t.Fatalf("check missing file: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	code, _, errOut = runBinary(t, nil, "check")
+	if code != 2 || !strings.Contains(errOut, "usage: rtproxy check PATH...") {
+		t.Fatalf("check without paths: exit %d, %q", code, errOut)
+	}
+}
+
+func TestBinaryConfigPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "rtproxy.yaml")
+	os.WriteFile(file, []byte("listen: 127.0.0.1:1001\nrules_dir: /file/rules\nstate_dir: /file/state\nlog_level: warn\nupstream: [file-broker:9092]\n"+
+		"sasl: {mechanism: PLAIN, username: me, password: hunter2}\n"), 0o644)
+	cases := []struct {
+		name  string
+		env   []string
+		args  []string
+		check func(c *config.Config) bool
+	}{
+		{"file", nil, []string{"--config", file}, func(c *config.Config) bool {
+			return c.Listen == "127.0.0.1:1001" && c.RulesDir == "/file/rules" && c.LogLevel == "warn" && c.Upstream[0] == "file-broker:9092"
+		}},
+		{"config file from env", []string{"RTPROXY_CONFIG=" + file}, nil, func(c *config.Config) bool { return c.Listen == "127.0.0.1:1001" }},
+		{"env over file", []string{"RTPROXY_LISTEN=127.0.0.1:2002", "RTPROXY_UPSTREAM=e1:1,e2:2"}, []string{"--config", file}, func(c *config.Config) bool {
+			return c.Listen == "127.0.0.1:2002" && c.RulesDir == "/file/rules" && strings.Join(c.Upstream, ",") == "e1:1,e2:2"
+		}},
+		{"flag over env over file", []string{"RTPROXY_LISTEN=127.0.0.1:2002", "RTPROXY_RULES_DIR=/env/rules"},
+			[]string{"--config", file, "--listen", "127.0.0.1:3003", "--upstream", "f:1", "--log-level", "debug"}, func(c *config.Config) bool {
+				return c.Listen == "127.0.0.1:3003" && c.RulesDir == "/env/rules" && c.StateDir == "/file/state" && c.LogLevel == "debug" &&
+					strings.Join(c.Upstream, ",") == "f:1"
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runBinary(t, tc.env, append([]string{"run", "--print-config"}, tc.args...)...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			c := config.Default()
+			if err := c.Parse("printed", []byte(out)); err != nil {
+				t.Fatalf("printed config does not parse: %v\n%s", err, out)
+			}
+			if !tc.check(c) {
+				t.Fatalf("wrong effective config:\n%s", out)
+			}
+			if strings.Contains(out, "hunter2") || !strings.Contains(out, "REDACTED") {
+				t.Fatalf("password not redacted:\n%s", out)
+			}
+		})
+	}
+}
+
+func TestBinaryBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(file, []byte("listen: 127.0.0.1:1001\nlisten_address: x\n"), 0o644)
+	code, _, errOut := runBinary(t, nil, "run", "--config", file)
+	if code != 2 || !strings.Contains(errOut, file+`:2:1: unknown key "listen_address"`) {
+		t.Fatalf("unknown key: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = runBinary(t, []string{"RTPROXY_BROKER_PORTS=lots"}, "run")
+	if code != 2 || !strings.Contains(errOut, `RTPROXY_BROKER_PORTS: "lots" is not an integer`) {
+		t.Fatalf("bad env: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = runBinary(t, nil, "run", "--admin-listen", "127.0.0.1:9100")
+	if code != 2 || !strings.Contains(errOut, "admin_listen: port 9100 is inside the broker port range 9093-9192") {
+		t.Fatalf("conflict: exit %d, %q", code, errOut)
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// freeBlock returns the first of n contiguous free ports below the
+// ephemeral range, so no outgoing connection takes one meanwhile.
+func freeBlock(t *testing.T, n int) int {
+	t.Helper()
+	for range 100 {
+		first := 20000 + rand.IntN(10000)
+		var ls []net.Listener
+		ok := true
+		for p := first; p < first+n; p++ {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+			if err != nil {
+				ok = false
+				break
+			}
+			ls = append(ls, l)
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+		if ok {
+			return first
+		}
+	}
+	t.Fatal("no free port block")
+	return 0
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func httpGet(url string) (int, string, error) {
+	c := &http.Client{Timeout: 2 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// TestBinaryRunEmbedded runs `rtproxy run` with no upstream (the embedded
+// development cluster) on free ports, produces and consumes through it with
+// franz-go, reads the admin endpoints, and stops it with SIGTERM.
+func TestBinaryRunEmbedded(t *testing.T) {
+	listenPort, adminPort, brokerFirst := freePort(t), freePort(t), freeBlock(t, 100)
+	listen := "127.0.0.1:" + strconv.Itoa(listenPort)
+	admin := "http://127.0.0.1:" + strconv.Itoa(adminPort)
+	dir := t.TempDir()
+	cmd := exec.Command(rtproxyBinary(t), "run",
+		"--listen", listen, "--advertise-host", "127.0.0.1", "--broker-ports", strconv.Itoa(brokerFirst),
+		"--admin-listen", "127.0.0.1:"+strconv.Itoa(adminPort),
+		"--rules-dir", filepath.Join(dir, "rules"), "--state-dir", filepath.Join(dir, "state"))
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	var logs syncBuf
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("rtproxy logs:\n%s", logs.String())
+		}
+	}()
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, body, err := httpGet(admin + "/readyz")
+		if err == nil && code == 200 {
+			break
+		}
+		select {
+		case err := <-exited:
+			t.Fatalf("rtproxy exited before ready: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz not 200 after 20s: %d %q %v", code, body, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code, body, _ := httpGet(admin + "/healthz"); code != 200 || body != "ok\n" {
+		t.Fatalf("/healthz: %d %q", code, body)
+	}
+	if code, body, _ := httpGet(admin + "/routes"); code != 200 || strings.TrimSpace(body) != "[]" {
+		t.Fatalf("/routes with no rule files: %d %q", code, body)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(listen), kgo.ProducerLinger(0), kgo.AllowAutoTopicCreation(),
+		kgo.ConsumeTopics("cmd-e2e"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+
+	// Every broker address a client sees is the proxy's.
+	meta, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(meta.Brokers) != 3 {
+		t.Fatalf("metadata shows %d brokers, want 3", len(meta.Brokers))
+	}
+	for _, b := range meta.Brokers {
+		if b.Host != "127.0.0.1" || b.Port < int32(brokerFirst) || b.Port >= int32(brokerFirst+100) {
+			t.Fatalf("broker %d advertised as %s:%d, outside the proxy range %d-%d", b.NodeID, b.Host, b.Port, brokerFirst, brokerFirst+99)
+		}
+	}
+
+	const n = 50
+	for i := range n {
+		r := &kgo.Record{Topic: "cmd-e2e", Key: []byte(strconv.Itoa(i % 5)), Value: []byte(fmt.Sprintf("value-%03d", i))}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatalf("produce %d through the proxy: %v", i, err)
+		}
+	}
+	seen := map[string]bool{}
+	for len(seen) < n {
+		fs := cl.PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("consumed %d of %d records before timeout", len(seen), n)
+		}
+		fs.EachError(func(topic string, p int32, err error) { t.Logf("fetch %s/%d: %v", topic, p, err) })
+		fs.EachRecord(func(r *kgo.Record) { seen[string(r.Value)] = true })
+	}
+	for i := range n {
+		if !seen[fmt.Sprintf("value-%03d", i)] {
+			t.Fatalf("value-%03d never consumed", i)
+		}
+	}
+
+	_, metrics, err := httpGet(admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`rtproxy_proxy_requests_total{api="Produce"}`, `rtproxy_proxy_requests_total{api="Fetch"}`, "rtproxy_build_info{", "go_goroutines"} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	cl.Close()
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v (want 0)", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("still running 15s after SIGTERM")
+	}
+	if cmd.ProcessState.ExitCode() != 0 {
+		t.Fatalf("exit code %d", cmd.ProcessState.ExitCode())
+	}
+	l := logs.String()
+	for _, want := range []string{"EMBEDDED DEVELOPMENT BROKER", `msg="shutting down" signal=terminated`, "rtproxy stopped cleanly"} {
+		if !strings.Contains(l, want) {
+			t.Errorf("logs lack %q", want)
+		}
+	}
+	t.Logf("stopped %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+}
