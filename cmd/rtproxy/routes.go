@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -15,14 +16,14 @@ import (
 	"github.com/rtproxy/rtproxy/rules"
 )
 
-// routes is the adapter to rules/ (loading and watching rule files) and
+// routes is the adapter to rules/ (loading and hot-reloading rule files) and
 // pipeline/ (running them).
 type routes struct {
-	m      *pipeline.Manager
-	dir    string
-	log    *slog.Logger
-	reg    prometheus.Registerer
-	reload chan struct{}
+	m       *pipeline.Manager
+	dir     string
+	log     *slog.Logger
+	reg     prometheus.Registerer
+	watcher atomic.Pointer[rules.Watcher]
 }
 
 func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer) (routeEngine, error) {
@@ -37,6 +38,8 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 	m, err := pipeline.New(pipeline.Config{
 		Seeds:      seeds,
 		ClientOpts: opts,
+		// A subdirectory, because state_dir also holds the embedded
+		// broker's data.
 		StateDir:   filepath.Join(cfg.StateDir, "pipelines"),
 		Logger:     log,
 		Registerer: reg,
@@ -44,37 +47,36 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	r := &routes{m: m, dir: cfg.RulesDir, log: log, reg: reg, reload: make(chan struct{}, 1)}
-	r.apply(rules.LoadDir(cfg.RulesDir))
-	return r, nil
+	return &routes{m: m, dir: cfg.RulesDir, log: log, reg: reg}, nil
 }
 
-// apply hands a loaded rule set to the pipelines and logs each rule error
-// (they carry file:line:col).
+// apply hands the watcher's rule set to the pipelines. The watcher keeps a
+// refused file's last valid route in routes and logs each error itself;
+// the errors go to /routes next to their route.
 func (r *routes) apply(rs []*rules.Route, errs []error) {
-	for _, err := range errs {
-		r.log.Error("rule file rejected", "err", err)
-	}
-	names := make([]string, 0, len(rs))
-	for _, rt := range rs {
-		names = append(names, rt.Name)
-	}
-	r.log.Info("rules loaded", "routes", names, "errors", len(errs))
 	r.m.SetRuleErrors(errs)
 	r.m.Apply(rs)
 }
 
 func (r *routes) Status() any { return r.m.Status() }
 
-// Reload asks for a forced reload (SIGHUP). A reload already pending absorbs
-// this one.
+// Reload is SIGHUP: the watcher re-reads the directory now. Before the
+// watcher runs there is nothing to do: its first scan reads everything.
 func (r *routes) Reload() {
-	select {
-	case r.reload <- struct{}{}:
-	default:
+	if w := r.watcher.Load(); w != nil {
+		w.Reload()
 	}
 }
 
+// Run watches the rules directory (the first scan applies the initial rule
+// set before the pipelines start) and runs the pipelines until ctx is done.
 func (r *routes) Run(ctx context.Context) error {
-	return r.m.Run(ctx)
+	w, err := rules.Watch(ctx, r.dir, r.log.With("component", "rules"), r.reg, r.apply)
+	if err != nil {
+		return err
+	}
+	r.watcher.Store(w)
+	err = r.m.Run(ctx)
+	w.Close()
+	return err
 }
