@@ -128,6 +128,22 @@ func (l *loader) errAtPos(line, col int, text string, format string, args ...any
 	l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col, Text: shorten(text), Msg: fmt.Sprintf(format, args...)})
 }
 
+// yamlParserProblems are the messages of yaml.v3's parser (as opposed to
+// its scanner), whose line numbers are 0-based.
+var yamlParserProblems = []string{
+	"did not find expected ',' or ']'",
+	"did not find expected ',' or '}'",
+	"did not find expected '-' indicator",
+	"did not find expected <document start>",
+	"did not find expected <stream-start>",
+	"did not find expected key",
+	"did not find expected node content",
+	"found duplicate %TAG directive",
+	"found duplicate %YAML directive",
+	"found incompatible YAML document",
+	"found undefined tag handle",
+}
+
 var yamlLineRe = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
 
 // yamlError turns a yaml.v3 syntax error into an *Error. yaml.v3 reports
@@ -141,6 +157,17 @@ func (l *loader) yamlError(err error) {
 		msg = m[2]
 	} else {
 		msg = strings.TrimPrefix(msg, "yaml: ")
+	}
+	// yaml.v3 reports parser errors (unlike scanner errors) with a 0-based
+	// line, that of the construct being parsed; a missing line is line 0.
+	for _, p := range yamlParserProblems {
+		if strings.HasPrefix(msg, p) {
+			line++
+			break
+		}
+	}
+	if line == 0 {
+		line = 1
 	}
 	col, text := 0, ""
 	if line > 0 && line <= len(l.lines) {

@@ -64,8 +64,11 @@ type StepSpec struct {
 	// fingerprint. State of a step whose fingerprint is unchanged survives
 	// a reload; a changed step starts empty.
 	Fingerprint string
-	Line, Col   int
-	Table       string // join steps: the table name
+	// Def is the step's definition in the canonical form the fingerprint
+	// hashes (for status pages and logs).
+	Def       string
+	Line, Col int
+	Table     string // join steps: the table name
 	// Build makes one instance of the step. The pipeline builds Keyed steps
 	// once per shuffle worker, each with its own KV; other steps may be
 	// built once per reader.

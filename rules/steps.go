@@ -330,7 +330,7 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 					continue
 				}
 				fp = chain(fp, spec.Kind, def)
-				spec.Fingerprint = fp
+				spec.Fingerprint, spec.Def = fp, strings.ReplaceAll(def, "\x00", "; ")
 				r.Steps = append(r.Steps, *spec)
 			}
 		}
