@@ -263,7 +263,7 @@ func (r *route) setup() error {
 	}
 	opts := append(base,
 		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{d.Source.Topic: consume}),
-		kgo.FetchMaxWait(5*time.Millisecond),
+		kgo.FetchMaxWait(10*time.Millisecond), // franz-go's floor
 		kgo.FetchMinBytes(1),
 		kgo.ProducerLinger(0),
 		kgo.RequiredAcks(kgo.AllISRAcks()),

@@ -1,0 +1,148 @@
+package pipeline
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+var (
+	kfakeBin     string
+	kfakeBinOnce sync.Once
+	kfakeBinErr  error
+	kfakeBinDir  string
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if kfakeBinDir != "" {
+		os.RemoveAll(kfakeBinDir)
+	}
+	os.Exit(code)
+}
+
+// broker is test/kfakebroker running as its own process.
+type broker struct {
+	addrs []string
+	cmd   *exec.Cmd
+}
+
+// startBroker builds (once) and starts kfake with the given topics
+// (name → partitions), killing it when the test ends.
+func startBroker(t *testing.T, topics map[string]int) *broker {
+	t.Helper()
+	kfakeBinOnce.Do(func() {
+		kfakeBinDir, kfakeBinErr = os.MkdirTemp("", "pipeline-kfake-")
+		if kfakeBinErr != nil {
+			return
+		}
+		kfakeBin = filepath.Join(kfakeBinDir, "kfakebroker")
+		out, err := exec.Command("go", "build", "-o", kfakeBin, "../test/kfakebroker").CombinedOutput()
+		if err != nil {
+			kfakeBinErr = fmt.Errorf("build kfakebroker: %v\n%s", err, out)
+		}
+	})
+	if kfakeBinErr != nil {
+		t.Fatal(kfakeBinErr)
+	}
+	var ts []string
+	for n, p := range topics {
+		ts = append(ts, fmt.Sprintf("%s:%d", n, p))
+	}
+	sort.Strings(ts)
+	args := []string{"-brokers", "3"}
+	if len(ts) > 0 {
+		args = append(args, "-topics", strings.Join(ts, ","))
+	}
+	cmd := exec.Command(kfakeBin, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if l := sc.Text(); strings.HasPrefix(l, "ready ") {
+				ready <- strings.TrimPrefix(l, "ready ")
+			}
+		}
+	}()
+	select {
+	case a := <-ready:
+		return &broker{addrs: strings.Split(a, ","), cmd: cmd}
+	case <-time.After(20 * time.Second):
+		t.Fatal("kfake not ready after 20s")
+	}
+	return nil
+}
+
+func (b *broker) client(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.addrs...), kgo.ProducerLinger(0)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+func (b *broker) produce(t *testing.T, rs ...*kgo.Record) {
+	t.Helper()
+	cl := b.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+		t.Fatalf("produce: %v", err)
+	}
+}
+
+// consume reads topic from the start until it has want records (failing
+// after timeout), then keeps reading for quiet to catch extras.
+func (b *broker) consume(t *testing.T, topic string, want int, timeout, quiet time.Duration) []*kgo.Record {
+	t.Helper()
+	cl := b.client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	var got []*kgo.Record
+	deadline := time.Now().Add(timeout)
+	for len(got) < want {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: got %d of %d records within %v", topic, len(got), want, timeout)
+		}
+		got = append(got, fs.Records()...)
+	}
+	if quiet > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), quiet)
+		for ctx.Err() == nil {
+			got = append(got, cl.PollFetches(ctx).Records()...)
+		}
+		cancel()
+	}
+	return got
+}
+
+func header(r *kgo.Record, k string) string {
+	for _, h := range r.Headers {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
+}

@@ -1,0 +1,502 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	exprlang "github.com/expr-lang/expr"
+	"github.com/expr-lang/expr/types"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// --- building routes by hand, as rules would ---------------------------------
+
+func expr(t testing.TB, src string, bound ...string) *operators.Expr {
+	t.Helper()
+	env := types.Map{
+		"key": types.String, "value": types.Any, "headers": types.TypeOf(map[string]string{}),
+		"timestamp": types.Int64, "topic": types.String, "partition": types.Int32, "offset": types.Int64,
+	}
+	for _, b := range bound {
+		env[b] = types.Any
+	}
+	e, err := operators.CompileExpr(src, bound, exprlang.Env(env))
+	if err != nil {
+		t.Fatalf("compile %q: %v", src, err)
+	}
+	return e
+}
+
+func filterStep(t testing.TB, i int, src string) rules.StepSpec {
+	e := expr(t, src)
+	return rules.StepSpec{Index: i, Kind: "filter", Fingerprint: "f:" + src,
+		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewFilter(e), nil }}
+}
+
+func fieldsOf(t testing.TB, kv [][2]string, bound ...string) []operators.Field {
+	var fs []operators.Field
+	for _, f := range kv {
+		fs = append(fs, operators.Field{Name: f[0], Expr: expr(t, f[1], bound...)})
+	}
+	return fs
+}
+
+func setStep(t testing.TB, i int, kv [][2]string, bound ...string) rules.StepSpec {
+	fs := fieldsOf(t, kv, bound...)
+	return rules.StepSpec{Index: i, Kind: "set", Fingerprint: fmt.Sprint("s:", kv),
+		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewSet(fs), nil }}
+}
+
+func mapStep(t testing.TB, i int, kv [][2]string, bound ...string) rules.StepSpec {
+	fs := fieldsOf(t, kv, bound...)
+	return rules.StepSpec{Index: i, Kind: "map", Fingerprint: fmt.Sprint("m:", kv),
+		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewMap(fs), nil }}
+}
+
+func joinStep(t testing.TB, i int, table, on, as string, missing operators.Missing) rules.StepSpec {
+	e := expr(t, on)
+	return rules.StepSpec{Index: i, Kind: "join", Fingerprint: "j:" + table + on, Table: table,
+		Build: func(env rules.BuildEnv) (operators.Step, error) {
+			return operators.NewJoin(env.Tables[table], e, as, missing), nil
+		}}
+}
+
+func windowStep(t testing.TB, i int, spec operators.WindowSpec) rules.StepSpec {
+	return rules.StepSpec{Index: i, Kind: "window", Fingerprint: "w1",
+		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewWindow(spec), nil }}
+}
+
+func newRouteDef(name, hash, src, sink string, steps ...rules.StepSpec) *rules.Route {
+	return &rules.Route{
+		Name: name, File: "/rules/" + name + ".yaml", Hash: hash,
+		Source:             rules.Source{Topic: src, Format: "json", Start: "earliest", IdleTimeout: 500 * time.Millisecond},
+		Sink:               rules.Sink{Topic: sink},
+		DeadLetter:         src + ".dlq",
+		CheckpointInterval: 200 * time.Millisecond,
+		Steps:              steps,
+	}
+}
+
+// runManager starts a Manager on b with routes; the returned stop cancels
+// Run and waits for it (final checkpoints written).
+func runManager(t *testing.T, b *broker, dir string, workers int, routes ...*rules.Route) (*Manager, func()) {
+	t.Helper()
+	lvl := slog.LevelWarn
+	if testing.Verbose() {
+		lvl = slog.LevelInfo
+	}
+	m, err := New(Config{Seeds: b.addrs, StateDir: dir, Workers: workers,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Apply(routes)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Errorf("Run did not return 30s after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return m, stop
+}
+
+func jsonRecord(topic string, key string, v any) *kgo.Record {
+	b, _ := json.Marshal(v)
+	return &kgo.Record{Topic: topic, Key: []byte(key), Value: b}
+}
+
+func srcRef(r *kgo.Record) string { return fmt.Sprintf("%s/%d/%d", r.Topic, r.Partition, r.Offset) }
+
+// --- tests -------------------------------------------------------------------
+
+// A filter+join+set+map route writes exactly the expected records, each
+// with the rtproxy-source of its input, and sends every bad record to the
+// dead-letter topic with the exact headers.
+func TestRouteStatelessOutputsAndDeadLetters(t *testing.T) {
+	b := startBroker(t, map[string]int{"in": 3, "merchants": 1})
+	b.produce(t,
+		jsonRecord("merchants", "m1", map[string]any{"name": "shop"}),
+		jsonRecord("merchants", "m2", map[string]any{"name": "gone"}),
+		&kgo.Record{Topic: "merchants", Key: []byte("m2")}, // tombstone: m2 deleted
+	)
+	def := newRouteDef("stateless", "v1", "in", "out",
+		filterStep(t, 0, "value.n > 0"),
+		joinStep(t, 1, "merchants", "value.m", "merchant", operators.MissingDeadLetter),
+		setStep(t, 2, [][2]string{{"marker", `"v1"`}, {"name", "merchant.name"}}, "merchant"),
+		mapStep(t, 3, [][2]string{{"n", "value.n"}, {"marker", "value.marker"}, {"name", "value.name"}}),
+	)
+	def.Tables = map[string]rules.TableSpec{"merchants": {Name: "merchants", Topic: "merchants"}}
+
+	var in []*kgo.Record
+	for i := 0; i < 10; i++ {
+		in = append(in, jsonRecord("in", fmt.Sprint("k", i), map[string]any{"n": i, "m": "m1"}))
+	}
+	bad := []*kgo.Record{
+		{Topic: "in", Key: []byte("bad-json"), Value: []byte("not json{")},
+		jsonRecord("in", "bad-expr", map[string]any{"n": "x", "m": "m1"}),
+		jsonRecord("in", "bad-join", map[string]any{"n": 5, "m": "m2"}),
+	}
+	b.produce(t, append(in, bad...)...)
+	m, _ := runManager(t, b, t.TempDir(), 2, def)
+
+	out := b.consume(t, "out", 9, 20*time.Second, 300*time.Millisecond)
+	want := map[string]string{} // source ref → value
+	for _, r := range in[1:] {
+		var v map[string]any
+		json.Unmarshal(r.Value, &v)
+		want[srcRef(r)] = fmt.Sprintf(`{"marker":"v1","n":%v,"name":"shop"}`, v["n"])
+	}
+	if len(out) != len(want) {
+		t.Fatalf("sink has %d records, want %d", len(out), len(want))
+	}
+	for _, r := range out {
+		src := header(r, HeaderSource)
+		w, ok := want[src]
+		if !ok {
+			t.Errorf("output %s with rtproxy-source %q names no expected input", r.Value, src)
+			continue
+		}
+		if string(r.Value) != w {
+			t.Errorf("output for %s = %s, want %s", src, r.Value, w)
+		}
+		delete(want, src)
+	}
+
+	dlq := b.consume(t, "in.dlq", 3, 20*time.Second, 300*time.Millisecond)
+	if len(dlq) != 3 {
+		t.Fatalf("dead letters: %d, want 3", len(dlq))
+	}
+	byKey := map[string]*kgo.Record{}
+	for _, r := range dlq {
+		byKey[string(r.Key)] = r
+	}
+	for _, c := range []struct {
+		key, reason, step, errPart string
+		src                        *kgo.Record
+	}{
+		{"bad-json", "decode", "source", "decode json", bad[0]},
+		{"bad-expr", "error", "0:filter", "value.n > 0", bad[1]},
+		{"bad-join", "missing", "1:join", "m2", bad[2]},
+	} {
+		r := byKey[c.key]
+		if r == nil {
+			t.Errorf("no dead letter for %s", c.key)
+			continue
+		}
+		if string(r.Value) != string(c.src.Value) {
+			t.Errorf("%s: dead letter value %q, want the original %q", c.key, r.Value, c.src.Value)
+		}
+		for h, v := range map[string]string{HeaderReason: c.reason, HeaderRoute: "stateless", HeaderStep: c.step, HeaderSource: srcRef(c.src)} {
+			if got := header(r, h); got != v {
+				t.Errorf("%s: header %s = %q, want %q", c.key, h, got, v)
+			}
+		}
+		if e := header(r, HeaderError); !strings.Contains(e, c.errPart) {
+			t.Errorf("%s: rtproxy-error %q does not mention %q", c.key, e, c.errPart)
+		}
+	}
+
+	// Status shows the route running with all of its input done.
+	waitFor(t, 10*time.Second, "done offsets reach the high watermarks", func() bool {
+		st := m.Routes()
+		if len(st) != 1 || st[0].State != "running" || len(st[0].Partitions) != 3 {
+			return false
+		}
+		for _, p := range st[0].Partitions {
+			if p.Lag != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// The same window key arriving on several partitions gives one aggregate
+// per window, computed by the one worker owning the key; a record behind
+// the watermark is a late dead letter.
+func TestWindowAcrossPartitions(t *testing.T) {
+	b := startBroker(t, map[string]int{"ev": 4})
+	agg := []operators.Aggregate{
+		{Name: "n", Func: operators.AggCount},
+		{Name: "total", Func: operators.AggSum, Arg: expr(t, "value.v")},
+	}
+	def := newRouteDef("win", "v1", "ev", "win.out",
+		windowStep(t, 0, operators.WindowSpec{Kind: "tumbling", Size: time.Second, Key: expr(t, "value.k"), Aggregates: agg}))
+	def.Source.EventTime = expr(t, "value.ts")
+
+	manual := kgo.RecordPartitioner(kgo.ManualPartitioner())
+	var rs []*kgo.Record
+	wantN := map[string]int{}
+	wantSum := map[string]float64{}
+	for p := int32(0); p < 4; p++ {
+		for i := 0; i < 5; i++ {
+			k := []string{"a", "b"}[i%2]
+			v := float64(int(p)*10 + i)
+			r := jsonRecord("ev", k, map[string]any{"k": k, "v": v, "ts": 100 + 100*i})
+			r.Partition = p
+			rs = append(rs, r)
+			wantN[k]++
+			wantSum[k] += v
+		}
+		// Moves every partition's event time to 5s: window [0,1s) closes.
+		r := jsonRecord("ev", "z", map[string]any{"k": "z", "v": 1, "ts": 5000})
+		r.Partition = p
+		rs = append(rs, r)
+	}
+	cl := b.client(t, manual)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	runManager(t, b, t.TempDir(), 3, def)
+
+	out := b.consume(t, "win.out", 2, 20*time.Second, 0)
+	rows := map[string]map[string]any{}
+	for _, r := range out {
+		var v map[string]any
+		if err := json.Unmarshal(r.Value, &v); err != nil {
+			t.Fatalf("row %s: %v", r.Value, err)
+		}
+		if got, want := header(r, HeaderWindow), fmt.Sprintf("%v-%v", v["window_start"], v["window_end"]); got != want {
+			t.Errorf("row %s: rtproxy-window %q, want %q", r.Value, got, want)
+		}
+		if string(r.Key) != v["key"] {
+			t.Errorf("row %s: key %q, want the window key", r.Value, r.Key)
+		}
+		if _, dup := rows[fmt.Sprint(v["key"], v["window_start"])]; dup {
+			t.Errorf("window %v/%v emitted twice", v["key"], v["window_start"])
+		}
+		rows[fmt.Sprint(v["key"], v["window_start"])] = v
+	}
+	for _, k := range []string{"a", "b"} {
+		v := rows[k+"0"]
+		if v == nil {
+			t.Fatalf("no row for key %s window 0; rows %v", k, rows)
+		}
+		if v["n"] != float64(wantN[k]) || v["total"] != wantSum[k] {
+			t.Errorf("key %s: n=%v total=%v, want n=%d total=%v (all 4 partitions)", k, v["n"], v["total"], wantN[k], wantSum[k])
+		}
+	}
+
+	// Late: event time 200 after the watermark passed 1s.
+	late := jsonRecord("ev", "a", map[string]any{"k": "a", "v": 1000, "ts": 200})
+	late.Partition = 2
+	if err := cl.ProduceSync(ctx, late).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	dlq := b.consume(t, "ev.dlq", 1, 20*time.Second, 200*time.Millisecond)
+	if len(dlq) != 1 || header(dlq[0], HeaderReason) != "late" || header(dlq[0], HeaderStep) != "0:window" ||
+		header(dlq[0], HeaderSource) != srcRef(late) || string(dlq[0].Value) != string(late.Value) {
+		for _, r := range dlq {
+			t.Logf("dead letter %s %v", r.Value, r.Headers)
+		}
+		t.Fatalf("want one late dead letter for %s", srcRef(late))
+	}
+	// All partitions idle: the watermark moves at wall-clock speed and the
+	// 5s window closes without more input.
+	out = b.consume(t, "win.out", 3, 20*time.Second, 0)
+	found := false
+	for _, r := range out {
+		if string(r.Key) == "z" {
+			var v map[string]any
+			json.Unmarshal(r.Value, &v)
+			found = v["n"] == float64(4)
+		}
+	}
+	if !found {
+		t.Errorf("window z@5s did not close with n=4 after the partitions went idle")
+	}
+}
+
+// A restart resumes from the final checkpoint: nothing lost, nothing
+// repeated, and a window's state survives.
+func TestCheckpointRestartResumes(t *testing.T) {
+	b := startBroker(t, map[string]int{"src": 3})
+	dir := t.TempDir()
+	def := func() *rules.Route {
+		return newRouteDef("cp", "v1", "src", "dst", filterStep(t, 0, "int(value.n) % 2 == 0"))
+	}
+	var first []*kgo.Record
+	for i := 0; i < 100; i++ {
+		first = append(first, jsonRecord("src", fmt.Sprint(i), map[string]any{"n": i}))
+	}
+	b.produce(t, first...)
+	_, stop := runManager(t, b, dir, 2, def())
+	b.consume(t, "dst", 50, 20*time.Second, 0)
+	stop()
+
+	var second []*kgo.Record
+	for i := 100; i < 200; i++ {
+		second = append(second, jsonRecord("src", fmt.Sprint(i), map[string]any{"n": i}))
+	}
+	b.produce(t, second...)
+	runManager(t, b, dir, 2, def())
+	out := b.consume(t, "dst", 100, 20*time.Second, 500*time.Millisecond)
+	seen := map[string]int{}
+	for _, r := range out {
+		seen[header(r, HeaderSource)]++
+	}
+	for _, r := range append(first, second...) {
+		var v map[string]int
+		json.Unmarshal(r.Value, &v)
+		n := seen[srcRef(r)]
+		if v["n"]%2 == 0 && n != 1 {
+			t.Errorf("record n=%d (%s) is in the sink %d times, want once", v["n"], srcRef(r), n)
+		}
+		if v["n"]%2 != 0 && n != 0 {
+			t.Errorf("record n=%d was filtered but is in the sink", v["n"])
+		}
+	}
+	if len(out) != 100 {
+		t.Errorf("sink holds %d records, want 100", len(out))
+	}
+}
+
+// Apply with a changed filter swaps at a record boundary under load: per
+// partition, every record before the switch is judged by v1 and every
+// record after by v2, none lost, none doubled.
+func TestApplySwapAtRecordBoundary(t *testing.T) {
+	b := startBroker(t, map[string]int{"s": 3})
+	v1 := newRouteDef("swap", "h1", "s", "s.out", filterStep(t, 0, "int(value.n) % 2 == 0"), setStep(t, 1, [][2]string{{"ver", `"v1"`}}))
+	v2 := newRouteDef("swap", "h2", "s", "s.out", filterStep(t, 0, "int(value.n) % 3 == 0"), setStep(t, 1, [][2]string{{"ver", `"v2"`}}))
+	m, _ := runManager(t, b, t.TempDir(), 2, v1)
+
+	cl := b.client(t)
+	const total = 3000
+	prodDone := make(chan []*kgo.Record)
+	go func() {
+		var rs []*kgo.Record
+		for i := 0; i < total; i++ {
+			r := jsonRecord("s", fmt.Sprint(i), map[string]any{"n": i})
+			res := cl.ProduceSync(context.Background(), r)
+			if res.FirstErr() != nil {
+				break
+			}
+			rs = append(rs, r)
+			if i%50 == 0 {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		prodDone <- rs
+	}()
+	b.consume(t, "s.out", 200, 20*time.Second, 0)
+	m.Apply([]*rules.Route{v2})
+	produced := <-prodDone
+	if len(produced) != total {
+		t.Fatalf("produced %d of %d", len(produced), total)
+	}
+	adm := func(ver string, n int) bool {
+		if ver == "v1" {
+			return n%2 == 0
+		}
+		return n%3 == 0
+	}
+	// Expected count is only known after finding the switch points, so read
+	// until quiet.
+	out := b.consume(t, "s.out", 1, 20*time.Second, 2*time.Second)
+	type rec struct {
+		n   int
+		ver string
+	}
+	got := map[string]rec{} // source ref → output
+	for _, r := range out {
+		var v struct {
+			N   int    `json:"n"`
+			Ver string `json:"ver"`
+		}
+		json.Unmarshal(r.Value, &v)
+		src := header(r, HeaderSource)
+		if _, dup := got[src]; dup {
+			t.Errorf("%s output twice", src)
+		}
+		got[src] = rec{v.N, v.Ver}
+	}
+	byPart := map[int32][]*kgo.Record{}
+	for _, r := range produced {
+		byPart[r.Partition] = append(byPart[r.Partition], r)
+	}
+	v2seen := 0
+	for p, rs := range byPart {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].Offset < rs[j].Offset })
+		// The switch point is the first offset judged by v2; before it
+		// everything follows v1, from it on everything follows v2.
+		sw := len(rs)
+		for i, r := range rs {
+			if g, ok := got[srcRef(r)]; ok && g.ver == "v2" {
+				sw = i
+				break
+			}
+		}
+		// Records between the last v1 output and the first v2 output were
+		// admitted by neither; the switch may lie anywhere among them, so
+		// move it back over records v2 rejects and v1 would also reject.
+		for sw > 0 {
+			r := rs[sw-1]
+			n := indexOf(r)
+			if _, ok := got[srcRef(r)]; ok || adm("v2", n) {
+				break
+			}
+			sw--
+		}
+		for i, r := range rs {
+			n := indexOf(r)
+			ver := "v1"
+			if i >= sw {
+				ver = "v2"
+			}
+			g, ok := got[srcRef(r)]
+			if adm(ver, n) != ok || (ok && g.ver != ver) {
+				t.Errorf("partition %d offset %d n=%d: output=%v (%s), but the switch is at index %d, so %s should judge it", p, r.Offset, n, ok, g.ver, sw, ver)
+			}
+		}
+		v2seen += len(rs) - sw
+	}
+	if v2seen == 0 {
+		t.Errorf("no record was judged by v2: the swap did not happen")
+	}
+	st := m.Routes()
+	if len(st) != 1 || st[0].State != "running" {
+		t.Errorf("status after swap: %+v", st)
+	}
+}
+
+func indexOf(r *kgo.Record) int {
+	var v map[string]int
+	json.Unmarshal(r.Value, &v)
+	return v["n"]
+}
