@@ -9,19 +9,19 @@ import (
 // metrics are the pipeline's collectors, registered once per Manager on the
 // Registerer of its Config. Names are the project's agreed ones.
 type metrics struct {
-	recordsIn       *prometheus.CounterVec   // route, partition
-	recordsOut      *prometheus.CounterVec   // route
-	dropped         *prometheus.CounterVec   // route, step
-	deadLetters     *prometheus.CounterVec   // route, reason
-	processing      *prometheus.HistogramVec // route
-	endToEnd        *prometheus.HistogramVec // route
-	lag             *prometheus.GaugeVec     // route, partition
-	watermark       *prometheus.GaugeVec     // route
-	sinkErrors      *prometheus.CounterVec   // route
-	stateKeys       *prometheus.GaugeVec     // route, step
-	stateBytes      *prometheus.GaugeVec     // route
-	checkpointDur   *prometheus.HistogramVec // route
-	checkpointLast  *prometheus.GaugeVec     // route
+	recordsIn      *prometheus.CounterVec   // route, partition
+	recordsOut     *prometheus.CounterVec   // route
+	dropped        *prometheus.CounterVec   // route, step
+	deadLetters    *prometheus.CounterVec   // route, reason
+	processing     *prometheus.HistogramVec // route
+	endToEnd       *prometheus.HistogramVec // route
+	lag            *prometheus.GaugeVec     // route, partition
+	watermark      *prometheus.GaugeVec     // route
+	sinkErrors     *prometheus.CounterVec   // route
+	stateKeys      *prometheus.GaugeVec     // route, step
+	stateBytes     *prometheus.GaugeVec     // route
+	checkpointDur  *prometheus.HistogramVec // route
+	checkpointLast *prometheus.GaugeVec     // route
 }
 
 // latencyBuckets span 100µs to ~10s: the pipeline aims at single-digit

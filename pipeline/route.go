@@ -48,7 +48,7 @@ type route struct {
 	wm      watermark
 
 	cut    sync.RWMutex
-	halted bool // under cut: set once by stop
+	halted bool        // under cut: set once by stop
 	ready  atomic.Bool // setup done: parts, stages, tracker and cl are set
 
 	cpMu        sync.Mutex  // one checkpoint (cut → commit) at a time
