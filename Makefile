@@ -16,12 +16,14 @@ FUZZTIME ?= 10s
 build:
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/rtproxy
 
-## run: build, then run with the quickstart config (embedded broker) when present
+## run: build, then run with the quickstart config (embedded broker) when present.
+## Without it, the defaults run in .run/, because ./rules and ./state at the
+## repository root are Go packages, not a rules directory and a state directory.
 run: build
 	@if [ -f $(QUICKSTART_CONFIG) ]; then \
 		echo "+ $(BIN) run --config $(QUICKSTART_CONFIG)"; exec $(BIN) run --config $(QUICKSTART_CONFIG); \
 	else \
-		echo "+ $(BIN) run"; exec $(BIN) run; \
+		mkdir -p .run; cd .run; echo "+ (cd .run && ../$(BIN) run)"; exec ../$(BIN) run; \
 	fi
 
 ## test: the CI entry point: dependencies, vet, every test, chart and image checks

@@ -260,3 +260,26 @@ func TestValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestRelativePathsInFileFollowTheFile(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "conf", "rtproxy.yaml")
+	os.MkdirAll(filepath.Dir(file), 0o755)
+	os.WriteFile(file, []byte("rules_dir: rules\nstate_dir: /abs/state\nlisten: 127.0.0.1:1\n"+
+		"upstream: [k:1]\ntls: {upstream: {enabled: true, ca_file: ../ca.pem}}\n"), 0o644)
+	c, err := Resolve(file, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RulesDir != filepath.Join(dir, "conf", "rules") || c.StateDir != "/abs/state" || c.TLS.Upstream.CAFile != filepath.Join(dir, "ca.pem") {
+		t.Fatalf("rules_dir %s state_dir %s ca_file %s", c.RulesDir, c.StateDir, c.TLS.Upstream.CAFile)
+	}
+	// From a flag or the environment a relative path stays as given.
+	c, err = Resolve(file, env(map[string]string{"RTPROXY_STATE_DIR": "st"}), map[string]string{"rules_dir": "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RulesDir != "r" || c.StateDir != "st" {
+		t.Fatalf("rules_dir %s state_dir %s", c.RulesDir, c.StateDir)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strconv"
@@ -162,13 +163,38 @@ func (c *Config) ApplyEnv(lookup func(string) (string, bool)) error {
 	return errors.Join(errs...)
 }
 
-// LoadFile overlays the YAML file at path onto c.
+// pathKeys are the settings that name files or directories. A relative one
+// written in a config file is relative to that file's directory, so a config
+// works the same from any working directory; from a flag or the environment
+// it stays relative to the working directory, as a shell user expects.
+var pathKeys = map[string]bool{
+	"rules_dir": true, "state_dir": true,
+	"tls.client.cert_file": true, "tls.client.key_file": true, "tls.client.client_ca_file": true,
+	"tls.upstream.ca_file": true, "tls.upstream.cert_file": true, "tls.upstream.key_file": true,
+}
+
+// LoadFile overlays the YAML file at path onto c. Relative paths in it are
+// resolved against the file's directory.
 func (c *Config) LoadFile(path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
-	return c.Parse(path, data)
+	set, err := c.parse(path, data)
+	if err != nil {
+		return err
+	}
+	base := filepath.Dir(path)
+	for _, k := range set {
+		if !pathKeys[k] {
+			continue
+		}
+		v := reflect.ValueOf(c).Elem().FieldByIndex(keysByPath[k].index)
+		if p := v.String(); p != "" && !filepath.IsAbs(p) {
+			v.SetString(filepath.Join(base, p))
+		}
+	}
+	return nil
 }
 
 // Parse overlays a YAML document onto c. Keys absent from the document keep
@@ -176,35 +202,42 @@ func (c *Config) LoadFile(path string) error {
 // the wrong type and duplicate keys are errors that start with
 // "name:line:col:". On error c may be partly updated; callers discard it.
 func (c *Config) Parse(name string, data []byte) error {
+	_, err := c.parse(name, data)
+	return err
+}
+
+// parse is Parse that also reports the setting paths the document set.
+func (c *Config) parse(name string, data []byte) (set []string, err error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil // an empty file changes nothing
+			return nil, nil // an empty file changes nothing
 		}
-		return fmt.Errorf("%s: %v", name, err)
+		return nil, fmt.Errorf("%s: %v", name, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
-		return fmt.Errorf("%s:%d:%d: a config file holds one YAML document; found a second", name, extra.Line, extra.Column)
+		return nil, fmt.Errorf("%s:%d:%d: a config file holds one YAML document; found a second", name, extra.Line, extra.Column)
 	} else if !errors.Is(err, io.EOF) {
-		return fmt.Errorf("%s: %v", name, err)
+		return nil, fmt.Errorf("%s: %v", name, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {
 		if len(root.Content) == 0 {
-			return nil
+			return nil, nil
 		}
 		root = root.Content[0]
 	}
 	p := parser{name: name}
 	p.mapping(root, reflect.ValueOf(c).Elem(), "")
-	return errors.Join(p.errs...)
+	return p.set, errors.Join(p.errs...)
 }
 
 type parser struct {
 	name string
 	errs []error
+	set  []string // setting paths given a (non-null) value
 }
 
 func (p *parser) errorf(n *yaml.Node, format string, args ...any) {
@@ -308,6 +341,7 @@ func (p *parser) leaf(n *yaml.Node, v reflect.Value, k Key) {
 			return
 		}
 		v.Set(reflect.ValueOf(items))
+		p.set = append(p.set, k.Path)
 		return
 	}
 	if n.Kind != yaml.ScalarNode {
@@ -316,7 +350,9 @@ func (p *parser) leaf(n *yaml.Node, v reflect.Value, k Key) {
 	}
 	if err := setScalar(v, k.Type, n.Value); err != nil {
 		p.errorf(n, "%s: %v", k.Path, err)
+		return
 	}
+	p.set = append(p.set, k.Path)
 }
 
 func fieldByYAML(t reflect.Type, name string) (reflect.StructField, bool) {
