@@ -431,6 +431,8 @@ func (r *route) pollLoop() {
 			}
 			if ftp.HighWatermark > 0 {
 				p.hwm.Store(ftp.HighWatermark)
+				lag := max(ftp.HighWatermark-r.tracker.DoneOffset(p.id), 0)
+				r.m.met.lag.WithLabelValues(r.name, p.label).Set(float64(lag))
 			}
 			for _, rec := range ftp.Records {
 				select {
