@@ -138,7 +138,8 @@ func (db *DB) checkFormat() error {
 
 // Close closes the database. Writes not yet checkpointed are discarded:
 // reopening yields exactly the last checkpoint of every route. Close waits
-// for commits in progress.
+// for commits in progress; the routes' readers and writers must have
+// stopped, as pebble does not allow reads during its close.
 func (db *DB) Close() error {
 	if db.closed.Swap(true) {
 		return ErrClosed
@@ -159,6 +160,9 @@ func (db *DB) Close() error {
 // route returns the in-memory state of route, loading its last sequence
 // number on first use.
 func (db *DB) route(name string) (*routeState, error) {
+	if db.closed.Load() {
+		return nil, ErrClosed
+	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	if rs := db.mu.routes[name]; rs != nil {
