@@ -107,7 +107,7 @@ func loadBytes(path string, src []byte) *loadResult {
 		lines: strings.Split(string(src), "\n"),
 		res:   res,
 	}
-	route := l.load()
+	route := l.loadGuarded()
 	res.errs = l.errs
 	if len(l.errs) == 0 {
 		res.route = route
@@ -191,6 +191,18 @@ func (l *loader) yamlError(err error) {
 		hint = "tabs cannot indent YAML; indent with spaces"
 	}
 	l.errAtPos(line, col, text, "YAML syntax error: %s; %s", msg, hint)
+}
+
+// loadGuarded is load with a last line of defence: a panic in a parser
+// below (yaml, expr) refuses this file instead of taking the proxy down.
+func (l *loader) loadGuarded() (r *Route) {
+	defer func() {
+		if p := recover(); p != nil {
+			l.errAtPos(1, 1, "", "internal error while reading this file (%v); please report it with the file", p)
+			r = nil
+		}
+	}()
+	return l.load()
 }
 
 func (l *loader) load() *Route {

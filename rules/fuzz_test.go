@@ -1,0 +1,53 @@
+package rules
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+var hex64 = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// FuzzLoad feeds arbitrary bytes to the rule-file loader. No input may
+// panic, and every outcome is either a complete route or located errors.
+// Seeds: testdata/fuzz/FuzzLoad plus the shipped examples.
+func FuzzLoad(f *testing.F) {
+	examples, _ := filepath.Glob("../examples/*/rules/*.yaml")
+	more, _ := filepath.Glob("../examples/rules/*.yaml")
+	for _, p := range append(examples, more...) {
+		if b, err := os.ReadFile(p); err == nil {
+			f.Add(b)
+		}
+	}
+	dir := f.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "t.jsonl"), []byte(`{"id":"a","x":1}`+"\n"), 0o644); err != nil {
+		f.Fatal(err)
+	}
+	path := filepath.Join(dir, "f.yaml")
+	f.Fuzz(func(t *testing.T, data []byte) {
+		res := loadBytes(path, data)
+		if (res.route == nil) == (len(res.errs) == 0) {
+			t.Fatalf("route %v with %d errors", res.route != nil, len(res.errs))
+		}
+		for _, e := range res.errs {
+			if e.File != path || e.Line < 1 || e.Msg == "" {
+				t.Fatalf("unlocated error: %+v", e)
+			}
+			if strings.Contains(e.Msg, "internal error") {
+				t.Fatalf("a parser panicked: %v", e)
+			}
+		}
+		if r := res.route; r != nil {
+			if r.Name == "" || r.Source.Topic == "" || r.Sink.Topic == "" || r.Sink.Topic == r.Source.Topic || !hex64.MatchString(r.Hash) {
+				t.Fatalf("incomplete route: %+v", r)
+			}
+			for _, s := range r.Steps {
+				if s.Build == nil || !hex64.MatchString(s.Fingerprint) {
+					t.Fatalf("incomplete step %d: %+v", s.Index, s)
+				}
+			}
+		}
+	})
+}
