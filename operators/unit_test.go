@@ -1,0 +1,184 @@
+package operators
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func TestJSONRoundTrip(t *testing.T) {
+	v, err := DecodeJSON([]byte(`{"b":1,"a":[true,null,"x",2.5],"c":{"z":1e3,"y":-0.5}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := v.(map[string]any)
+	if n, ok := m["b"].(float64); !ok || n != 1 {
+		t.Fatalf("numbers must decode as float64, got %T %v", m["b"], m["b"])
+	}
+	out, err := AppendJSON([]byte("prefix:"), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Keys sorted, numbers in shortest form, appended after dst.
+	if want := `prefix:{"a":[true,null,"x",2.5],"b":1,"c":{"y":-0.5,"z":1000}}`; string(out) != want {
+		t.Fatalf("got %s\nwant %s", out, want)
+	}
+	for _, bad := range []string{``, `{`, `{"a":1} x`, `{"a":}`, `nul`} {
+		if _, err := DecodeJSON([]byte(bad)); err == nil || !strings.HasPrefix(err.Error(), "decode json: ") {
+			t.Errorf("DecodeJSON(%q) = %v, want a decode json error", bad, err)
+		}
+	}
+	if _, err := AppendJSON(nil, math.Inf(1)); err == nil || !strings.HasPrefix(err.Error(), "encode json: ") {
+		t.Errorf("AppendJSON(+Inf) = %v, want an encode json error", err)
+	}
+}
+
+func TestEnvFollowsValueChanges(t *testing.T) {
+	r := &Record{Key: []byte("k"), Value: map[string]any{"a": 1.0}, Headers: []Header{{Key: "h", Value: []byte("v")}}}
+	a, _ := CompileExpr("value.a", nil)
+	hdr, _ := CompileExpr(`headers.h + key`, nil)
+	m, _ := CompileExpr("merchant?.x ?? -1", []string{"merchant"})
+	if v, _ := a.Eval(r); v != 1.0 {
+		t.Fatalf("value.a = %v", v)
+	}
+	r.Value = map[string]any{"a": 2.0}
+	if v, _ := a.Eval(r); v != 2.0 {
+		t.Fatalf("after replacing Value, value.a = %v, want 2", v)
+	}
+	if v, _ := hdr.Eval(r); v != "vk" {
+		t.Fatalf("headers.h + key = %v", v)
+	}
+	if v, err := m.Eval(r); err != nil || v != -1 {
+		t.Fatalf("unbound merchant: %v %v", v, err)
+	}
+	r.Bound = map[string]any{"merchant": map[string]any{"x": 7.0}}
+	if v, _ := m.Eval(r); v != 7.0 {
+		t.Fatalf("bound merchant: %v", v)
+	}
+	r.Key = []byte("other")
+	r.ResetEnv()
+	if v, _ := hdr.Eval(r); v != "vother" {
+		t.Fatalf("after ResetEnv: %v", v)
+	}
+}
+
+type panicTable struct{}
+
+func (panicTable) Lookup(string) (map[string]any, bool) { panic("table exploded") }
+
+type oneDead struct {
+	emitted int
+	reason  Reason
+	err     error
+}
+
+func (o *oneDead) Emit(*Record) { o.emitted++ }
+func (o *oneDead) DeadLetter(_ *Record, reason Reason, err error) {
+	o.reason, o.err = reason, err
+}
+
+func TestPanicBecomesDeadLetter(t *testing.T) {
+	on, _ := CompileExpr("value.m", nil)
+	var o oneDead
+	NewJoin(panicTable{}, on, "m", MissingKeep).Process(&Record{Value: map[string]any{"m": "x"}}, &o)
+	if o.emitted != 0 || o.reason != ReasonError || o.err == nil || !strings.Contains(o.err.Error(), "join: internal panic: table exploded") {
+		t.Fatalf("got emitted=%d reason=%q err=%v", o.emitted, o.reason, o.err)
+	}
+}
+
+func TestFileTableReload(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "t.jsonl")
+	write := func(s string) {
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"id":"a","v":1}` + "\n")
+	ft, err := LoadFileTable(p, "id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(`{"id":"a","v":2}` + "\n" + `{"id":"b","v":3}` + "\n")
+	if err := ft.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if row, ok := ft.Lookup("a"); !ok || row["v"] != 2.0 || ft.Len() != 2 {
+		t.Fatalf("after reload: %v %v len=%d", row, ok, ft.Len())
+	}
+	write(`{"id":"a","v":9}` + "\n" + `not json` + "\n")
+	err = ft.Reload()
+	if err == nil || !strings.Contains(err.Error(), "t.jsonl:2: decode json") {
+		t.Fatalf("broken reload: %v", err)
+	}
+	if row, _ := ft.Lookup("a"); row["v"] != 2.0 || ft.Len() != 2 {
+		t.Fatalf("a failed reload must keep the old rows, got %v len=%d", row, ft.Len())
+	}
+}
+
+func TestMapTableConcurrent(t *testing.T) {
+	mt := NewMapTable()
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 1000 {
+				k := string(rune('a' + (i+w)%26))
+				mt.Set(k, map[string]any{"i": i})
+				mt.Lookup(k)
+				if i%3 == 0 {
+					mt.Delete(k)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	mt.Set("x", map[string]any{"v": 1})
+	mt.Delete("y")
+	if row, ok := mt.Lookup("x"); !ok || row["v"] != 1 {
+		t.Fatalf("lookup x: %v %v", row, ok)
+	}
+	mt.Delete("x")
+	if _, ok := mt.Lookup("x"); ok {
+		t.Fatal("x still there after Delete")
+	}
+}
+
+func TestWindowRestoreRefusesOtherAggregates(t *testing.T) {
+	a := NewWindow(windowSpec(t, "tumbling", 1000, 1000, false))
+	a.Process(&Record{EventTime: 5, Value: map[string]any{"user": "u", "v": 1.0, "s": "x"}}, &oneDead{})
+	var sw snapWriter
+	if err := a.(Stateful).Snapshot(&sw); err != nil {
+		t.Fatal(err)
+	}
+	spec := windowSpec(t, "tumbling", 1000, 1000, false)
+	spec.Aggregates = spec.Aggregates[:3]
+	b := NewWindow(spec)
+	err := b.(Stateful).Restore(&sw)
+	if err == nil || !strings.Contains(err.Error(), "window snapshot has 8 aggregates, the step has 3") {
+		t.Fatalf("got %v", err)
+	}
+	sw.vals[1] = sw.vals[1][:len(sw.vals[1])-1]
+	err = NewWindow(windowSpec(t, "tumbling", 1000, 1000, false)).(Stateful).Restore(&sw)
+	if !errors.Is(err, errSnapshot) {
+		t.Fatalf("truncated entry: %v", err)
+	}
+}
+
+func TestIsAggregate(t *testing.T) {
+	for _, n := range []string{"count", "sum", "min", "max", "avg", "first", "last", "count_distinct"} {
+		if !IsAggregate(n) {
+			t.Errorf("IsAggregate(%q) = false", n)
+		}
+	}
+	for _, n := range []string{"", "mean", "COUNT", "len"} {
+		if IsAggregate(n) {
+			t.Errorf("IsAggregate(%q) = true", n)
+		}
+	}
+}
