@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -226,44 +227,55 @@ func httpGet(url string) (int, string, error) {
 	return resp.StatusCode, string(b), err
 }
 
-// TestBinaryRunEmbedded runs `rtproxy run` with no upstream (the embedded
-// development cluster) on free ports, produces and consumes through it with
-// franz-go, reads the admin endpoints, and stops it with SIGTERM.
-func TestBinaryRunEmbedded(t *testing.T) {
+// proc is a running rtproxy binary.
+type proc struct {
+	cmd         *exec.Cmd
+	exited      chan error
+	logs        *syncBuf
+	listen      string
+	admin       string // http://host:port
+	brokerFirst int
+}
+
+// startRun starts `rtproxy run` in embedded mode on free ports with the
+// given rules directory and waits for /readyz 200.
+func startRun(t *testing.T, rulesDir string) *proc {
+	t.Helper()
 	listenPort, adminPort, brokerFirst := freePort(t), freePort(t), freeBlock(t, 100)
-	listen := "127.0.0.1:" + strconv.Itoa(listenPort)
-	admin := "http://127.0.0.1:" + strconv.Itoa(adminPort)
-	dir := t.TempDir()
-	cmd := exec.Command(rtproxyBinary(t), "run",
-		"--listen", listen, "--advertise-host", "127.0.0.1", "--broker-ports", strconv.Itoa(brokerFirst),
+	p := &proc{
+		listen:      "127.0.0.1:" + strconv.Itoa(listenPort),
+		admin:       "http://127.0.0.1:" + strconv.Itoa(adminPort),
+		brokerFirst: brokerFirst,
+		exited:      make(chan error, 1),
+		logs:        &syncBuf{},
+	}
+	p.cmd = exec.Command(rtproxyBinary(t), "run",
+		"--listen", p.listen, "--advertise-host", "127.0.0.1", "--broker-ports", strconv.Itoa(brokerFirst),
 		"--admin-listen", "127.0.0.1:"+strconv.Itoa(adminPort),
-		"--rules-dir", filepath.Join(dir, "rules"), "--state-dir", filepath.Join(dir, "state"))
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	var logs syncBuf
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
+		"--rules-dir", rulesDir, "--state-dir", filepath.Join(t.TempDir(), "state"))
+	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-exited
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if p.cmd.ProcessState == nil {
+			p.cmd.Process.Kill()
+			<-p.exited
 		}
 		if t.Failed() {
-			t.Logf("rtproxy logs:\n%s", logs.String())
+			t.Logf("rtproxy logs:\n%s", p.logs.String())
 		}
-	}()
-
+	})
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		code, body, err := httpGet(admin + "/readyz")
+		code, body, err := httpGet(p.admin + "/readyz")
 		if err == nil && code == 200 {
-			break
+			return p
 		}
 		select {
-		case err := <-exited:
+		case err := <-p.exited:
 			t.Fatalf("rtproxy exited before ready: %v", err)
 		default:
 		}
@@ -272,6 +284,41 @@ func TestBinaryRunEmbedded(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// stop sends SIGTERM and asserts a clean exit 0 within 15s.
+func (p *proc) stop(t *testing.T) {
+	t.Helper()
+	start := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.exited:
+		if err != nil {
+			t.Fatalf("exit after SIGTERM: %v (want 0)", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("still running 15s after SIGTERM")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d", code)
+	}
+	l := p.logs.String()
+	for _, want := range []string{`msg="shutting down" signal=terminated`, "rtproxy stopped cleanly"} {
+		if !strings.Contains(l, want) {
+			t.Errorf("logs lack %q", want)
+		}
+	}
+	t.Logf("stopped %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+}
+
+// TestBinaryRunEmbedded runs `rtproxy run` with no upstream (the embedded
+// development cluster) on free ports, produces and consumes through it with
+// franz-go, reads the admin endpoints, and stops it with SIGTERM.
+func TestBinaryRunEmbedded(t *testing.T) {
+	p := startRun(t, filepath.Join(t.TempDir(), "rules"))
+	admin, listen, brokerFirst := p.admin, p.listen, p.brokerFirst
 	if code, body, _ := httpGet(admin + "/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
 	}
@@ -334,27 +381,124 @@ func TestBinaryRunEmbedded(t *testing.T) {
 		}
 	}
 
+	if !strings.Contains(p.logs.String(), "EMBEDDED DEVELOPMENT BROKER") {
+		t.Error("no loud warning about the embedded development broker")
+	}
 	cl.Close()
-	start := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	p.stop(t)
+}
+
+// TestBinaryRunRoute runs a route from a rule file through the whole binary:
+// the watcher loads it when it appears, the pipeline filters records produced through the
+// proxy into the sink, /routes reports it, and SIGHUP is a reload (not the
+// default "terminate").
+func TestBinaryRunRoute(t *testing.T) {
+	rulesDir := t.TempDir()
+	p := startRun(t, rulesDir)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.listen), kgo.ProducerLinger(0), kgo.AllowAutoTopicCreation(),
+		kgo.ConsumeTopics("orders.big"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-exited:
+	defer cl.Close()
+	for _, topic := range []string{"orders", "orders.big"} {
+		req := kmsg.NewPtrCreateTopicsRequest()
+		rt := kmsg.NewCreateTopicsRequestTopic()
+		rt.Topic, rt.NumPartitions, rt.ReplicationFactor = topic, 3, 1
+		req.Topics = append(req.Topics, rt)
+		resp, err := req.RequestWith(ctx, cl)
 		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v (want 0)", err)
+			t.Fatal(err)
 		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("still running 15s after SIGTERM")
-	}
-	if cmd.ProcessState.ExitCode() != 0 {
-		t.Fatalf("exit code %d", cmd.ProcessState.ExitCode())
-	}
-	l := logs.String()
-	for _, want := range []string{"EMBEDDED DEVELOPMENT BROKER", `msg="shutting down" signal=terminated`, "rtproxy stopped cleanly"} {
-		if !strings.Contains(l, want) {
-			t.Errorf("logs lack %q", want)
+		if c := resp.Topics[0].ErrorCode; c != 0 && c != 36 /* TOPIC_ALREADY_EXISTS */ {
+			t.Fatalf("create %s: error code %d", topic, c)
 		}
 	}
-	t.Logf("stopped %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+
+	// The rule file arrives while the proxy runs: the watcher picks it up.
+	rule := "route: big-orders\nsource: { topic: orders, format: json, start: earliest }\nsink: { topic: orders.big }\nsteps:\n  - filter: value.amount > 100\n"
+	if err := os.WriteFile(filepath.Join(rulesDir, "big-orders.yaml"), []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	want := map[int]bool{} // ids the filter admits
+	for i := range 40 {
+		amount := i * 5 // 0..195: amounts above 100 are i >= 21
+		if amount > 100 {
+			want[i] = true
+		}
+		v := fmt.Sprintf(`{"id":%d,"amount":%d}`, i, amount)
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "orders", Key: []byte(strconv.Itoa(i)), Value: []byte(v)}).FirstErr(); err != nil {
+			t.Fatalf("produce %d: %v", i, err)
+		}
+	}
+	got := map[int]bool{}
+	for len(got) < len(want) {
+		fs := cl.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("sink holds %d of %d expected records after 45s", len(got), len(want))
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			var v struct{ ID, Amount int }
+			if err := json.Unmarshal(r.Value, &v); err != nil {
+				t.Fatalf("sink record %q: %v", r.Value, err)
+			}
+			if !want[v.ID] || v.Amount != v.ID*5 {
+				t.Errorf("sink got %s, which the filter should have dropped", r.Value)
+			}
+			got[v.ID] = true
+		})
+	}
+	code, body, err := httpGet(p.admin + "/routes")
+	if err != nil || code != 200 {
+		t.Fatalf("/routes: %d %v", code, err)
+	}
+	var status []struct {
+		Name, Source, Sink, State string
+	}
+	if err := json.Unmarshal([]byte(body), &status); err != nil || len(status) != 1 ||
+		status[0].Name != "big-orders" || status[0].Source != "orders" || status[0].Sink != "orders.big" || status[0].State != "running" {
+		t.Fatalf("/routes: %v %s", err, body)
+	}
+	// The out counter moves on the sink's acknowledgement, which can reach
+	// the pipeline a moment after our consumer saw the records.
+	for _, want := range []string{"rtproxy_rules_routes 1", `rtproxy_pipeline_records_out_total{route="big-orders"} 19`} {
+		waitMetric(t, p.admin, want)
+	}
+
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(p.logs.String(), "rules: reload requested") {
+		if time.Now().After(deadline) {
+			t.Fatal("SIGHUP did not reach the rules watcher")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, _, err := httpGet(p.admin + "/healthz"); err != nil || code != 200 {
+		t.Fatalf("after SIGHUP /healthz: %d %v (SIGHUP must not stop the process)", code, err)
+	}
+	cl.Close()
+	p.stop(t)
+}
+
+// waitMetric polls /metrics until it holds the line want (5s).
+func waitMetric(t *testing.T, admin, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, metrics, err := httpGet(admin + "/metrics")
+		if err == nil && strings.Contains(metrics, want+"\n") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("/metrics lacks %q after 5s", want)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -33,7 +33,7 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		if err := os.MkdirAll(cfg.RulesDir, 0o755); err != nil {
 			return nil, fmt.Errorf("rules_dir: %w", err)
 		}
-		log.Info("rules_dir did not exist; created it empty", "rules_dir", cfg.RulesDir)
+		log.Info("rules_dir did not exist; created it empty", "component", "rules", "rules_dir", cfg.RulesDir)
 	}
 	m, err := pipeline.New(pipeline.Config{
 		Seeds:      seeds,
@@ -41,7 +41,7 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		// A subdirectory, because state_dir also holds the embedded
 		// broker's data.
 		StateDir:   filepath.Join(cfg.StateDir, "pipelines"),
-		Logger:     log,
+		Logger:     log.With("component", "pipeline"),
 		Registerer: reg,
 	})
 	if err != nil {

@@ -196,7 +196,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	routes, err := newRoutes(cfg, upstream, popts, log.With("component", "pipeline"), reg)
+	routes, err := newRoutes(cfg, upstream, popts, log, reg)
 	if err != nil {
 		return err
 	}
