@@ -479,6 +479,16 @@ func (m *Manifest) checkServices(pods []pod, exp expected) []string {
 	var problems []string
 	services := map[string]obj{}
 	for _, p := range pods {
+		h, _, _ := net.SplitHostPort(exp.cfg.Listen)
+		loopback := h == "127.0.0.1" || h == "localhost" || h == "::1"
+		if loopback && exp.cfg.AdvertiseHost != "127.0.0.1" && exp.cfg.AdvertiseHost != "localhost" {
+			problems = append(problems, fmt.Sprintf("%s: listens on loopback %s but advertises %q; clients outside the pod could not reach it and clients inside would leave the pod", describe(p.owner), exp.cfg.Listen, exp.cfg.AdvertiseHost))
+		}
+		if loopback {
+			// A sidecar: the Services selecting this pod are the
+			// application's, and the proxy is reachable only in the pod.
+			continue
+		}
 		var selecting []obj
 		for _, svc := range m.ofKind("Service") {
 			sel, _ := get(svc, "spec", "selector").(obj)
@@ -496,13 +506,8 @@ func (m *Manifest) checkServices(pods []pod, exp expected) []string {
 				services[name(svc)] = svc
 			}
 		}
-		h, _, _ := net.SplitHostPort(exp.cfg.Listen)
-		loopback := h == "127.0.0.1" || h == "localhost" || h == "::1"
-		if len(selecting) == 0 && !loopback {
+		if len(selecting) == 0 {
 			problems = append(problems, fmt.Sprintf("%s: listens on %s but no Service selects its pods", describe(p.owner), exp.cfg.Listen))
-		}
-		if loopback && exp.cfg.AdvertiseHost != "127.0.0.1" && exp.cfg.AdvertiseHost != "localhost" {
-			problems = append(problems, fmt.Sprintf("%s: listens on loopback %s but advertises %q; clients outside the pod could not reach it and clients inside would leave the pod", describe(p.owner), exp.cfg.Listen, exp.cfg.AdvertiseHost))
 		}
 		containerPorts := map[string]int{}
 		for _, cp := range list(p.container, "ports") {

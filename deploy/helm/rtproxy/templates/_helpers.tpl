@@ -161,6 +161,9 @@ Rules are not part of it: they reload hot. */}}
 {{- if and .Values.sasl.enabled (or (not .Values.sasl.username) (not .Values.sasl.passwordSecret.name)) -}}
 {{- fail "sasl.enabled needs sasl.username and sasl.passwordSecret.name" -}}
 {{- end -}}
+{{- if and (not .Values.proxy.upstream) (or .Values.tls.upstream.enabled .Values.sasl.enabled) -}}
+{{- fail "tls.upstream and sasl need proxy.upstream: with no upstream the proxy runs its embedded development brokers, which speak plaintext without SASL" -}}
+{{- end -}}
 {{- if and .Values.rules.files .Values.rules.existingConfigMap -}}
 {{- fail "set either rules.files or rules.existingConfigMap, not both" -}}
 {{- end -}}
