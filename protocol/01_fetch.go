@@ -6,17 +6,19 @@ import (
 
 // Fetch (key 1).
 //
-// Responses v0-v15 carry no address and are forwarded raw. v16+ (KIP-951)
+// Responses v0-v11 have no tagged fields and are forwarded raw. v16+ (KIP-951)
 // may carry, in top-level tag 0, the endpoints of new partition leaders
 // (named by each partition's CurrentLeader tag). As for Produce, the body is
 // walked without decoding — the record batches are skipped by length — and
 // decoded, rewritten and re-encoded only when a top-level tag is present.
 // Node ids are kept, so CurrentLeader stays consistent with the endpoints.
+// v12-v15 are flexible too and kmsg reads tag 0 there as well; they are
+// walked the same way so that no broker can leak an address through them.
 //
-// v16+ layout walked (all compact, flexible):
+// v12+ layout walked (all compact, flexible):
 //
 //	int32 throttle, int16 error, int32 session id
-//	[topics: uuid topic id,
+//	[topics: name (v12) | uuid topic id (v13+),
 //	  [partitions: int32 index, int16 error, int64 high watermark,
 //	    int64 last stable offset, int64 log start offset,
 //	    [aborted txns: int64 producer id, int64 first offset, tags],
@@ -24,10 +26,10 @@ import (
 //	  tags]
 //	tags  <- node endpoints live here
 func rewriteFetch(m Mapper, version int16, body, dst []byte) ([]byte, bool, error) {
-	if version < 16 {
+	if version < 12 { // non-flexible: no tagged fields, so no endpoints
 		return nil, false, nil
 	}
-	if !fetchHasTopTags(body) {
+	if !fetchHasTopTags(version, body) {
 		return nil, false, nil
 	}
 	r, err := decodeResponse(int16(kmsg.Fetch), version, body)
@@ -50,12 +52,16 @@ func rewriteFetch(m Mapper, version int16, body, dst []byte) ([]byte, bool, erro
 }
 
 // fetchHasTopTags reports whether a v16+ Fetch response body has any
-// top-level tagged field; an unwalkable body reports true (see Produce).
-func fetchHasTopTags(body []byte) bool {
+// top-level tagged field (v12+); an unwalkable body reports true (see Produce).
+func fetchHasTopTags(version int16, body []byte) bool {
 	s := skipper{p: body}
 	s.skip(4 + 2 + 4)
 	for t := s.arrayLen(); t > 0 && !s.bad; t-- {
-		s.skip(16)
+		if version >= 13 {
+			s.skip(16)
+		} else {
+			s.compactBytes()
+		}
 		for p := s.arrayLen(); p > 0 && !s.bad; p-- {
 			s.skip(4 + 2 + 8 + 8 + 8)
 			for a := s.arrayLen(); a > 0 && !s.bad; a-- {

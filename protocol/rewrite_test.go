@@ -197,7 +197,7 @@ func TestRewriteProduce(t *testing.T) {
 		if _, changed := runRewrite(t, newFakeMapper(), produceResponse(v, false)); changed {
 			t.Errorf("v%d without endpoints must be forwarded raw", v)
 		}
-		if v < 10 {
+		if v < 9 {
 			continue
 		}
 		got, changed := runRewrite(t, newFakeMapper(), produceResponse(v, true))
@@ -249,7 +249,7 @@ func TestRewriteFetch(t *testing.T) {
 		if _, changed := runRewrite(t, newFakeMapper(), fetchResponse(v, false)); changed {
 			t.Errorf("v%d without endpoints must be forwarded raw", v)
 		}
-		if v < 16 {
+		if v < 12 {
 			continue
 		}
 		got, changed := runRewrite(t, newFakeMapper(), fetchResponse(v, true))
