@@ -34,7 +34,10 @@ func runClient(t *testing.T, stdin string, timeout time.Duration, name string, a
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}
-	if err := cmd.Run(); err != nil {
+	start := time.Now()
+	err := cmd.Run()
+	t.Logf("%s %s: %v", name, args[0], time.Since(start).Round(time.Millisecond))
+	if err != nil {
 		t.Fatalf("%s %s: %v\nstdout:\n%s\nstderr:\n%s", name, strings.Join(args, " "), err, stdout.String(), stderr.String())
 	}
 	return stdout.Bytes()

@@ -538,6 +538,10 @@ func TestProxySIGTERMDuringTraffic(t *testing.T) {
 	t.Logf("proxy exited with %d, %v after SIGTERM, %d records acknowledged before", code, time.Since(start), n)
 	close(stop)
 	rcancel()
+	// kgo honours the produce context only while buffering; closing the
+	// clients fails whatever is still buffered towards the dead proxy.
+	cl.Close()
+	reader.Close()
 	wg.Wait()
 	if code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0; logs:\n%s", code, s.Proxy.Logs())
