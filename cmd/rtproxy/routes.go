@@ -43,6 +43,10 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		StateDir:   filepath.Join(cfg.StateDir, "pipelines"),
 		Logger:     log.With("component", "pipeline"),
 		Registerer: reg,
+		// A stopping route waits this long for its outputs to be
+		// acknowledged before its final checkpoint: the same budget
+		// SIGTERM gives everything else. Zero keeps the pipeline default.
+		StopTimeout: cfg.ShutdownGrace,
 	})
 	if err != nil {
 		return nil, err

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/rtproxy/rtproxy/config"
+)
+
+func readRepoFile(t *testing.T, rel string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestOperationsDocCoversConfig keeps docs/OPERATIONS.md's table in step
+// with the config: every key, its environment variable and its flag.
+func TestOperationsDocCoversConfig(t *testing.T) {
+	doc := readRepoFile(t, "docs/OPERATIONS.md")
+	flagOf := map[string]string{}
+	for _, f := range runFlags {
+		flagOf[f.key] = f.flag
+	}
+	for _, k := range config.Keys() {
+		row := "| `" + k.Path + "` | "
+		i := strings.Index(doc, row)
+		if i < 0 {
+			t.Errorf("docs/OPERATIONS.md has no table row for %s", k.Path)
+			continue
+		}
+		line := doc[i : i+strings.Index(doc[i:], "\n")]
+		if !strings.Contains(line, "`"+k.Env+"`") {
+			t.Errorf("row %s does not name %s", k.Path, k.Env)
+		}
+		if f, ok := flagOf[k.Path]; ok && !strings.Contains(line, "`--"+f+"`") {
+			t.Errorf("row %s does not name --%s", k.Path, f)
+		}
+	}
+}
+
+// TestCIRunsTheREADMETestCommand: .ci/run calls exactly the command the
+// README gives as the test command.
+func TestCIRunsTheREADMETestCommand(t *testing.T) {
+	readme := readRepoFile(t, "README.md")
+	if !strings.Contains(readme, "```sh\nmake test\n```") {
+		t.Fatal("README does not give `make test` as the test command")
+	}
+	ci := readRepoFile(t, ".ci/run")
+	var cmds []string
+	for _, l := range strings.Split(ci, "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "#") || strings.HasPrefix(l, "set ") || strings.HasPrefix(l, "export ") || strings.HasPrefix(l, "cd ") {
+			continue
+		}
+		cmds = append(cmds, l)
+	}
+	if len(cmds) != 1 || cmds[0] != "make test" {
+		t.Fatalf(".ci/run runs %q, want exactly [make test]", cmds)
+	}
+}
+
+// TestREADMEQuickstartRuns runs the README's quickstart commands (the block
+// after "In another terminal") against the built binary in embedded mode,
+// with the addresses swapped for this test's free ports.
+func TestREADMEQuickstartRuns(t *testing.T) {
+	for _, tool := range []string{"kcat", "curl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is missing (make deps installs it)", tool)
+			}
+			t.Skipf("%s not installed; make deps installs it", tool)
+		}
+	}
+	readme := readRepoFile(t, "README.md")
+	i := strings.Index(readme, "In another terminal:")
+	if i < 0 {
+		t.Fatal("README quickstart lost its \"In another terminal:\" block")
+	}
+	block := readme[i:]
+	start := strings.Index(block, "```sh\n") + len("```sh\n")
+	block = block[start : start+strings.Index(block[start:], "```")]
+
+	p := startRun(t, filepath.Join(t.TempDir(), "rules"))
+	adminHostPort := strings.TrimPrefix(p.admin, "http://")
+	var out strings.Builder
+	for _, line := range strings.Split(block, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		cmdline := strings.NewReplacer("127.0.0.1:9092", p.listen, "127.0.0.1:9644", adminHostPort, "bin/rtproxy", rtproxyBinary(t)).Replace(line)
+		cmd := exec.Command("bash", "-o", "pipefail", "-c", cmdline)
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("README command %q failed: %v\n%s", line, err, b)
+		}
+		out.Write(b)
+	}
+	got := out.String()
+	for _, want := range []string{`{"hello":"world"}`, "3 brokers:", "produced 100 records to payments", `"txn_id":"txn-00000000"`,
+		`rtproxy_proxy_requests_total{api="Produce"}`, "ready"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("README commands' output lacks %q:\n%s", want, got)
+		}
+	}
+	// Every broker kcat -L lists is one of the proxy's listeners.
+	for _, m := range regexp.MustCompile(`broker (\d+) at ([^ \n]+)`).FindAllStringSubmatch(got, -1) {
+		host, port, _ := strings.Cut(m[2], ":")
+		n, _ := strconv.Atoi(port)
+		if host != "127.0.0.1" || n < p.brokerFirst || n >= p.brokerFirst+100 {
+			t.Errorf("kcat -L shows broker %s at %s, not a proxy listener", m[1], m[2])
+		}
+	}
+	p.stop(t)
+}
