@@ -128,7 +128,7 @@ func (m *Manifest) configMaps() (configs, rules []obj) {
 	for _, cm := range m.ofKind("ConfigMap") {
 		switch str(cm, "metadata", "labels", "app.kubernetes.io/component") {
 		case "config":
-			if _, ok := get(cm, "data").(obj)[ConfigKey]; ok {
+			if data, _ := get(cm, "data").(obj); data != nil && data[ConfigKey] != nil {
 				configs = append(configs, cm)
 			}
 		case "rules":
@@ -348,7 +348,9 @@ func checkPod(p pod, exp expected, configCM, rulesCM string) []string {
 	// never arrive), state directory (writable), TLS files.
 	volumes := map[string]obj{}
 	for _, v := range list(p.spec, "volumes") {
-		volumes[str(v, "name")] = v.(obj)
+		if vo, ok := v.(obj); ok {
+			volumes[str(vo, "name")] = vo
+		}
 	}
 	type mount struct {
 		path, subPath string
