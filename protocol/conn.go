@@ -371,8 +371,11 @@ func (pr *pair) rewrite(rw rewriteFunc, req inflight, frame []byte) ([]byte, err
 		return nil, fmt.Errorf("response header: %w", err)
 	}
 	hdrEnd := 4 + off
-	dst := make([]byte, hdrEnd, len(frame)+128)
-	copy(dst, frame[:hdrEnd])
+	// A full slice expression with no spare capacity: the first append
+	// in the rewriter copies the header into a new buffer, so Produce and
+	// Fetch responses that are forwarded raw cost no allocation at all,
+	// and frame is never written to.
+	dst := frame[:hdrEnd:hdrEnd]
 	out, changed, err := rw(pr.p, req.version, frame[hdrEnd:], dst)
 	if err != nil || !changed {
 		return nil, err

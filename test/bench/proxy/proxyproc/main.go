@@ -1,0 +1,67 @@
+// Command proxyproc runs the protocol package's proxy as its own process so
+// that the proxy benchmark can measure the proxy's CPU honestly from
+// /proc/PID/stat, apart from the load client and the broker.
+//
+// It prints "ready ADDR" once upstream metadata has been fetched, and runs
+// until SIGTERM/SIGINT.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtproxy/rtproxy/protocol"
+)
+
+func main() {
+	var (
+		listen     = flag.String("listen", "127.0.0.1:0", "bootstrap listen address")
+		upstream   = flag.String("upstream", "", "comma-separated seed brokers")
+		portFirst  = flag.Int("broker-ports", 29100, "first per-broker port")
+		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile here until shutdown")
+	)
+	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			log.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	p, err := protocol.New(protocol.Config{
+		Listen:          *listen,
+		BrokerPortFirst: *portFirst,
+		Upstream:        strings.Split(*upstream, ","),
+		ShutdownGrace:   2 * time.Second,
+		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Registerer:      prometheus.NewRegistry(),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		for !p.Ready() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		fmt.Printf("ready %s\n", p.Addr())
+	}()
+	if err := p.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
