@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/expr-lang/expr"
-	"github.com/expr-lang/expr/types"
+	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/vm"
 )
 
@@ -22,8 +24,11 @@ type Expr struct {
 // names that join steps before this expression bind (`as`). opts are extra
 // expr options (for example expr.AsBool() for a filter).
 func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error) {
-	env := envTypes(bound)
-	all := append([]expr.Option{expr.Env(env)}, opts...)
+	all := []expr.Option{expr.Env(&recordEnv{})}
+	if len(bound) > 0 {
+		all = append(all, expr.Patch(boundPatcher(bound)))
+	}
+	all = append(all, opts...)
 	p, err := expr.Compile(src, all...)
 	if err != nil {
 		return nil, err
@@ -31,70 +36,102 @@ func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error)
 	return &Expr{Source: src, program: p}, nil
 }
 
+// vms recycles expr VMs: expr.Run allocates a VM and its stack for every
+// evaluation, and an Expr is shared by the step instances of all workers,
+// so it cannot own one.
+var vms = sync.Pool{New: func() any { return new(vm.VM) }}
+
 // Eval evaluates the expression against r. A runtime failure comes back as
 // an error whose text starts with the expression source and carries expr's
 // message with the position (line:column and a caret under the culprit).
 // Eval never panics: the expr VM recovers its own panics into errors.
 func (e *Expr) Eval(r *Record) (any, error) {
-	out, err := expr.Run(e.program, r.exprEnv())
+	m := vms.Get().(*vm.VM)
+	out, err := m.Run(e.program, r.exprEnv())
+	vms.Put(m)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", e.Source, err)
 	}
 	return out, nil
 }
 
-// envTypes is the shape expressions are type-checked against. It is a
-// types.Map rather than a map of sample values because value and the bound
-// names have no static type (any JSON value, or nil when a join missed): a
-// nil sample would type them as nil and refuse `value.amount` at compile
-// time. The runtime env is still a plain map[string]any, so expr keeps its
-// fast path for top-level names.
-func envTypes(bound []string) types.Map {
-	env := types.Map{
-		"key":       types.String,
-		"value":     types.Any,
-		"headers":   types.TypeOf(map[string]string{}),
-		"timestamp": types.Int64,
-		"topic":     types.String,
-		"partition": types.Int32,
-		"offset":    types.Int64,
+// recordEnv is what an expression sees. It is a struct rather than a map
+// so that it lives inside the Record (no allocation per record) and holds
+// its numbers unboxed; expr reads its fields by index. Names bound by joins
+// are not fields: boundPatcher rewrites them at compile time into lookups
+// in Bound, so `merchant.avg` reads r.Bound["merchant"]["avg"].
+type recordEnv struct {
+	Key       string            `expr:"key"`
+	Value     any               `expr:"value"`
+	Headers   map[string]string `expr:"headers"`
+	Timestamp int64             `expr:"timestamp"`
+	Topic     string            `expr:"topic"`
+	Partition int32             `expr:"partition"`
+	Offset    int64             `expr:"offset"`
+	Bound     map[string]any    `expr:"rtproxy_bound__"`
+	ready     bool              // Key and Headers are filled in
+}
+
+// boundName is the env field that holds join rows; no rule writes it.
+const boundName = "rtproxy_bound__"
+
+// boundPatcher turns each identifier naming a bound join row into
+// rtproxy_bound__["name"], keeping its position for error messages.
+type boundPatcher []string
+
+func (b boundPatcher) Visit(node *ast.Node) {
+	id, ok := (*node).(*ast.IdentifierNode)
+	if !ok || !slices.Contains(b, id.Value) {
+		return
 	}
-	for _, b := range bound {
-		env[b] = types.Any
+	ast.Patch(node, &ast.MemberNode{
+		Node:     &ast.IdentifierNode{Value: boundName},
+		Property: &ast.StringNode{Value: id.Value},
+	})
+}
+
+// Env is what an expression sees for record r, as a map (for tools and
+// tests; evaluation itself uses the struct cached on r).
+func Env(r *Record) map[string]any {
+	e := r.exprEnv()
+	env := map[string]any{
+		"key":       e.Key,
+		"value":     e.Value,
+		"headers":   e.Headers,
+		"timestamp": e.Timestamp,
+		"topic":     e.Topic,
+		"partition": e.Partition,
+		"offset":    e.Offset,
+	}
+	for k, v := range r.Bound {
+		env[k] = v
 	}
 	return env
 }
 
-// Env is what an expression sees for record r. The map is cached on r and
-// shared by every expression evaluated on it: treat it as read-only.
-func Env(r *Record) map[string]any {
-	return r.exprEnv()
-}
-
-// exprEnv returns the environment cached on r, building it at the first
-// call. The map env lets expr use its OpLoadFast path (a plain map index)
-// for top-level names; a struct env would go through reflection. Value and
-// Bound are refreshed on every call because steps change them in place
-// (set, map, join); the other fields are fixed for the life of a record.
-func (r *Record) exprEnv() map[string]any {
-	if r.env == nil {
-		h := make(map[string]string, len(r.Headers))
-		for _, x := range r.Headers {
-			h[x.Key] = string(x.Value)
+// exprEnv returns the environment cached in r. The key string and the
+// header map are built at the first call only; the rest is copied on every
+// call because steps change Value and Bound in place.
+func (r *Record) exprEnv() *recordEnv {
+	e := &r.env
+	if !e.ready {
+		e.Key = string(r.Key)
+		e.Headers = nil
+		if len(r.Headers) > 0 {
+			e.Headers = make(map[string]string, len(r.Headers))
+			for _, x := range r.Headers {
+				e.Headers[x.Key] = string(x.Value)
+			}
 		}
-		r.env = make(map[string]any, 8+len(r.Bound))
-		r.env["key"] = string(r.Key)
-		r.env["headers"] = h
-		r.env["timestamp"] = r.Timestamp
-		r.env["topic"] = r.Topic
-		r.env["partition"] = r.Partition
-		r.env["offset"] = r.Offset
+		e.ready = true
 	}
-	r.env["value"] = r.Value
-	for k, v := range r.Bound {
-		r.env[k] = v
-	}
-	return r.env
+	e.Value = r.Value
+	e.Bound = r.Bound
+	e.Timestamp = r.Timestamp
+	e.Topic = r.Topic
+	e.Partition = r.Partition
+	e.Offset = r.Offset
+	return e
 }
 
 // errKeyType is returned when a key expression yields something that

@@ -39,11 +39,10 @@ type Record struct {
 	// Window is set on rows emitted by a window step.
 	Window *WindowRef
 
-	// env is what expressions see, built at the first Eval and reused by
-	// every later expression on this record (see exprEnv): building it
-	// costs a map, a header map and a key string, too much to pay per
-	// expression.
-	env map[string]any
+	// env is what expressions see, kept in the record so evaluating costs
+	// no allocation; the key string and header map are built at the first
+	// Eval and reused by every later expression on this record (exprEnv).
+	env recordEnv
 	// shuffleKey caches the key a Keyed step computed in ShuffleKey so
 	// Process does not evaluate the key expression a second time.
 	shuffleKey    string
@@ -51,11 +50,11 @@ type Record struct {
 }
 
 // ResetEnv forgets the expression environment cached on r. Call it after
-// changing Key, Headers, Timestamp, Topic, Partition or Offset of a record
-// that has already been evaluated (Value and Bound are picked up on every
-// Eval without it), or before reusing a Record value for another record.
+// changing Key or Headers of a record that has already been evaluated (the
+// other fields are picked up on every Eval without it), or before reusing a
+// Record value for another record.
 func (r *Record) ResetEnv() {
-	r.env = nil
+	r.env = recordEnv{}
 	r.shuffleKeyFor = nil
 }
 
