@@ -108,6 +108,7 @@ func loadBytes(path string, src []byte) *loadResult {
 		res:   res,
 	}
 	route := l.loadGuarded()
+	l.errs.sort()
 	res.errs = l.errs
 	if len(l.errs) == 0 {
 		res.route = route

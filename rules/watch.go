@@ -81,6 +81,11 @@ func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Reg
 	if log == nil {
 		log = slog.Default()
 	}
+	// Absolute paths throughout, so an error's File and its route's File
+	// name the same file (pipeline matches them for /routes).
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
 	if fi, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("rules directory: %w", unwrapPathError(err))
 	} else if !fi.IsDir() {

@@ -418,3 +418,25 @@ func TestWatchReloadLatency(t *testing.T) {
 		t.Errorf("median reload-to-apply %v, target < 200ms", lat[len(lat)/2])
 	}
 }
+
+func TestWatchRelativeDirGivesAbsolutePaths(t *testing.T) {
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "a.yaml"), rule("a", "valu"))
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel, err := filepath.Rel(wd, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := startWatch(t, rel)
+	a := h.next()
+	if len(a.errs) != 1 || !strings.HasPrefix(a.errs[0].Error(), filepath.Join(dir, "a.yaml")+":5:13: ") {
+		t.Fatalf("errs = %v, want one error naming the absolute path", a.errs)
+	}
+	write(t, filepath.Join(dir, "a.yaml"), rule("a", "true"))
+	if b := h.next(); len(b.routes) != 1 || b.routes[0].File != filepath.Join(dir, "a.yaml") {
+		t.Fatalf("route file = %v", b.summary())
+	}
+}
