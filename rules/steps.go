@@ -15,38 +15,15 @@ import (
 	"github.com/expr-lang/expr/conf"
 	"github.com/expr-lang/expr/file"
 	"github.com/expr-lang/expr/parser"
-	"github.com/expr-lang/expr/types"
 	"gopkg.in/yaml.v3"
 
 	"github.com/rtproxy/rtproxy/operators"
 )
 
-// exprEnv is the record shape expressions are type-checked against. It
-// declares `value` and join rows as any (unknown until run time) rather
-// than nil, so `value.amount` type-checks while a misspelled name is still
-// refused.
-func exprEnv(bound []string) types.Map {
-	env := types.Map{
-		"key":       types.String,
-		"value":     types.Any,
-		"headers":   types.TypeOf(map[string]string{}),
-		"timestamp": types.Int64,
-		"topic":     types.String,
-		"partition": types.Int32,
-		"offset":    types.Int64,
-	}
-	for _, b := range bound {
-		env[b] = types.Any
-	}
-	return env
-}
-
-// compileExpr compiles src for the record environment with bound join
-// names. The Env option is applied after the one operators.CompileExpr
-// sets, so it replaces it.
+// compileExpr compiles src for the record environment (operators owns
+// its shape) with the names bound by earlier joins.
 func compileExpr(src string, bound []string, opts ...expr.Option) (*operators.Expr, error) {
-	all := append([]expr.Option{expr.Env(exprEnv(bound))}, opts...)
-	return operators.CompileExpr(src, bound, all...)
+	return operators.CompileExpr(src, bound, opts...)
 }
 
 // aggregateNames are the aggregate functions of window.aggregate, with the
