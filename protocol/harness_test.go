@@ -61,6 +61,14 @@ func buildKfake(t testing.TB) string {
 // broker addresses.
 func startKfake(t testing.TB, args ...string) []string {
 	t.Helper()
+	addrs, _ := startKfakeProc(t, args...)
+	return addrs
+}
+
+// startKfakeProc is startKfake that also returns the process, for tests
+// that kill the broker.
+func startKfakeProc(t testing.TB, args ...string) ([]string, *exec.Cmd) {
+	t.Helper()
 	bin := buildKfake(t)
 	cmd := exec.Command(bin, append([]string{"-brokers", "3"}, args...)...)
 	stdout, err := cmd.StdoutPipe()
@@ -93,11 +101,11 @@ func startKfake(t testing.TB, args ...string) []string {
 	}()
 	select {
 	case l := <-lines:
-		return strings.Split(l, ",")
+		return strings.Split(l, ","), cmd
 	case <-time.After(20 * time.Second):
 		t.Fatal("kfakebroker did not print ready")
 	}
-	return nil
+	return nil, nil
 }
 
 // syncBuffer is a log sink tests can read while the proxy writes to it.

@@ -1,0 +1,418 @@
+package protocol
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"math/big"
+	"net"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// freePorts reserves n loopback ports and releases them for kfake to take.
+func freePorts(t *testing.T, n int) []string {
+	var ports []string
+	var lns []net.Listener
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		ports = append(ports, fmt.Sprint(ln.Addr().(*net.TCPAddr).Port))
+	}
+	for _, ln := range lns {
+		ln.Close()
+	}
+	return ports
+}
+
+func TestUpstreamDownAndBack(t *testing.T) {
+	ports := strings.Join(freePorts(t, 3), ",")
+	dataDir := t.TempDir()
+	args := []string{"-ports", ports, "-data-dir", dataDir, "-topics", "durable:3"}
+	upstream, kf := startKfakeProc(t, args...)
+	tp := startProxy(t, upstream, nil)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0),
+		kgo.RecordRetries(100), kgo.RetryTimeout(60*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	produce := func(from, to int) {
+		for i := from; i < to; i++ {
+			r := &kgo.Record{Topic: "durable", Key: []byte(fmt.Sprint(i)), Value: []byte(fmt.Sprintf("v%d", i))}
+			if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+				t.Fatalf("produce %d: %v", i, err)
+			}
+		}
+	}
+	produce(0, 50)
+
+	kf.Process.Signal(syscall.SIGKILL)
+	kf.Wait()
+
+	// A new client connection is closed promptly, with a log line.
+	start := time.Now()
+	c, err := net.Dial("tcp", tp.Addr())
+	if err != nil {
+		t.Fatalf("proxy stopped accepting: %v", err)
+	}
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("client connection not closed while upstream is down: %v", err)
+	}
+	c.Close()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("closing took %v", d)
+	}
+	tp.waitLog(t, "upstream unreachable", c.LocalAddr().String())
+
+	// Same ports, same data: the client resumes and nothing acknowledged is lost.
+	upstream2, _ := startKfakeProc(t, args...)
+	if strings.Join(upstream2, ",") != strings.Join(upstream, ",") {
+		t.Fatalf("kfake came back on %v, want %v", upstream2, upstream)
+	}
+	produce(50, 100)
+
+	cc, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ConsumeTopics("durable"),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	got := map[string]string{}
+	for len(got) < 100 && ctx.Err() == nil {
+		cc.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got[string(r.Key)] = string(r.Value) })
+	}
+	for i := range 100 {
+		if got[fmt.Sprint(i)] != fmt.Sprintf("v%d", i) {
+			t.Fatalf("record %d = %q after restart (have %d records)", i, got[fmt.Sprint(i)], len(got))
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+// selfSigned returns a CA-less self-signed certificate for 127.0.0.1.
+func selfSigned(t *testing.T, cn string) (tls.Certificate, *x509.CertPool) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(time.Now().UnixNano()),
+		Subject:               pkix.Name{CommonName: cn},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IPAddresses:           []net.IP{net.ParseIP("127.0.0.1")},
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool
+}
+
+func TestClientTLS(t *testing.T) {
+	upstream := startKfake(t, "-topics", "secure:1")
+	serverCert, serverPool := selfSigned(t, "proxy")
+	clientCert, clientPool := selfSigned(t, "client")
+	tp := startProxy(t, upstream, func(c *Config) {
+		c.ClientTLS = &tls.Config{
+			Certificates: []tls.Certificate{serverCert},
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			ClientCAs:    clientPool,
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0),
+		kgo.DialTLSConfig(&tls.Config{RootCAs: serverPool, Certificates: []tls.Certificate{clientCert}}),
+		kgo.ConsumeTopics("secure"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range 10 {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "secure", Value: []byte(fmt.Sprint("tls-", i))}).FirstErr(); err != nil {
+			t.Fatalf("produce over TLS: %v", err)
+		}
+	}
+	var got []string
+	for len(got) < 10 && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
+	}
+	if len(got) != 10 || got[0] != "tls-0" || got[9] != "tls-9" {
+		t.Fatalf("consumed over TLS: %v", got)
+	}
+
+	// Plaintext to the TLS port: closed, and the log line says why.
+	c, err := net.Dial("tcp", tp.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 1))
+	c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if n, err := c.Read(make([]byte, 64)); err == nil {
+		t.Fatalf("plaintext client got %d bytes from a TLS port", n)
+	}
+	tp.waitLog(t, c.LocalAddr().String(), "plaintext (non-TLS) bytes sent to a TLS listener")
+	c.Close()
+
+	// No client certificate: refused.
+	nc, err := tls.Dial("tcp", tp.Addr(), &tls.Config{RootCAs: serverPool})
+	if err == nil {
+		nc.SetDeadline(time.Now().Add(3 * time.Second))
+		nc.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 1))
+		_, err = nc.Read(make([]byte, 64))
+		nc.Close()
+	}
+	if err == nil {
+		t.Fatal("client without a certificate was served")
+	}
+}
+
+func TestShutdownDrainsInFlight(t *testing.T) {
+	upstream := startKfake(t, "-topics", "quiet:1")
+	tp := startProxy(t, upstream, nil)
+	c, err := net.Dial("tcp", tp.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Find the partition leader's proxy port so the fetch long-polls.
+	md := kmsg.NewPtrMetadataRequest()
+	md.SetVersion(4)
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr("quiet")
+	md.Topics = append(md.Topics, mt)
+	c.Write(rawRequest(md, 1))
+	_, payload := readResponse(t, c)
+	var mr kmsg.MetadataResponse
+	mr.SetVersion(4)
+	if err := mr.ReadFrom(payload[4:]); err != nil {
+		t.Fatal(err)
+	}
+	var leader string
+	for _, b := range mr.Brokers {
+		if b.NodeID == mr.Topics[0].Partitions[0].Leader {
+			leader = net.JoinHostPort(b.Host, fmt.Sprint(b.Port))
+		}
+	}
+	lc, err := net.Dial("tcp", leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lc.Close()
+	f := kmsg.NewPtrFetchRequest()
+	f.SetVersion(11)
+	f.MaxWaitMillis, f.MinBytes, f.MaxBytes = 1500, 1, 1<<20
+	ft := kmsg.NewFetchRequestTopic()
+	ft.Topic = "quiet"
+	fp := kmsg.NewFetchRequestTopicPartition()
+	fp.PartitionMaxBytes = 1 << 20
+	ft.Partitions = append(ft.Partitions, fp)
+	f.Topics = append(f.Topics, ft)
+	if _, err := lc.Write(rawRequest(f, 42)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the fetch is now parked at the broker
+
+	stopped := make(chan struct{})
+	go func() { tp.stop(); close(stopped) }()
+	time.Sleep(100 * time.Millisecond)
+	if c2, err := net.DialTimeout("tcp", tp.Addr(), time.Second); err == nil {
+		c2.SetReadDeadline(time.Now().Add(time.Second))
+		_, rerr := c2.Read(make([]byte, 1))
+		c2.Close()
+		if rerr == nil {
+			t.Fatal("proxy still serving new connections during shutdown")
+		}
+	}
+	corr, _ := readResponse(t, lc)
+	if corr != 42 {
+		t.Fatalf("in-flight fetch answered with correlation id %d", corr)
+	}
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after the in-flight request finished")
+	}
+	tp.waitLog(t, "proxy stopped")
+}
+
+func TestIdleConnectionsMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("opens 1,000 connections")
+	}
+	upstream := startKfake(t)
+	tp := startProxy(t, upstream, nil)
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapInuse + ms.StackInuse
+	}
+	before := heap()
+	const n = 1000
+	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := net.Dial("tcp", tp.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for metricValue(t, tp.m.connsOpen) < n && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if v := metricValue(t, tp.m.connsOpen); v != n {
+		t.Fatalf("connections open = %v, want %d", v, n)
+	}
+	after := heap()
+	perHundred := float64(after-before) / (n / 100) / (1 << 20)
+	t.Logf("%d idle connections: %.2f MiB per hundred (heap+stacks, proxy and test clients together)", n, perHundred)
+	if perHundred > 2 {
+		t.Fatalf("idle connections cost %.2f MiB per hundred, want <= 2", perHundred)
+	}
+	// They all still work: one request on the last.
+	c := conns[n-1]
+	c.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 9))
+	if corr, _ := readResponse(t, c); corr != 9 {
+		t.Fatalf("corr %d", corr)
+	}
+}
+
+func TestSlowConsumerBackpressure(t *testing.T) {
+	upstream := startKfake(t, "-topics", "big:1")
+	tp := startProxy(t, upstream, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pc, err := kgo.NewClient(kgo.SeedBrokers(upstream...), kgo.ProducerLinger(0), kgo.DefaultProduceTopic("big"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := make([]byte, 16<<10)
+	rand.Read(value)
+	for range 1000 { // 16 MB
+		pc.Produce(ctx, &kgo.Record{Value: value}, nil)
+	}
+	if err := pc.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pc.Close()
+
+	leader := leaderAddr(t, tp.Addr(), "big")
+	c, err := net.Dial("tcp", leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(64 << 10)
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	before := ms.HeapInuse
+
+	// 40 pipelined fetches of 1 MiB each (40 MiB of responses), none read.
+	const n = 40
+	for i := range n {
+		f := kmsg.NewPtrFetchRequest()
+		f.SetVersion(4)
+		f.MaxWaitMillis, f.MinBytes, f.MaxBytes = 100, 1, 1<<20
+		ft := kmsg.NewFetchRequestTopic()
+		ft.Topic = "big"
+		fp := kmsg.NewFetchRequestTopicPartition()
+		fp.FetchOffset = int64(i * 10)
+		fp.PartitionMaxBytes = 1 << 20
+		ft.Partitions = append(ft.Partitions, fp)
+		f.Topics = append(f.Topics, ft)
+		if _, err := c.Write(rawRequest(f, int32(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(1500 * time.Millisecond)
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	grew := int64(ms.HeapInuse) - int64(before)
+	t.Logf("heap grew %.1f MiB with %d MiB of unread responses", float64(grew)/(1<<20), n)
+	if grew > 8<<20 {
+		t.Fatalf("proxy buffered %.1f MiB for a client that reads nothing", float64(grew)/(1<<20))
+	}
+	// The proxy stopped taking responses from the broker: what it passed
+	// on is what the socket buffers hold plus the frame it is writing.
+	if sent := metricValue(t, tp.m.bytesB2C); sent > 20<<20 {
+		t.Fatalf("proxy forwarded %.1f MiB to a client that reads nothing", sent/(1<<20))
+	} else {
+		t.Logf("forwarded %.1f MiB before backpressure held it", sent/(1<<20))
+	}
+	// Nothing was lost: all responses arrive, in order, once the client reads.
+	for i := range n {
+		if corr, _ := readResponse(t, c); corr != int32(i) {
+			t.Fatalf("response %d has correlation id %d", i, corr)
+		}
+	}
+}
+
+// leaderAddr asks the proxy for partition 0's leader of topic and returns
+// its proxy address.
+func leaderAddr(t *testing.T, bootstrap, topic string) string {
+	t.Helper()
+	c, err := net.Dial("tcp", bootstrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	md := kmsg.NewPtrMetadataRequest()
+	md.SetVersion(4)
+	mt := kmsg.NewMetadataRequestTopic()
+	mt.Topic = kmsg.StringPtr(topic)
+	md.Topics = append(md.Topics, mt)
+	c.Write(rawRequest(md, 1))
+	_, payload := readResponse(t, c)
+	var mr kmsg.MetadataResponse
+	mr.SetVersion(4)
+	if err := mr.ReadFrom(payload[4:]); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range mr.Brokers {
+		if b.NodeID == mr.Topics[0].Partitions[0].Leader {
+			return net.JoinHostPort(b.Host, fmt.Sprint(b.Port))
+		}
+	}
+	t.Fatalf("no leader for %s", topic)
+	return ""
+}
