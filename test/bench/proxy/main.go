@@ -11,8 +11,8 @@ package main
 
 import (
 	"bufio"
-	"crypto/rand"
 	"context"
+	"crypto/rand"
 	"flag"
 	"fmt"
 	"log"
