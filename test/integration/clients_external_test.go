@@ -19,6 +19,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // runClient runs an external client with a timeout and returns its stdout,
@@ -120,6 +121,7 @@ func TestKcat(t *testing.T) {
 		want = append(want, fmt.Sprintf("k-%d=kcat-%d", i, i))
 	}
 	AssertSameSet(t, "kcat-consumed key=value pairs", pairs, want)
+	s.AssertProxyCarried(t, kmsg.Metadata, kmsg.Produce, kmsg.Fetch, kmsg.ListOffsets)
 }
 
 type scriptRecord struct {
@@ -189,6 +191,7 @@ func TestKafkaPythonGroupConsume(t *testing.T) {
 	if got := sumOffsets(committedOffsets(t, s.Kfake.Addrs, group, topic)); got != n {
 		t.Errorf("group %s committed offsets sum to %d at the broker, want %d (script saw %v)", group, got, n, res.Committed)
 	}
+	s.AssertProxyCarried(t, kmsg.FindCoordinator, kmsg.JoinGroup, kmsg.SyncGroup, kmsg.Fetch, kmsg.OffsetCommit, kmsg.OffsetFetch)
 }
 
 type confluentResult struct {
@@ -221,6 +224,7 @@ func TestConfluentIdempotentProduce(t *testing.T) {
 			break
 		}
 	}
+	s.AssertProxyCarried(t, kmsg.InitProducerID, kmsg.Produce)
 }
 
 func TestConfluentTransactions(t *testing.T) {
@@ -245,6 +249,7 @@ func TestConfluentTransactions(t *testing.T) {
 	// ...while read_uncommitted proves the aborted records did reach the log.
 	ru := ConsumeQuiet(t, s.Bootstrap, topic, 2*n, 1500*time.Millisecond, 20*time.Second)
 	AssertSameSet(t, "read_uncommitted records", Values(ru), append(append([]string{}, committed...), aborted...))
+	s.AssertProxyCarried(t, kmsg.FindCoordinator, kmsg.InitProducerID, kmsg.AddPartitionsToTxn, kmsg.Produce, kmsg.EndTxn)
 }
 
 func TestKafkajsGzipGroupConsume(t *testing.T) {
@@ -276,4 +281,5 @@ func TestKafkajsGzipGroupConsume(t *testing.T) {
 	if got := sumOffsets(committedOffsets(t, s.Kfake.Addrs, group, topic)); got != n {
 		t.Errorf("kafkajs group %s committed offsets sum to %d at the broker, want %d", group, got, n)
 	}
+	s.AssertProxyCarried(t, kmsg.Produce, kmsg.FindCoordinator, kmsg.JoinGroup, kmsg.SyncGroup, kmsg.Fetch, kmsg.OffsetCommit, kmsg.OffsetFetch)
 }

@@ -104,6 +104,7 @@ func TestSaramaProduceConsume(t *testing.T) {
 		pc.Close()
 	}
 	AssertSameSet(t, "sarama-consumed records", got, want)
+	s.AssertProxyCarried(t, kmsg.Metadata, kmsg.Produce, kmsg.ListOffsets, kmsg.Fetch)
 
 	var seen []string
 	for _, b := range client.Brokers() {
@@ -146,6 +147,7 @@ func TestKafkaGoGroupReader(t *testing.T) {
 	if c := sumOffsets(committedOffsets(t, s.Kfake.Addrs, group, topic)); c != n {
 		t.Errorf("kafka-go group committed offsets sum to %d at the broker, want %d", c, n)
 	}
+	s.AssertProxyCarried(t, kmsg.FindCoordinator, kmsg.JoinGroup, kmsg.SyncGroup, kmsg.Fetch, kmsg.OffsetCommit)
 
 	// What kafka-go learns about brokers and the controller.
 	conn, err := kafkago.Dial("tcp", s.Bootstrap[0])
@@ -240,6 +242,7 @@ func TestFranzGoClassicGroup(t *testing.T) {
 	if c := sumOffsets(committedOffsets(t, s.Kfake.Addrs, group, topic)); c != n {
 		t.Errorf("classic group committed offsets sum to %d at the broker, want %d", c, n)
 	}
+	s.AssertProxyCarried(t, kmsg.JoinGroup, kmsg.SyncGroup, kmsg.OffsetCommit)
 	seen := append(hook.seen(), MetadataBrokers(t, cl)...)
 	seen = append(seen, CoordinatorAddrs(t, cl, group)...)
 	s.AssertOnlyProxyAddrs(t, seen)
@@ -260,6 +263,7 @@ func TestFranzGoKIP848Group(t *testing.T) {
 	if c := sumOffsets(committedOffsets(t, s.Kfake.Addrs, group, topic)); c != n {
 		t.Errorf("KIP-848 group committed offsets sum to %d at the broker, want %d", c, n)
 	}
+	s.AssertProxyCarried(t, kmsg.ConsumerGroupHeartbeat, kmsg.OffsetCommit, kmsg.Fetch)
 	seen := append(hook.seen(), MetadataBrokers(t, cl)...)
 	seen = append(seen, CoordinatorAddrs(t, cl, group)...)
 	s.AssertOnlyProxyAddrs(t, seen)
@@ -366,5 +370,8 @@ func TestFranzGoTransactionalConsumeTransformProduce(t *testing.T) {
 	if hook.count(kmsg.TxnOffsetCommit) == 0 || hook.count(kmsg.EndTxn) == 0 {
 		t.Errorf("session sent TxnOffsetCommit %d and EndTxn %d times; want both > 0", hook.count(kmsg.TxnOffsetCommit), hook.count(kmsg.EndTxn))
 	}
+	// No AddPartitionsToTxn/AddOffsetsToTxn: with KIP-890 (transactions v2)
+	// franz-go adds partitions implicitly.
+	s.AssertProxyCarried(t, kmsg.InitProducerID, kmsg.Produce, kmsg.TxnOffsetCommit, kmsg.EndTxn)
 	s.AssertOnlyProxyAddrs(t, hook.seen())
 }

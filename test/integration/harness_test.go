@@ -694,6 +694,30 @@ func (s *Stack) AssertOnlyProxyAddrs(t testing.TB, seen []string) {
 	AssertOnlyProxyAddrs(t, seen, s.Proxy)
 }
 
+// AssertProxyCarried fails unless the proxy's rtproxy_proxy_requests_total
+// counted at least one request of each API key: proof that the client's
+// traffic of that kind went through the proxy rather than around it.
+func (s *Stack) AssertProxyCarried(t testing.TB, keys ...kmsg.Key) {
+	t.Helper()
+	if s.Proxy == nil {
+		return
+	}
+	text := s.Proxy.Metrics(t)
+	for _, k := range keys {
+		name := kmsg.NameForKey(int16(k))
+		prefix := `rtproxy_proxy_requests_total{api="` + name + `"} `
+		var v float64
+		for _, line := range strings.Split(text, "\n") {
+			if rest, ok := strings.CutPrefix(line, prefix); ok {
+				v, _ = strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			}
+		}
+		if v < 1 {
+			t.Errorf("proxy counted %v %s requests; the client's %s traffic did not go through it", v, name, name)
+		}
+	}
+}
+
 // AssertOnlyProxyAddrs fails unless seen is non-empty and every address is
 // the proxy's bootstrap or one of its per-broker listeners on 127.0.0.1.
 func AssertOnlyProxyAddrs(t testing.TB, seen []string, proxy *Proxy) {
