@@ -39,15 +39,13 @@ unit:
 deps:
 	.ci/deps.sh
 
-## helm-check: lint and render the chart (provided by deploy/)
+## helm-check: lint and render the chart, check its rules and ports (deploy/scripts)
 helm-check:
-	@if [ -x deploy/scripts/helm-check.sh ]; then deploy/scripts/helm-check.sh; \
-	else echo "helm-check: deploy/scripts/helm-check.sh is not in this tree yet; nothing to check"; fi
+	deploy/scripts/helm-check.sh
 
-## image-check: verify the image build without a Docker engine (provided by deploy/)
+## image-check: verify the image build without a Docker engine (deploy/scripts)
 image-check:
-	@if [ -x deploy/scripts/image-check.sh ]; then deploy/scripts/image-check.sh; \
-	else echo "image-check: deploy/scripts/image-check.sh is not in this tree yet; nothing to check"; fi
+	deploy/scripts/image-check.sh
 
 bench-proxy:
 	$(GO) run ./test/bench/proxy
