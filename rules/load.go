@@ -505,7 +505,7 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 }
 
 func (l *loader) tables(kv *keyVal, r *Route) {
-	if kv == nil {
+	if kv == nil || (kv.val.Kind == yaml.ScalarNode && kv.val.ShortTag() == "!!null") {
 		return
 	}
 	if !l.mapping(kv, "tables", "`tables: { merchants: { file: merchants.jsonl, key: merchant_id } }`") {
