@@ -56,6 +56,7 @@ type Watcher struct {
 	dirs    map[string]bool
 	applied string
 	first   bool
+	logged  map[string]bool // errors already logged, so a lasting error is logged once
 }
 
 // watchedFile is what the watcher remembers of one rule file.
@@ -283,9 +284,15 @@ func (w *Watcher) scan() {
 	}
 	w.reloads.WithLabelValues(result).Inc()
 	w.routes.Set(float64(len(routes)))
+	logged := make(map[string]bool, len(errs))
 	for _, e := range errs {
-		w.log.Error("rules: rule file refused; its previous valid version (if any) keeps running", "err", e.Error())
+		msg := e.Error()
+		logged[msg] = true
+		if !w.logged[msg] {
+			w.log.Error("rules: rule file refused; its previous valid version (if any) keeps running", "err", msg)
+		}
 	}
+	w.logged = logged
 	names := make([]string, len(routes))
 	for i, r := range routes {
 		names[i] = r.Name

@@ -3,12 +3,12 @@ package rules
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,19 +55,38 @@ func metricValue(c prometheus.Metric) float64 {
 	return m.GetCounter().GetValue() + m.GetGauge().GetValue()
 }
 
+// lockedBuffer collects log output written from the watcher goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 type watchHarness struct {
-	t   *testing.T
-	dir string
-	w   *Watcher
-	ch  chan applied
-	reg *prometheus.Registry
+	logs *lockedBuffer
+	t    *testing.T
+	dir  string
+	w    *Watcher
+	ch   chan applied
+	reg  *prometheus.Registry
 }
 
 func startWatch(t *testing.T, dir string) *watchHarness {
 	t.Helper()
-	h := &watchHarness{t: t, dir: dir, ch: make(chan applied, 100), reg: prometheus.NewRegistry()}
+	h := &watchHarness{t: t, dir: dir, ch: make(chan applied, 100), reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := Watch(ctx, dir, slog.New(slog.NewTextHandler(io.Discard, nil)), h.reg, func(routes []*Route, errs []error) {
+	w, err := Watch(ctx, dir, slog.New(slog.NewTextHandler(h.logs, nil)), h.reg, func(routes []*Route, errs []error) {
 		h.ch <- applied{at: time.Now(), routes: routes, errs: errs}
 	})
 	if err != nil {
@@ -256,12 +275,21 @@ func TestWatchInvalidEditThenFix(t *testing.T) {
 	if h.metric("error") != 1 || metricValue(h.w.routes) != 2 {
 		t.Errorf("error reloads %v routes %v, want 1 and 2", h.metric("error"), metricValue(h.w.routes))
 	}
+	// b changes while a is still broken: a's error is not logged again.
+	write(t, filepath.Join(dir, "b.yaml"), rule("b", "false"))
+	if got := h.next(); len(got.errs) != 1 {
+		t.Fatalf("after editing b = %q", got.summary())
+	}
+	logged := strings.Count(h.logs.String(), "level=ERROR msg=\"rules: rule file refused; its previous valid version (if any) keeps running\" err=\""+p+":5:13: filter does not compile: unknown name valu")
+	if logged != 1 {
+		t.Errorf("the error was logged %d times, want once with file:line:col:\n%s", logged, h.logs.String())
+	}
 	write(t, p, rule("a", "value.v == 2"))
-	if got := h.next().summary(); got != "a[value.v == 2] b[true]" {
+	if got := h.next().summary(); got != "a[value.v == 2] b[false]" {
 		t.Fatalf("after fix = %q", got)
 	}
-	if h.metric("ok") != 2 || h.metric("error") != 1 {
-		t.Errorf("reloads ok=%v error=%v, want 2 and 1", h.metric("ok"), h.metric("error"))
+	if h.metric("ok") != 2 || h.metric("error") != 2 {
+		t.Errorf("reloads ok=%v error=%v, want 2 and 2", h.metric("ok"), h.metric("error"))
 	}
 	// The registry serves the agreed names.
 	mfs, err := h.reg.Gather()
@@ -279,7 +307,7 @@ func TestWatchInvalidEditThenFix(t *testing.T) {
 			series = append(series, fmt.Sprintf("%s{%s} %v", mf.GetName(), labels, v))
 		}
 	}
-	if got := strings.Join(series, ", "); got != "rtproxy_rules_reload_total{result=error} 1, rtproxy_rules_reload_total{result=ok} 2, rtproxy_rules_routes{} 2" {
+	if got := strings.Join(series, ", "); got != "rtproxy_rules_reload_total{result=error} 2, rtproxy_rules_reload_total{result=ok} 2, rtproxy_rules_routes{} 2" {
 		t.Errorf("registry holds %s", got)
 	}
 }
