@@ -27,6 +27,10 @@ type Frozen struct {
 // becomes durable with Frozen.Commit. Cuts of one route must be committed
 // in the order they were frozen.
 func (db *DB) Freeze(route string) (*Frozen, error) {
+	return db.freeze(route, false)
+}
+
+func (db *DB) freeze(route string, alone bool) (*Frozen, error) {
 	if db.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -37,6 +41,9 @@ func (db *DB) Freeze(route string) (*Frozen, error) {
 	f := &Frozen{db: db, rs: rs, layers: make(map[*namespace]*overlay), at: time.Now()}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
+	if alone && len(rs.mu.pending) > 0 {
+		return nil, fmt.Errorf("state: checkpoint of route %q: %w", route, ErrCommitOrder)
+	}
 	// Holding every namespace lock at once makes the cut atomic across the
 	// route's steps. Lock order: routeState.mu, then namespaces; nothing
 	// takes them the other way round.
@@ -68,9 +75,11 @@ func (f *Frozen) Keys() int {
 
 // Checkpoint is Freeze followed at once by Commit: one synced pebble batch
 // with every write made to the route's namespaces before the call, the
-// route's offsets, each given step snapshot and a checkpoint record.
+// route's offsets, each given step snapshot and a checkpoint record. It
+// fails with ErrCommitOrder, cutting nothing, while a Frozen cut of the
+// route is pending.
 func (db *DB) Checkpoint(route string, offs map[int32]int64, snaps map[string]func(Writer) error) error {
-	f, err := db.Freeze(route)
+	f, err := db.freeze(route, true)
 	if err != nil {
 		return err
 	}
