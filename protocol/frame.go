@@ -41,7 +41,7 @@ const minFrame = 4
 // Buffers come from size-classed pools: an idle connection owns no frame
 // buffer at all, and a busy one reuses the buffer of its previous frame
 // instead of allocating per request (the 1,000-idle-connections budget).
-var bufClasses = [...]int{4 << 10, 64 << 10, 1 << 20, 8 << 20}
+var bufClasses = [...]int{4 << 10, 64 << 10, 1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20}
 
 var bufPools [len(bufClasses)]sync.Pool
 
