@@ -84,11 +84,16 @@ type watchHarness struct {
 
 func startWatch(t *testing.T, dir string) *watchHarness {
 	t.Helper()
+	return startWatchQuiet(t, dir, DefaultQuietPeriod)
+}
+
+func startWatchQuiet(t *testing.T, dir string, quiet time.Duration) *watchHarness {
+	t.Helper()
 	h := &watchHarness{t: t, dir: dir, ch: make(chan applied, 100), reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := Watch(ctx, dir, slog.New(slog.NewTextHandler(h.logs, nil)), h.reg, func(routes []*Route, errs []error) {
+	w, err := watch(ctx, dir, slog.New(slog.NewTextHandler(h.logs, nil)), h.reg, func(routes []*Route, errs []error) {
 		h.ch <- applied{at: time.Now(), routes: routes, errs: errs}
-	})
+	}, quiet)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -205,7 +210,10 @@ func TestWatchChunkedWrite(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "a.yaml")
 	write(t, p, rule("a", "value.v == 1"))
-	h := startWatch(t, dir)
+	// A longer quiet period than the default keeps the "shorter" pause
+	// clearly shorter on a loaded machine.
+	const quiet = 200 * time.Millisecond
+	h := startWatchQuiet(t, dir, quiet)
 	h.next()
 
 	// A pause shorter than the quiet period: one apply, of the whole file.
@@ -215,14 +223,14 @@ func TestWatchChunkedWrite(t *testing.T) {
 	if got := h.next().summary(); got != "a[value.v == 2 && value.w == 2]" {
 		t.Fatalf("after short-pause chunks = %q", got)
 	}
-	h.none(150 * time.Millisecond)
+	h.none(quiet + 100*time.Millisecond)
 
 	// A pause longer than the quiet period: the half-written file is seen
 	// and refused, the previous version keeps running, then the full file
 	// applies.
 	next = rule("a", "value.v == 3 && value.w == 3")
 	split = strings.Index(next, "&&") + 1
-	writeChunks(t, p, next, split, 300*time.Millisecond)
+	writeChunks(t, p, next, split, 3*quiet)
 	half := h.next()
 	if len(half.routes) != 1 || stepSource(half.routes[0], 0) == "" || len(half.errs) != 1 {
 		t.Fatalf("half-written apply = %q, want the old route and one error", half.summary())
