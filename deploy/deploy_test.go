@@ -94,9 +94,8 @@ func dashboardQueries(t *testing.T) []query {
 			if e, ok := v["expr"].(string); ok {
 				qs = append(qs, query{where, e})
 			}
-			for k, c := range v {
+			for _, c := range v {
 				walk(c, where)
-				_ = k
 			}
 		case []any:
 			for _, c := range v {
@@ -225,7 +224,7 @@ func TestDashboardQueries(t *testing.T) {
 		"histogram_quantile(0.5, sum by (le, route) (rate(rtproxy_pipeline_end_to_end_latency_seconds_bucket",
 		"histogram_quantile(0.99, sum by (le, route) (rate(rtproxy_pipeline_end_to_end_latency_seconds_bucket",
 		"sum by (api) (rate(rtproxy_proxy_requests_total", // traffic by API key
-		`result="error"`,                                  // reload errors
+		`result="error"`, // reload errors
 	} {
 		found := false
 		for _, q := range qs {
@@ -357,7 +356,7 @@ func TestDashboardMetricsExported(t *testing.T) {
 	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	const brokerPortCount = 16
 	brokerFirst := freeBlock(t, brokerPortCount)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "run",
 		"--listen", listen, "--advertise-host", "127.0.0.1",
@@ -415,7 +414,7 @@ func TestDashboardMetricsExported(t *testing.T) {
 	// The route's output: one window row each for a, b and d (the duplicate
 	// a and the zero amount never reach the window).
 	var got []string
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(45 * time.Second)
 	for len(got) < 3 && time.Now().Before(deadline) {
 		fctx, fcancel := context.WithTimeout(ctx, time.Second)
 		fs := cl.PollFetches(fctx)

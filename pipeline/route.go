@@ -112,6 +112,9 @@ func (r *route) start(parent context.Context) {
 				}
 				r.ready.Store(true)
 				r.cut.Unlock()
+				// A zero series for the counter that moves only on trouble,
+				// so dashboards and alerts read 0 rather than "no data".
+				r.m.met.sinkErrors.WithLabelValues(r.name)
 				r.setState("running", "")
 				r.run()
 				return
