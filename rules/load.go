@@ -546,54 +546,54 @@ func (l *loader) tables(kv *keyVal, r *Route) {
 	}
 }
 
+// table fills spec from one entry of `tables:`; a file table is loaded
+// here, so a table that cannot be read refuses the rule file.
 func (l *loader) table(k *yaml.Node, f map[string]*keyVal, spec *TableSpec, where string) {
-	name := spec.Name
-	{
-		file, topic := f["file"], f["topic"]
-		switch {
-		case file != nil && topic != nil:
-			l.errAt(topic.key, "topic", "%s has both `file` and `topic`; a table comes from one of them", where)
-			return
-		case file == nil && topic == nil:
-			l.errAt(k, name, "%s needs `file` (JSON lines or CSV) or `topic` (a compacted topic)", where)
-			return
-		case topic != nil:
-			if t, ok := l.topicName(topic, where+" topic"); ok {
-				spec.Topic = t
-			}
-			if key := f["key"]; key != nil {
-				l.errAt(key.key, "key", "a topic table is keyed by the record key; remove `key` from %s", where)
-			}
-		default:
-			p, ok := l.scalar(file, where+" file")
-			if !ok {
-				return
-			}
-			key := f["key"]
-			if key == nil {
-				l.errAt(k, name, "%s needs `key`: the field of each row that joins look up, e.g. `key: merchant_id`", where)
-				return
-			}
-			field, ok := l.scalar(key, where+" key")
-			if !ok {
-				return
-			}
-			if !filepath.IsAbs(p) {
-				p = filepath.Join(l.dir, p)
-			}
-			if abs, err := filepath.Abs(p); err == nil {
-				p = abs
-			}
-			l.res.tableFiles = append(l.res.tableFiles, p)
-			spec.File, spec.Key = p, field
-			t, err := operators.LoadFileTable(p, field)
-			if err != nil {
-				l.errAt(file.val, file.val.Value, "%s cannot be loaded: %s; fix the table file or the `key`", where, strings.TrimPrefix(unwrapPathError(err).Error(), "table "))
-				return
-			}
-			spec.Table = t
+	file, topic := f["file"], f["topic"]
+	switch {
+	case file != nil && topic != nil:
+		l.errAt(topic.key, "topic", "%s has both `file` and `topic`; a table comes from one of them", where)
+	case file == nil && topic == nil:
+		l.errAt(k, spec.Name, "%s needs `file` (JSON lines or CSV) or `topic` (a compacted topic)", where)
+	case topic != nil:
+		if t, ok := l.topicName(topic, where+" topic"); ok {
+			spec.Topic = t
 		}
+		if key := f["key"]; key != nil {
+			l.errAt(key.key, "key", "a topic table is keyed by the record key; remove `key` from %s", where)
+		}
+	default:
+		l.fileTable(k, file, f["key"], spec, where)
 	}
+}
+
+func (l *loader) fileTable(k *yaml.Node, file, key *keyVal, spec *TableSpec, where string) {
+	p, ok := l.scalar(file, where+" file")
+	if !ok {
+		return
+	}
+	if key == nil {
+		l.errAt(k, spec.Name, "%s needs `key`: the field of each row that joins look up, e.g. `key: merchant_id`", where)
+		return
+	}
+	field, ok := l.scalar(key, where+" key")
+	if !ok {
+		return
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(l.dir, p)
+	}
+	if abs, err := filepath.Abs(p); err == nil {
+		p = abs
+	}
+	l.res.tableFiles = append(l.res.tableFiles, p)
+	spec.File, spec.Key = p, field
+	t, err := operators.LoadFileTable(p, field)
+	if err != nil {
+		l.errAt(file.val, file.val.Value, "%s cannot be loaded: %s; fix the table file or the `key`", where, strings.TrimPrefix(unwrapPathError(err).Error(), "table "))
+		return
+	}
+	spec.Table = t
 }
 
 func unwrapPathError(err error) error {
