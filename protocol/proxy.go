@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Config configures a Proxy. Zero values take the defaults listed.
@@ -39,6 +40,13 @@ type Config struct {
 	ShutdownGrace   time.Duration // default 10s
 	Logger          *slog.Logger  // default: discard
 	Registerer      prometheus.Registerer
+	// FetchMetadata, when set, is how the proxy reads cluster metadata on
+	// its own (at start, for readiness, and at every refresh) instead of
+	// dialing a seed itself. cmd/rtproxy sets it to a franz-go client that
+	// carries the proxy's own upstream SASL identity, which the raw
+	// connection here does not speak. nil: dial a seed (UpstreamTLS
+	// applies, no SASL).
+	FetchMetadata func(ctx context.Context) (*kmsg.MetadataResponse, error)
 }
 
 const (

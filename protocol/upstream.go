@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -38,36 +39,21 @@ func (p *Proxy) refreshLoop() {
 }
 
 func (p *Proxy) refreshMetadata() error {
-	c, target, err := p.dialFor(-1)
-	if err != nil {
-		return fmt.Errorf("dial %s: %w", target, err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-
-	av := kmsg.NewPtrApiVersionsRequest()
-	av.SetVersion(0)
-	r, err := roundTrip(c, av, 1, p.cfg.MaxFrameBytes)
-	if err != nil {
-		return fmt.Errorf("%s: ApiVersions: %w", target, err)
-	}
-	version := int16(-1)
-	for _, k := range r.(*kmsg.ApiVersionsResponse).ApiKeys {
-		if k.ApiKey == int16(kmsg.Metadata) {
-			version = min(k.MaxVersion, metadataVersionCap)
+	var (
+		resp   *kmsg.MetadataResponse
+		target = "upstream"
+		err    error
+	)
+	if p.cfg.FetchMetadata != nil {
+		ctx, cancel := context.WithTimeout(p.stopCtx, 10*time.Second)
+		resp, err = p.cfg.FetchMetadata(ctx)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("Metadata: %w", err)
 		}
+	} else if resp, target, err = p.dialMetadata(); err != nil {
+		return err
 	}
-	if version < 1 {
-		return fmt.Errorf("%s: broker does not support Metadata v1+", target)
-	}
-	md := kmsg.NewPtrMetadataRequest()
-	md.SetVersion(version)
-	md.Topics = nil // all topics
-	r, err = roundTrip(c, md, 2, p.cfg.MaxFrameBytes)
-	if err != nil {
-		return fmt.Errorf("%s: Metadata: %w", target, err)
-	}
-	resp := r.(*kmsg.MetadataResponse)
 	if len(resp.Brokers) == 0 {
 		return fmt.Errorf("%s: Metadata listed no brokers", target)
 	}
@@ -86,6 +72,40 @@ func (p *Proxy) refreshMetadata() error {
 		p.log.Info("upstream metadata fetched; proxy ready", "brokers", len(resp.Brokers), "topics", len(resp.Topics))
 	}
 	return nil
+}
+
+// dialMetadata reads metadata on a connection of the proxy's own to a seed.
+func (p *Proxy) dialMetadata() (*kmsg.MetadataResponse, string, error) {
+	c, target, err := p.dialFor(-1)
+	if err != nil {
+		return nil, target, fmt.Errorf("dial %s: %w", target, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+
+	av := kmsg.NewPtrApiVersionsRequest()
+	av.SetVersion(0)
+	r, err := roundTrip(c, av, 1, p.cfg.MaxFrameBytes)
+	if err != nil {
+		return nil, target, fmt.Errorf("%s: ApiVersions: %w", target, err)
+	}
+	version := int16(-1)
+	for _, k := range r.(*kmsg.ApiVersionsResponse).ApiKeys {
+		if k.ApiKey == int16(kmsg.Metadata) {
+			version = min(k.MaxVersion, metadataVersionCap)
+		}
+	}
+	if version < 1 {
+		return nil, target, fmt.Errorf("%s: broker does not support Metadata v1+", target)
+	}
+	md := kmsg.NewPtrMetadataRequest()
+	md.SetVersion(version)
+	md.Topics = nil // all topics
+	r, err = roundTrip(c, md, 2, p.cfg.MaxFrameBytes)
+	if err != nil {
+		return nil, target, fmt.Errorf("%s: Metadata: %w", target, err)
+	}
+	return r.(*kmsg.MetadataResponse), target, nil
 }
 
 // roundTrip writes req with a v1/v2 request header and reads its response.

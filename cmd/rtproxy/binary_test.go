@@ -237,9 +237,10 @@ type proc struct {
 	brokerFirst int
 }
 
-// startRun starts `rtproxy run` in embedded mode on free ports with the
-// given rules directory and waits for /readyz 200.
-func startRun(t *testing.T, rulesDir string) *proc {
+// startRun starts `rtproxy run` on free ports with the given rules directory
+// (embedded mode unless extra names an upstream) and waits for /readyz 200.
+// extra holds more flags, then any RTPROXY_NAME=value environment entries.
+func startRun(t *testing.T, rulesDir string, extra ...string) *proc {
 	t.Helper()
 	listenPort, adminPort, brokerFirst := freePort(t), freePort(t), freeBlock(t, 100)
 	p := &proc{
@@ -253,7 +254,13 @@ func startRun(t *testing.T, rulesDir string) *proc {
 		"--listen", p.listen, "--advertise-host", "127.0.0.1", "--broker-ports", strconv.Itoa(brokerFirst),
 		"--admin-listen", "127.0.0.1:"+strconv.Itoa(adminPort),
 		"--rules-dir", rulesDir, "--state-dir", filepath.Join(t.TempDir(), "state"))
+	p.cmd.Args = append(p.cmd.Args, extra...)
 	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for len(p.cmd.Args) > 0 && strings.HasPrefix(p.cmd.Args[len(p.cmd.Args)-1], "RTPROXY_") {
+		// Trailing NAME=value arguments are environment, not flags.
+		p.cmd.Env = append(p.cmd.Env, p.cmd.Args[len(p.cmd.Args)-1])
+		p.cmd.Args = p.cmd.Args[:len(p.cmd.Args)-1]
+	}
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

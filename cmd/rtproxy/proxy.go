@@ -1,19 +1,35 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/rtproxy/rtproxy/config"
 	"github.com/rtproxy/rtproxy/protocol"
 )
 
+// proxyWithClient is the proxy plus the franz-go client it reads metadata
+// with when the brokers require SASL; the client closes when the proxy stops.
+type proxyWithClient struct {
+	*protocol.Proxy
+	cl *kgo.Client
+}
+
+func (p *proxyWithClient) Run(ctx context.Context) error {
+	defer p.cl.Close()
+	return p.Proxy.Run(ctx)
+}
+
 // newProxy is the adapter to protocol/: the Kafka listeners and the
-// connection pairs behind them.
-func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls.Config, log *slog.Logger, reg prometheus.Registerer) (proxyServer, error) {
-	return protocol.New(protocol.Config{
+// connection pairs behind them. ownOpts are the proxy's own client options
+// (upstream TLS and SASL, as the pipelines use).
+func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls.Config, ownOpts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer) (proxyServer, error) {
+	pc := protocol.Config{
 		Listen:          cfg.Listen,
 		AdvertiseHost:   cfg.AdvertiseHost,
 		BrokerPortFirst: cfg.BrokerPorts,
@@ -25,5 +41,27 @@ func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls
 		ShutdownGrace:   cfg.ShutdownGrace,
 		Logger:          log,
 		Registerer:      reg,
-	})
+	}
+	if cfg.SASL.Mechanism == "" {
+		return protocol.New(pc)
+	}
+	// Brokers that require SASL close an unauthenticated connection, and
+	// the proxy's own metadata reads (readiness, listeners for new brokers)
+	// would never succeed: they go through a client with the proxy's
+	// identity instead.
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(upstream...), kgo.ClientID("rtproxy")}, ownOpts...)...)
+	if err != nil {
+		return nil, err
+	}
+	pc.FetchMetadata = func(ctx context.Context) (*kmsg.MetadataResponse, error) {
+		req := kmsg.NewPtrMetadataRequest()
+		req.Topics = nil // all topics: the proxy learns every topic id
+		return req.RequestWith(ctx, cl)
+	}
+	px, err := protocol.New(pc)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return &proxyWithClient{Proxy: px, cl: cl}, nil
 }

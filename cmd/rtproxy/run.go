@@ -188,11 +188,11 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		}
 	}()
 
-	px, err := newProxy(cfg, upstream, ctlsCfg, utlsCfg, log.With("component", "proxy"), reg)
+	popts, err := pipelineClientOpts(cfg, utlsCfg)
 	if err != nil {
 		return err
 	}
-	popts, err := pipelineClientOpts(cfg, utlsCfg)
+	px, err := newProxy(cfg, upstream, ctlsCfg, utlsCfg, popts, log.With("component", "proxy"), reg)
 	if err != nil {
 		return err
 	}

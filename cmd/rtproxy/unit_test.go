@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"math/big"
 	mrand "math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -109,6 +110,7 @@ func writeCert(t *testing.T, dir, name string) (certFile, keyFile string, cert *
 		SerialNumber:          big.NewInt(mrand.Int64N(1 << 60)),
 		Subject:               pkix.Name{CommonName: name},
 		DNSNames:              []string{name},
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
 		NotBefore:             time.Now().Add(-time.Hour),
 		NotAfter:              time.Now().Add(time.Hour),
 		IsCA:                  true,
