@@ -103,6 +103,21 @@ func TestRefusals(t *testing.T) {
 			want: []string{"r.yaml:7:24: filter does not compile: unexpected token Operator(\">\") (near `value.a > > 1`)"},
 		},
 		{
+			name: "unknown name in a double-quoted scalar",
+			file: base + "steps:\n  - filter: \"value.a == 1 || vlue.b\"\n",
+			want: []string{"r.yaml:7:30: filter does not compile: unknown name vlue; did you mean `value`? (near `value.a == 1 || vlue.b`)"},
+		},
+		{
+			name: "join without as binds the table name, which must be usable",
+			file: base + "tables:\n  my-table: { topic: t }\nsteps:\n  - join: { table: my-table, on: key }\n",
+			want: []string{"r.yaml:9:5: join needs `as`: table `my-table` cannot be used as a name in expressions (near `my-table`)"},
+		},
+		{
+			name: "a ` #` in a plain scalar starts a YAML comment",
+			file: base + "steps:\n  - set:\n      total: sum(value.items, #.price)\n",
+			want: []string{"r.yaml:8:29: set total does not compile: unexpected token EOF; YAML read `#.price)` as a comment, so quote the expression or use the block form (near `sum(value.items,`)"},
+		},
+		{
 			name: "syntax error in a literal block is placed on its line",
 			file: base + "steps:\n  - filter: |\n      value.a > 1 &&\n        value.b ==\n",
 			want: []string{"r.yaml:9:19: filter does not compile: unexpected token EOF (near `value.a > 1 && …`)"},
@@ -300,6 +315,27 @@ func TestRefusals(t *testing.T) {
 			got := loadErrors(t, files)
 			if strings.Join(got, "\n") != strings.Join(c.want, "\n") {
 				t.Errorf("errors:\n got: %s\nwant: %s", strings.Join(got, "\n      "), strings.Join(c.want, "\n      "))
+			}
+		})
+	}
+}
+
+// Accepted plans the refusals above must not catch.
+func TestAccepted(t *testing.T) {
+	cases := map[string]string{
+		"join without as binds the table name": base + "tables:\n  merchants: { topic: m }\nsteps:\n  - join: { table: merchants, on: value.m }\n  - set:\n      name: merchants?.name\n",
+		"window without event_time":            base + "steps:\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n",
+		"expr-lang builtins in their own forms": base + "steps:\n  - set:\n      hi: max(value.a, value.b)\n      lo: min(1, 2, 3)\n      total: 'sum(value.items, #.price)'\n      ok: |\n        count(value.items, #.ok)\n",
+		"sliding with slide equal to size":      base + "steps:\n  - window: { kind: sliding, size: 1m, slide: 1m, key: key, aggregate: { n: count() } }\n",
+		"set after map extends the known shape": base + "steps:\n  - map: { a: value.a }\n  - set: { b: value.a + 1 }\n  - filter: value.b > value.a\n",
+		"raw value used as a string":            "route: r1\nsource: { topic: in, format: raw }\nsink: { topic: out }\nsteps:\n  - filter: value startsWith \"ERROR\"\n  - map: { line: value }\n  - filter: len(value.line) > 3\n",
+		"anchors and aliases":                   "route: r1\nsource: { topic: in }\nsink: { topic: out }\nsteps:\n  - filter: &cond value.a > 1\n  - map: { passed: *cond }\n",
+		"empty steps and tables":                base + "tables:\nsteps:\n",
+	}
+	for name, file := range cases {
+		t.Run(name, func(t *testing.T) {
+			if errs := loadErrors(t, map[string]string{"r.yaml": file}); errs != nil {
+				t.Errorf("refused:\n%s", strings.Join(errs, "\n"))
 			}
 		})
 	}

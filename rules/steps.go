@@ -130,6 +130,9 @@ func (l *loader) exprError(n *yaml.Node, src, what string, sc *scope, err error)
 			}
 		}
 	}
+	if n.LineComment != "" && n.Style&(yaml.LiteralStyle|yaml.FoldedStyle|yaml.DoubleQuotedStyle|yaml.SingleQuotedStyle) == 0 {
+		msg += fmt.Sprintf("; YAML read `%s` as a comment, so quote the expression or use the block form", shorten(n.LineComment))
+	}
 	l.errAtPos(line, col, src, "%s does not compile: %s", what, msg)
 }
 
