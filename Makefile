@@ -9,6 +9,7 @@ LDFLAGS  := -s -w -X main.version=$(VERSION)
 BIN      := bin/rtproxy
 QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
+FUZZPKGS ?= ./...
 
 .PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-pipeline fuzz clean
 
@@ -53,9 +54,9 @@ bench-proxy:
 bench-pipeline:
 	$(GO) run ./test/bench/pipeline
 
-## fuzz: run every fuzz target for FUZZTIME (default 10s) each
+## fuzz: run every fuzz target of FUZZPKGS (default ./...) for FUZZTIME (default 10s) each
 fuzz:
-	@for pkg in $$($(GO) list ./...); do \
+	@for pkg in $$($(GO) list $(FUZZPKGS)); do \
 		for t in $$($(GO) test -list '^Fuzz' $$pkg 2>/dev/null | grep '^Fuzz' || true); do \
 			echo "+ go test -run '^$$' -fuzz '^$$t$$' -fuzztime $(FUZZTIME) $$pkg"; \
 			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$pkg; \
