@@ -323,8 +323,8 @@ func TestRefusals(t *testing.T) {
 // Accepted plans the refusals above must not catch.
 func TestAccepted(t *testing.T) {
 	cases := map[string]string{
-		"join without as binds the table name": base + "tables:\n  merchants: { topic: m }\nsteps:\n  - join: { table: merchants, on: value.m }\n  - set:\n      name: merchants?.name\n",
-		"window without event_time":            base + "steps:\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n",
+		"join without as binds the table name":  base + "tables:\n  merchants: { topic: m }\nsteps:\n  - join: { table: merchants, on: value.m }\n  - set:\n      name: merchants?.name\n",
+		"window without event_time":             base + "steps:\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n",
 		"expr-lang builtins in their own forms": base + "steps:\n  - set:\n      hi: max(value.a, value.b)\n      lo: min(1, 2, 3)\n      total: 'sum(value.items, #.price)'\n      ok: |\n        count(value.items, #.ok)\n",
 		"sliding with slide equal to size":      base + "steps:\n  - window: { kind: sliding, size: 1m, slide: 1m, key: key, aggregate: { n: count() } }\n",
 		"set after map extends the known shape": base + "steps:\n  - map: { a: value.a }\n  - set: { b: value.a + 1 }\n  - filter: value.b > value.a\n",

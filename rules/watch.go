@@ -22,6 +22,12 @@ import (
 // produce bursts of events for one logical change.
 const DefaultQuietPeriod = 50 * time.Millisecond
 
+// DefaultResync is how often the watcher re-reads the directory without
+// any event: a safety net for events a filesystem never delivers (network
+// filesystems) and for a rules directory replaced by a new one (a symlink
+// swapped to another directory, as git-sync does).
+const DefaultResync = 10 * time.Second
+
 // maxSettle bounds the debounce: a directory that never goes quiet is
 // still re-read this often.
 const maxSettle = time.Second
@@ -38,11 +44,15 @@ const maxSettle = time.Second
 //  3. What a file holds is decided by its content hash after a quiet
 //     period, never by the kind of event seen.
 type Watcher struct {
-	dir   string
-	log   *slog.Logger
-	apply func([]*Route, []error)
-	quiet time.Duration
-	fsw   *fsnotify.Watcher
+	dir    string
+	log    *slog.Logger
+	apply  func([]*Route, []error)
+	quiet  time.Duration
+	resync time.Duration
+	fsw    *fsnotify.Watcher
+	// dirInfo identifies the directory being watched; when the path names
+	// another directory, the watch moves to it.
+	dirInfo os.FileInfo
 
 	reloadCh chan struct{}
 	cancel   context.CancelFunc
@@ -75,10 +85,10 @@ type watchedFile struct {
 // directory until ctx is done. The rules directory must exist. reg may be
 // nil (no metrics); log may be nil (slog.Default()).
 func Watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, apply func(routes []*Route, errs []error)) (*Watcher, error) {
-	return watch(ctx, dir, log, reg, apply, DefaultQuietPeriod)
+	return watch(ctx, dir, log, reg, apply, DefaultQuietPeriod, DefaultResync)
 }
 
-func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, apply func([]*Route, []error), quiet time.Duration) (*Watcher, error) {
+func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, apply func([]*Route, []error), quiet, resync time.Duration) (*Watcher, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -87,7 +97,8 @@ func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Reg
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
-	if fi, err := os.Stat(dir); err != nil {
+	fi, err := os.Stat(dir)
+	if err != nil {
 		return nil, fmt.Errorf("rules directory: %w", unwrapPathError(err))
 	} else if !fi.IsDir() {
 		return nil, fmt.Errorf("rules directory %s is not a directory", dir)
@@ -105,6 +116,8 @@ func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Reg
 		log:      log,
 		apply:    apply,
 		quiet:    quiet,
+		resync:   resync,
+		dirInfo:  fi,
 		fsw:      fsw,
 		reloadCh: make(chan struct{}, 1),
 		done:     make(chan struct{}),
@@ -175,11 +188,15 @@ func (w *Watcher) loop(ctx context.Context) {
 		firstSeen time.Time
 	)
 	timer.Stop()
+	resync := time.NewTicker(w.resync)
+	defer resync.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return
+		case <-resync.C:
+			w.scan()
 		case ev, ok := <-w.fsw.Events:
 			if !ok {
 				return
@@ -231,6 +248,7 @@ func hashFiles(paths []string) string {
 // scan re-reads the directory, reloads what changed and applies the result
 // if the set differs from the one last applied.
 func (w *Watcher) scan() {
+	w.followDir()
 	files, err := ruleFiles(w.dir)
 	if err != nil {
 		// The directory is gone or unreadable (a remount in progress):
@@ -356,6 +374,23 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 	sort.Slice(routes, func(i, j int) bool { return routes[i].File < routes[j].File })
 	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
 	return routes, errs
+}
+
+// followDir moves the watch when the rules path now names another
+// directory than the one watched (the directory was replaced, or the
+// symlink it is was pointed elsewhere): the old watch sees nothing more.
+func (w *Watcher) followDir() {
+	fi, err := os.Stat(w.dir)
+	if err != nil || os.SameFile(fi, w.dirInfo) {
+		return
+	}
+	_ = w.fsw.Remove(w.dir) // the old directory may be gone already
+	if err := w.fsw.Add(w.dir); err != nil {
+		w.log.Warn("rules: cannot watch the replaced rules directory; changes are seen at the next resync", "dir", w.dir, "err", err)
+		return
+	}
+	w.dirInfo = fi
+	w.log.Info("rules: the rules directory was replaced; watching the new one", "dir", w.dir)
 }
 
 // watchTableDirs adds the directory of every table file to the watch, so a

@@ -89,11 +89,16 @@ func startWatch(t *testing.T, dir string) *watchHarness {
 
 func startWatchQuiet(t *testing.T, dir string, quiet time.Duration) *watchHarness {
 	t.Helper()
+	return startWatchWith(t, dir, quiet, DefaultResync)
+}
+
+func startWatchWith(t *testing.T, dir string, quiet, resync time.Duration) *watchHarness {
+	t.Helper()
 	h := &watchHarness{t: t, dir: dir, ch: make(chan applied, 100), reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := watch(ctx, dir, slog.New(slog.NewTextHandler(h.logs, nil)), h.reg, func(routes []*Route, errs []error) {
 		h.ch <- applied{at: time.Now(), routes: routes, errs: errs}
-	}, quiet)
+	}, quiet, resync)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -474,5 +479,37 @@ func TestWatchRelativeDirGivesAbsolutePaths(t *testing.T) {
 	write(t, filepath.Join(dir, "a.yaml"), rule("a", "true"))
 	if b := h.next(); len(b.routes) != 1 || b.routes[0].File != filepath.Join(dir, "a.yaml") {
 		t.Fatalf("route file = %v", b.summary())
+	}
+}
+
+// TestWatchFollowsSwappedDirectory: the rules path is a symlink that a
+// deploy tool (git-sync) points at a new directory; the watcher follows it
+// and keeps seeing edits in the new directory.
+func TestWatchFollowsSwappedDirectory(t *testing.T) {
+	root := t.TempDir()
+	v1, v2 := filepath.Join(root, "rev1"), filepath.Join(root, "rev2")
+	must(t, os.Mkdir(v1, 0o755))
+	must(t, os.Mkdir(v2, 0o755))
+	write(t, filepath.Join(v1, "a.yaml"), rule("a", "value.v == 1"))
+	write(t, filepath.Join(v2, "a.yaml"), rule("a", "value.v == 2"))
+	link := filepath.Join(root, "current")
+	must(t, os.Symlink("rev1", link))
+	h := startWatchWith(t, link, DefaultQuietPeriod, 300*time.Millisecond)
+	if got := h.next().summary(); got != "a[value.v == 1]" {
+		t.Fatalf("initial = %q", got)
+	}
+	tmp := filepath.Join(root, "current.tmp")
+	must(t, os.Symlink("rev2", tmp))
+	must(t, os.Rename(tmp, link)) // nothing in the watched directory changed
+	if got := h.next().summary(); got != "a[value.v == 2]" {
+		t.Fatalf("after the swap = %q", got)
+	}
+	must(t, os.RemoveAll(v1))
+	// An edit in the new directory is seen by its events, well before the
+	// next resync.
+	write(t, filepath.Join(v2, "a.yaml"), rule("a", "value.v == 3"))
+	a := h.next()
+	if got := a.summary(); got != "a[value.v == 3]" {
+		t.Fatalf("after an edit in the new directory = %q", got)
 	}
 }
