@@ -27,8 +27,14 @@ run: build
 		mkdir -p .run; cd .run; echo "+ (cd .run && ../$(BIN) run)"; exec ../$(BIN) run; \
 	fi
 
-## test: the CI entry point: dependencies, vet, every test, chart and image checks
-test: deps vet unit helm-check image-check
+## test: the CI entry point: dependencies, vet, every test, chart and image checks,
+## in this order even under make -j
+test:
+	$(MAKE) deps --no-print-directory
+	$(MAKE) vet --no-print-directory
+	$(MAKE) unit --no-print-directory
+	$(MAKE) helm-check --no-print-directory
+	$(MAKE) image-check --no-print-directory
 
 vet:
 	$(GO) vet ./...

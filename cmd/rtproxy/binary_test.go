@@ -509,3 +509,29 @@ func waitMetric(t *testing.T, admin, want string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestBinaryPortInUse: a port already taken is a clear error and exit 1,
+// whether it is the admin port or the Kafka bootstrap port.
+func TestBinaryPortInUse(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	addr := busy.Addr().String()
+	dir := t.TempDir()
+	base := []string{"run", "--rules-dir", filepath.Join(dir, "rules"), "--state-dir", filepath.Join(dir, "state"),
+		"--broker-ports", strconv.Itoa(freeBlock(t, 100))}
+
+	code, _, errOut := runBinary(t, nil, append(base, "--admin-listen", addr, "--listen", "127.0.0.1:"+strconv.Itoa(freePort(t)))...)
+	if code != 1 || !strings.Contains(errOut, "admin_listen "+addr) || !strings.Contains(errOut, "address already in use") {
+		t.Fatalf("admin port in use: exit %d\n%s", code, errOut)
+	}
+	code, _, errOut = runBinary(t, nil, append(base, "--listen", addr, "--admin-listen", "127.0.0.1:"+strconv.Itoa(freePort(t)))...)
+	if code != 1 || !strings.Contains(errOut, addr) || !strings.Contains(errOut, "address already in use") {
+		t.Fatalf("listen port in use: exit %d\n%s", code, errOut)
+	}
+	if !strings.Contains(errOut, "embedded broker closed") {
+		t.Fatalf("the embedded broker started before the failure was not closed:\n%s", errOut)
+	}
+}
