@@ -19,6 +19,12 @@ import (
 // UNSUPPORTED_VERSION with a v0-encoded body (listing its ApiVersions
 // range) so that the client can retry lower; the proxy then decodes and
 // re-encodes at v0, capping that list the same way.
+//
+// SaslHandshake is raised to a minimum of v1: after a v0 handshake the SASL
+// tokens travel as bare size-prefixed blobs with no request header, which
+// a header-parsing proxy cannot tell from requests. v1+ wraps them in
+// SaslAuthenticate, which passes through raw like any other request.
+// Kafka 4.0 removed v0 as well (KIP-896).
 func rewriteApiVersions(_ Mapper, version int16, body, dst []byte) ([]byte, bool, error) {
 	r, err := decodeResponse(int16(kmsg.ApiVersions), version, body)
 	if err == nil && version > 0 && r.(*kmsg.ApiVersionsResponse).ErrorCode == errUnsupportedVersion {
@@ -52,6 +58,9 @@ func intersectApiKeys(keys []kmsg.ApiVersionsResponseApiKey) []kmsg.ApiVersionsR
 		}
 		if k.MaxVersion > kmsgMax[k.ApiKey] {
 			k.MaxVersion = kmsgMax[k.ApiKey]
+		}
+		if k.ApiKey == int16(kmsg.SASLHandshake) && k.MinVersion < 1 {
+			k.MinVersion = 1
 		}
 		if k.MaxVersion < k.MinVersion {
 			continue

@@ -233,6 +233,7 @@ func (pr *pair) clientLoop() {
 	p := pr.p
 	var size [4]byte
 	first := true
+	var lastKey, lastVersion int16 = -1, -1
 	for {
 		frame, err := ReadFrame(pr.client, &size, p.cfg.MaxFrameBytes, first)
 		if err != nil {
@@ -265,10 +266,15 @@ func (pr *pair) clientLoop() {
 		if err != nil {
 			ReleaseFrame(frame)
 			p.m.frameErrors.WithLabelValues("bad_header").Inc()
-			pr.report("closing client connection: malformed frame", "reason", err.Error())
+			reason := err.Error()
+			if lastKey == int16(kmsg.SASLHandshake) && lastVersion == 0 {
+				reason = "SaslHandshake v0 sends unframed SASL tokens, which the proxy cannot forward; use a client that speaks SaslHandshake v1+ (" + reason + ")"
+			}
+			pr.report("closing client connection: malformed frame", "reason", reason)
 			pr.close()
 			return
 		}
+		lastKey, lastVersion = h.APIKey, h.APIVersion
 		am := p.m.api(h.APIKey)
 		am.requests.Inc()
 		p.m.bytesC2B.Add(float64(len(frame)))
@@ -381,5 +387,8 @@ func (pr *pair) rewrite(rw rewriteFunc, req inflight, frame []byte) ([]byte, err
 		return nil, err
 	}
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+	if req.key == int16(kmsg.Metadata) {
+		pr.p.markReady("client metadata response")
+	}
 	return out, nil
 }

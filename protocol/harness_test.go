@@ -137,8 +137,23 @@ type testProxy struct {
 // another process holds, so a collision costs nothing but a log line.
 func randomPortFirst() int { return 20000 + rand.IntN(400)*100 }
 
-// startProxy runs a proxy in front of upstream until the test ends.
+// startProxy runs a proxy in front of upstream until the test ends, and
+// waits until it is Ready.
 func startProxy(t testing.TB, upstream []string, mod func(*Config)) *testProxy {
+	t.Helper()
+	tp := startProxyNoWait(t, upstream, mod)
+	deadline := time.Now().Add(10 * time.Second)
+	for !tp.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatalf("proxy not ready; logs:\n%s", tp.logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return tp
+}
+
+// startProxyNoWait runs a proxy without waiting for upstream metadata.
+func startProxyNoWait(t testing.TB, upstream []string, mods ...func(*Config)) *testProxy {
 	t.Helper()
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
@@ -150,8 +165,10 @@ func startProxy(t testing.TB, upstream []string, mod func(*Config)) *testProxy {
 		Logger:          slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:      reg,
 	}
-	if mod != nil {
-		mod(&cfg)
+	for _, mod := range mods {
+		if mod != nil {
+			mod(&cfg)
+		}
 	}
 	p, err := New(cfg)
 	if err != nil {
@@ -175,13 +192,6 @@ func startProxy(t testing.TB, upstream []string, mod func(*Config)) *testProxy {
 		})
 	}
 	t.Cleanup(stop)
-	deadline := time.Now().Add(10 * time.Second)
-	for !p.Ready() {
-		if time.Now().After(deadline) {
-			t.Fatalf("proxy not ready; logs:\n%s", logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	return &testProxy{Proxy: p, logs: logs, reg: reg, stop: stop}
 }
 

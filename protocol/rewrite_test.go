@@ -311,6 +311,7 @@ func TestRewriteApiVersionsIntersection(t *testing.T) {
 		add(18, 0, 4)  // ApiVersions
 		add(120, 0, 1) // a key kmsg does not know: dropped
 		add(1, 50, 60) // Fetch with a range entirely above kmsg: dropped
+		add(17, 0, 1)  // SaslHandshake: v0 (unframed tokens) removed
 		got, changed := runRewrite(t, nil, r)
 		if !changed {
 			t.Fatal("ApiVersions must be rewritten")
@@ -319,7 +320,7 @@ func TestRewriteApiVersionsIntersection(t *testing.T) {
 		for _, k := range got.(*kmsg.ApiVersionsResponse).ApiKeys {
 			keys[k.ApiKey] = [2]int16{k.MinVersion, k.MaxVersion}
 		}
-		want := map[int16][2]int16{0: {0, kmsgMax[0]}, 3: {0, 4}, 18: {0, 4}}
+		want := map[int16][2]int16{0: {0, kmsgMax[0]}, 3: {0, 4}, 18: {0, 4}, 17: {1, 1}}
 		if fmt.Sprint(keys) != fmt.Sprint(want) {
 			t.Errorf("v%d keys = %v, want %v", v, keys, want)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"time"
 
@@ -24,11 +25,27 @@ const metadataVersionCap = 12
 
 func (p *Proxy) refreshLoop() {
 	defer p.loops.Done()
+	retry := metadataRetry
+	failing := false
 	for {
 		wait := metadataRefresh
 		if err := p.refreshMetadata(); err != nil {
-			p.log.Warn("upstream metadata fetch failed; retrying", "err", err, "retry_in", metadataRetry)
-			wait = metadataRetry
+			// Warn once per failure streak, then back off: an upstream
+			// that requires SASL refuses this connection for good, and
+			// client traffic (which authenticates itself) still works.
+			lvl := slog.LevelDebug
+			if !failing {
+				lvl = slog.LevelWarn
+			}
+			p.log.Log(p.stopCtx, lvl, "upstream metadata fetch failed; retrying", "err", err, "retry_in", retry)
+			failing = true
+			wait = retry
+			retry = min(retry*2, metadataRefresh)
+		} else {
+			if failing {
+				p.log.Info("upstream metadata fetch recovered")
+			}
+			failing, retry = false, metadataRetry
 		}
 		select {
 		case <-p.stopCtx.Done():
@@ -68,10 +85,16 @@ func (p *Proxy) refreshMetadata() error {
 			p.LearnTopic(t.TopicID, *t.Topic)
 		}
 	}
-	if !p.ready.Swap(true) {
-		p.log.Info("upstream metadata fetched; proxy ready", "brokers", len(resp.Brokers), "topics", len(resp.Topics))
-	}
+	p.markReady("proxy metadata refresh")
 	return nil
+}
+
+// markReady records that upstream metadata has been seen, from the
+// proxy's own refresh or from a client's Metadata response.
+func (p *Proxy) markReady(source string) {
+	if !p.ready.Swap(true) {
+		p.log.Info("upstream metadata fetched; proxy ready", "source", source)
+	}
 }
 
 // dialMetadata reads metadata on a connection of the proxy's own to a seed.
