@@ -68,7 +68,10 @@ func loadPath(path string) *fileResult {
 // checkNames refuses a route name that an earlier file in results already
 // uses. The refused file's route is dropped; the error names both files.
 // results are in priority order: the first file with a name keeps it.
-func checkNames(results []*fileResult) {
+// With onlyValid, a file that is refused anyway claims no name, so a valid
+// file still runs (loading); without it every conflict is reported now
+// (checking), since it will bite once the other file is fixed.
+func checkNames(results []*fileResult, onlyValid bool) {
 	type first struct {
 		file string
 		pos  position
@@ -76,7 +79,7 @@ func checkNames(results []*fileResult) {
 	seen := map[string]first{}
 	for _, fr := range results {
 		name := fr.res.name
-		if name == "" {
+		if name == "" || (onlyValid && len(fr.res.errs) > 0) {
 			continue
 		}
 		if f, dup := seen[name]; dup {
@@ -104,7 +107,7 @@ func LoadDir(dir string) ([]*Route, []error) {
 	for i, f := range files {
 		results[i] = loadPath(f)
 	}
-	checkNames(results)
+	checkNames(results, true)
 	var routes []*Route
 	var errs []error
 	for _, fr := range results {
@@ -167,7 +170,7 @@ func CheckPaths(w io.Writer, paths []string) bool {
 			results = append(results, loadPath(f))
 		}
 	}
-	checkNames(results)
+	checkNames(results, false)
 	for _, fr := range results {
 		if len(fr.res.errs) == 0 {
 			fmt.Fprintf(w, "ok %s\n", fr.path)

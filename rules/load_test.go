@@ -213,3 +213,17 @@ func TestCheckPaths(t *testing.T) {
 		t.Errorf("output:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// An invalid file claims no route name when loading: the valid file with
+// the same name runs.
+func TestLoadDirInvalidFileClaimsNoName(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"a.yaml": "route: same\nsource: { topic: a }\nsink: { topic: a }\n",
+		"b.yaml": "route: same\nsource: { topic: b }\nsink: { topic: b.out }\n",
+	})
+	routes, errs := LoadDir(dir)
+	if len(routes) != 1 || routes[0].Source.Topic != "b" || len(errs) != 1 || !strings.Contains(errs[0].Error(), "a.yaml:3:16: sink topic is the source topic") {
+		t.Fatalf("routes %d errs %v: want b.yaml's route and a.yaml's own error", len(routes), errs)
+	}
+}
