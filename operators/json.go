@@ -1,31 +1,441 @@
 package operators
 
 import (
+	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	gojson "github.com/goccy/go-json"
 )
 
-// JSON is decoded and encoded with github.com/goccy/go-json, chosen by
-// measurement on 1 KiB payment records (operators/jsonbench, numbers in
-// docs/BENCHMARKS.md): it was the fastest of encoding/json, goccy/go-json,
-// json-iterator and bytedance/sonic at both decode and encode on this
-// Go version, and it is a drop-in for encoding/json semantics.
+// JSON in rtproxy is decoded by the small decoder below and encoded with
+// github.com/goccy/go-json. Both were chosen by measurement on 1 KiB
+// payment records (operators/jsonbench; numbers in docs/BENCHMARKS.md):
+// goccy/go-json was the fastest of encoding/json, goccy/go-json,
+// json-iterator and bytedance/sonic at both decode and encode on this Go
+// version, and this decoder, written for the one shape rtproxy needs
+// (any value into map[string]any / []any / float64 / string / bool / nil),
+// was faster again at decode, with a fraction of the allocations:
+//
+//   - the input is copied once into a string, and every string without
+//     escapes (keys and values) is a substring of it, so strings cost no
+//     allocation. The price: one retained string keeps the whole record's
+//     bytes alive, which is what a record does anyway while it is in flight.
+//   - objects and arrays collect their members on a scratch stack and are
+//     allocated once at their final size, so maps never grow.
 //
 // Numbers decode as float64, like encoding/json into `any`: expr
 // arithmetic and comparisons work on them directly, and integers up to
-// 2^53 round-trip exactly. Objects encode with their keys sorted, so the
-// same value always gives the same bytes.
+// 2^53 round-trip exactly. A number out of float64 range is an error, as
+// in encoding/json. Invalid UTF-8 inside strings becomes U+FFFD, as in
+// encoding/json. Objects encode with their keys sorted, so the same value
+// always gives the same bytes.
+
+// maxDepth bounds nesting so hostile input cannot exhaust the stack; it is
+// encoding/json's limit.
+const maxDepth = 10000
+
+var errJSONDepth = errors.New("exceeds max nesting depth")
 
 // DecodeJSON decodes one JSON value. Objects become map[string]any,
-// arrays []any, numbers float64. Trailing data after the value is an
-// error.
+// arrays []any, numbers float64. Anything but whitespace after the value
+// is an error.
 func DecodeJSON(b []byte) (any, error) {
-	var v any
-	if err := gojson.Unmarshal(b, &v); err != nil {
-		return nil, fmt.Errorf("decode json: %w", err)
+	d := jsonDecoder{s: string(b)}
+	d.ws()
+	v := d.value(0)
+	if d.err == nil {
+		d.ws()
+		if d.i < len(d.s) {
+			d.fail("invalid character %q after top-level value", d.s[d.i])
+		}
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("decode json: %w", d.err)
 	}
 	return v, nil
+}
+
+type jsonKV struct {
+	k string
+	v any
+}
+
+// jsonDecoder remembers its first error; after it, every method returns
+// zero values quickly, so callers check once.
+type jsonDecoder struct {
+	s   string
+	i   int
+	err error
+	kvs []jsonKV // scratch stack of object members being decoded
+	arr []any    // scratch stack of array elements being decoded
+}
+
+func (d *jsonDecoder) fail(f string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf(f+" at offset %d", append(args, d.i)...)
+	}
+	d.i = len(d.s)
+}
+
+func (d *jsonDecoder) ws() {
+	for d.i < len(d.s) {
+		switch d.s[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+func (d *jsonDecoder) value(depth int) any {
+	if d.i >= len(d.s) {
+		d.fail("unexpected end of JSON input")
+		return nil
+	}
+	switch c := d.s[d.i]; c {
+	case '{':
+		return d.object(depth + 1)
+	case '[':
+		return d.array(depth + 1)
+	case '"':
+		return d.str()
+	case 't':
+		return d.literal("true", true)
+	case 'f':
+		return d.literal("false", false)
+	case 'n':
+		return d.literal("null", nil)
+	default:
+		if c == '-' || (c >= '0' && c <= '9') {
+			return d.number()
+		}
+		d.fail("invalid character %q looking for beginning of value", c)
+		return nil
+	}
+}
+
+func (d *jsonDecoder) literal(word string, v any) any {
+	if !strings.HasPrefix(d.s[d.i:], word) {
+		d.fail("invalid literal, want %s", word)
+		return nil
+	}
+	d.i += len(word)
+	return v
+}
+
+func (d *jsonDecoder) object(depth int) any {
+	if depth > maxDepth {
+		d.fail("%v", errJSONDepth)
+		return nil
+	}
+	d.i++ // {
+	base := len(d.kvs)
+	d.ws()
+	if d.i < len(d.s) && d.s[d.i] == '}' {
+		d.i++
+		return map[string]any{}
+	}
+	for d.err == nil {
+		d.ws()
+		if d.i >= len(d.s) || d.s[d.i] != '"' {
+			d.fail("want a string object key")
+			break
+		}
+		k := d.str()
+		d.ws()
+		if d.i >= len(d.s) || d.s[d.i] != ':' {
+			d.fail("want ':' after object key")
+			break
+		}
+		d.i++
+		d.ws()
+		v := d.value(depth)
+		d.kvs = append(d.kvs, jsonKV{k, v})
+		d.ws()
+		if d.i >= len(d.s) {
+			d.fail("unexpected end of JSON input")
+			break
+		}
+		if d.s[d.i] == ',' {
+			d.i++
+			continue
+		}
+		if d.s[d.i] == '}' {
+			d.i++
+			break
+		}
+		d.fail("invalid character %q after object member", d.s[d.i])
+	}
+	if d.err != nil {
+		d.kvs = d.kvs[:base]
+		return nil
+	}
+	m := make(map[string]any, len(d.kvs)-base)
+	for _, kv := range d.kvs[base:] {
+		m[kv.k] = kv.v // a repeated key: the last wins, as in encoding/json
+	}
+	clear(d.kvs[base:]) // let the scratch stack forget the values
+	d.kvs = d.kvs[:base]
+	return m
+}
+
+func (d *jsonDecoder) array(depth int) any {
+	if depth > maxDepth {
+		d.fail("%v", errJSONDepth)
+		return nil
+	}
+	d.i++ // [
+	base := len(d.arr)
+	d.ws()
+	if d.i < len(d.s) && d.s[d.i] == ']' {
+		d.i++
+		return []any{}
+	}
+	for d.err == nil {
+		d.ws()
+		d.arr = append(d.arr, d.value(depth))
+		d.ws()
+		if d.i >= len(d.s) {
+			d.fail("unexpected end of JSON input")
+			break
+		}
+		if d.s[d.i] == ',' {
+			d.i++
+			continue
+		}
+		if d.s[d.i] == ']' {
+			d.i++
+			break
+		}
+		d.fail("invalid character %q after array element", d.s[d.i])
+	}
+	if d.err != nil {
+		d.arr = d.arr[:base]
+		return nil
+	}
+	a := make([]any, len(d.arr)-base)
+	copy(a, d.arr[base:])
+	clear(d.arr[base:])
+	d.arr = d.arr[:base]
+	return a
+}
+
+// str decodes the string at d.i (which is '"').
+func (d *jsonDecoder) str() string {
+	d.i++
+	start := d.i
+	ascii := true
+	for d.i < len(d.s) {
+		c := d.s[d.i]
+		switch {
+		case c == '"':
+			s := d.s[start:d.i]
+			d.i++
+			if !ascii && !utf8.ValidString(s) {
+				return fixUTF8(s)
+			}
+			return s
+		case c == '\\':
+			return d.strEscaped(start)
+		case c < 0x20:
+			d.fail("invalid control character %q in string", c)
+			return ""
+		case c >= 0x80:
+			ascii = false
+		}
+		d.i++
+	}
+	d.fail("unexpected end of JSON input in string")
+	return ""
+}
+
+// strEscaped finishes a string that has escapes; d.i is at the first '\'.
+func (d *jsonDecoder) strEscaped(start int) string {
+	b := make([]byte, 0, d.i-start+16)
+	b = append(b, d.s[start:d.i]...)
+	for d.i < len(d.s) {
+		c := d.s[d.i]
+		switch {
+		case c == '"':
+			d.i++
+			if !utf8.Valid(b) {
+				return fixUTF8(string(b))
+			}
+			return string(b)
+		case c < 0x20:
+			d.fail("invalid control character %q in string", c)
+			return ""
+		case c != '\\':
+			b = append(b, c)
+			d.i++
+			continue
+		}
+		if d.i+1 >= len(d.s) {
+			break
+		}
+		e := d.s[d.i+1]
+		d.i += 2
+		switch e {
+		case '"', '\\', '/':
+			b = append(b, e)
+		case 'b':
+			b = append(b, '\b')
+		case 'f':
+			b = append(b, '\f')
+		case 'n':
+			b = append(b, '\n')
+		case 'r':
+			b = append(b, '\r')
+		case 't':
+			b = append(b, '\t')
+		case 'u':
+			r := d.hex4()
+			if d.err != nil {
+				return ""
+			}
+			if utf16.IsSurrogate(r) {
+				// A surrogate pair, or U+FFFD for a lone half (as in
+				// encoding/json).
+				r2 := rune(-1)
+				if strings.HasPrefix(d.s[d.i:], `\u`) {
+					save := d.i
+					d.i += 2
+					r2 = d.hex4()
+					if d.err != nil {
+						return ""
+					}
+					if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+						b = utf8.AppendRune(b, dec)
+						continue
+					}
+					d.i = save
+				}
+				b = utf8.AppendRune(b, utf8.RuneError)
+				continue
+			}
+			b = utf8.AppendRune(b, r)
+		default:
+			d.i -= 2
+			d.fail("invalid escape %q in string", e)
+			return ""
+		}
+	}
+	d.fail("unexpected end of JSON input in string")
+	return ""
+}
+
+// fixUTF8 replaces every byte of invalid UTF-8 with U+FFFD, one for each
+// byte as encoding/json does (strings.ToValidUTF8 would merge a run).
+func fixUTF8(s string) string {
+	b := make([]byte, 0, len(s)+8)
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && n == 1 {
+			b = utf8.AppendRune(b, utf8.RuneError)
+		} else {
+			b = append(b, s[i:i+n]...)
+		}
+		i += n
+	}
+	return string(b)
+}
+
+func (d *jsonDecoder) hex4() rune {
+	if d.i+4 > len(d.s) {
+		d.fail("short \\u escape")
+		return 0
+	}
+	var r rune
+	for _, c := range []byte(d.s[d.i : d.i+4]) {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c = c - 'a' + 10
+		case c >= 'A' && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			d.fail("invalid \\u escape")
+			return 0
+		}
+		r = r<<4 | rune(c)
+	}
+	d.i += 4
+	return r
+}
+
+// number checks the JSON number grammar, then converts. Integers of up to
+// 15 digits are converted by hand (exact in float64); the rest go through
+// strconv.ParseFloat.
+func (d *jsonDecoder) number() any {
+	start := d.i
+	s := d.s
+	if s[d.i] == '-' {
+		d.i++
+	}
+	digits := 0
+	var n int64
+	switch {
+	case d.i < len(s) && s[d.i] == '0':
+		d.i++
+		digits = 1
+	case d.i < len(s) && s[d.i] >= '1' && s[d.i] <= '9':
+		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
+			if digits < 18 {
+				n = n*10 + int64(s[d.i]-'0')
+			}
+			digits++
+			d.i++
+		}
+	default:
+		d.fail("invalid number")
+		return nil
+	}
+	plain := true
+	if d.i < len(s) && s[d.i] == '.' {
+		plain = false
+		d.i++
+		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
+			d.fail("invalid number: want a digit after '.'")
+			return nil
+		}
+		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
+			d.i++
+		}
+	}
+	if d.i < len(s) && (s[d.i] == 'e' || s[d.i] == 'E') {
+		plain = false
+		d.i++
+		if d.i < len(s) && (s[d.i] == '+' || s[d.i] == '-') {
+			d.i++
+		}
+		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
+			d.fail("invalid number: want a digit in the exponent")
+			return nil
+		}
+		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
+			d.i++
+		}
+	}
+	if plain && digits <= 15 {
+		f := float64(n)
+		if s[start] == '-' {
+			f = -f
+		}
+		return f
+	}
+	f, err := strconv.ParseFloat(s[start:d.i], 64)
+	if err != nil {
+		d.i = start
+		d.fail("number %s out of range", s[start:min(len(s), start+40)])
+		return nil
+	}
+	return f
 }
 
 // AppendJSON appends the JSON encoding of v to dst.
