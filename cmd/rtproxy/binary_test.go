@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -474,6 +475,19 @@ func TestBinaryRunRoute(t *testing.T) {
 	// the pipeline a moment after our consumer saw the records.
 	for _, want := range []string{"rtproxy_rules_routes 1", `rtproxy_pipeline_records_out_total{route="big-orders"} 19`} {
 		waitMetric(t, p.admin, want)
+	}
+
+	// Every series the binary exports, from every part, passes promlint.
+	_, metrics, err := httpGet(p.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	problems, err := promlint.New(strings.NewReader(metrics)).Lint()
+	if err != nil {
+		t.Fatalf("promlint cannot parse /metrics: %v", err)
+	}
+	for _, pr := range problems {
+		t.Errorf("promlint: %s: %s", pr.Metric, pr.Text)
 	}
 
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
