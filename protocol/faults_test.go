@@ -8,9 +8,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -415,4 +418,50 @@ func leaderAddr(t *testing.T, bootstrap, topic string) string {
 	}
 	t.Fatalf("no leader for %s", topic)
 	return ""
+}
+
+func TestUpstreamTLS(t *testing.T) {
+	cert, pool := selfSigned(t, "kfake")
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	keyDER, err := x509.MarshalPKCS8PrivateKey(cert.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Certificate[0]}), 0o600)
+	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600)
+	upstream := startKfake(t, "-tls-cert", certFile, "-tls-key", keyFile, "-topics", "tlsup:1")
+	// Ready proves the proxy's own metadata connection speaks TLS too.
+	tp := startProxy(t, upstream, func(c *Config) { c.UpstreamTLS = &tls.Config{RootCAs: pool} })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0),
+		kgo.ConsumeTopics("tlsup"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "tlsup", Value: []byte("over tls upstream")}).FirstErr(); err != nil {
+		t.Fatalf("plaintext client, TLS upstream: %v", err)
+	}
+	var got string
+	for got == "" && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = string(r.Value) })
+	}
+	if got != "over tls upstream" {
+		t.Fatalf("consumed %q", got)
+	}
+	// Without the CA the proxy refuses the upstream and says why.
+	tp2 := startProxyNoWait(t, upstream, func(c *Config) { c.UpstreamTLS = &tls.Config{} })
+	c, err := net.Dial("tcp", tp2.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("untrusted upstream: client connection not closed (%v)", err)
+	}
+	tp2.waitLog(t, "upstream unreachable", "certificate")
 }

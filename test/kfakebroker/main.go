@@ -7,6 +7,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"log"
@@ -28,6 +29,8 @@ func main() {
 		parts   = flag.Int("default-partitions", 3, "partitions of auto-created topics")
 		auto    = flag.Bool("auto-create", true, "auto-create topics on produce/metadata")
 		sasl    = flag.String("sasl", "", "enable SASL with superuser MECH:USER:PASS (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
+		tlsCert = flag.String("tls-cert", "", "serve TLS with this PEM certificate (needs -tls-key)")
+		tlsKey  = flag.String("tls-key", "", "PEM private key for -tls-cert")
 	)
 	flag.Parse()
 
@@ -58,6 +61,13 @@ func main() {
 			log.Fatalf("bad -sasl %q: want MECH:USER:PASS", *sasl)
 		}
 		opts = append(opts, kfake.EnableSASL(), kfake.Superuser(f[0], f[1], f[2]))
+	}
+	if *tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			log.Fatalf("bad -tls-cert/-tls-key: %v", err)
+		}
+		opts = append(opts, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}}))
 	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
