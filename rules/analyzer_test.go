@@ -118,6 +118,11 @@ func TestRefusals(t *testing.T) {
 			want: []string{"r.yaml:8:29: set total does not compile: unexpected token EOF; YAML read `#.price)` as a comment, so quote the expression or use the block form (near `sum(value.items,`)"},
 		},
 		{
+			name: "event_time of the wrong type",
+			file: "route: r1\nsource: { topic: in, event_time: value.ts > 0 }\nsink: { topic: out }\n",
+			want: []string{"r.yaml:2:34: source.event_time gives bool; it must give epoch milliseconds (a number), an RFC 3339 string or a time, e.g. `value.ts` (near `value.ts > 0`)"},
+		},
+		{
 			name: "syntax error in a literal block is placed on its line",
 			file: base + "steps:\n  - filter: |\n      value.a > 1 &&\n        value.b ==\n",
 			want: []string{"r.yaml:9:19: filter does not compile: unexpected token EOF (near `value.a > 1 && …`)"},
@@ -331,6 +336,8 @@ func TestAccepted(t *testing.T) {
 		"raw value used as a string":            "route: r1\nsource: { topic: in, format: raw }\nsink: { topic: out }\nsteps:\n  - filter: value startsWith \"ERROR\"\n  - map: { line: value }\n  - filter: len(value.line) > 3\n",
 		"anchors and aliases":                   "route: r1\nsource: { topic: in }\nsink: { topic: out }\nsteps:\n  - filter: &cond value.a > 1\n  - map: { passed: *cond }\n",
 		"empty steps and tables":                base + "tables:\nsteps:\n",
+		"event_time as number, string or any":   "route: r1\nsource: { topic: in, event_time: timestamp - 1000 }\nsink: { topic: out }\n",
+		"event_time as a string":                "route: r1\nsource:\n  topic: in\n  event_time: headers[\"ts\"]\nsink: { topic: out }\n",
 	}
 	for name, file := range cases {
 		t.Run(name, func(t *testing.T) {

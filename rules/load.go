@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/expr-lang/expr"
 	"gopkg.in/yaml.v3"
 
 	"github.com/rtproxy/rtproxy/operators"
@@ -480,7 +481,26 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 	if x := f["event_time"]; x != nil {
 		sc := &scope{shape: sourceShape(r.Source.Format)}
 		r.Source.EventTime = l.expr(x, "source.event_time", sc, exprAny)
+		if r.Source.EventTime != nil {
+			l.checkEventTimeType(x, r.Source.EventTime.Source)
+		}
 	}
+}
+
+var gotTypeRe = regexp.MustCompile(`but got (.+)$`)
+
+// checkEventTimeType refuses an event_time whose type is known and is
+// none of a number, a string or a time (a comparison, a map, a list).
+func (l *loader) checkEventTimeType(kv *keyVal, src string) {
+	_, err := operators.CompileExpr(src, nil, expr.AsInt64())
+	if err == nil {
+		return // a number, or unknown until run time
+	}
+	m := gotTypeRe.FindStringSubmatch(err.Error())
+	if m == nil || m[1] == "string" || strings.Contains(m[1], "time.Time") {
+		return
+	}
+	l.errAt(kv.val, src, "source.event_time gives %s; it must give epoch milliseconds (a number), an RFC 3339 string or a time, e.g. `value.ts`", m[1])
 }
 
 func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
