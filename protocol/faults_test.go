@@ -465,3 +465,25 @@ func TestUpstreamTLS(t *testing.T) {
 	}
 	tp2.waitLog(t, "upstream unreachable", "certificate")
 }
+
+func TestBrokerPortRangeExhausted(t *testing.T) {
+	upstream := startKfake(t)
+	tp := startProxyNoWait(t, upstream, func(c *Config) { c.BrokerPortCount = 2 })
+	c, err := net.Dial("tcp", tp.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write(rawRequest(kmsg.NewPtrMetadataRequest(), 1))
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	// The third broker cannot get a port: rather than hand out its
+	// upstream address, the proxy closes the connection and says why.
+	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("connection not closed (%v)", err)
+	}
+	tp.waitLog(t, "refusing broker", "per-broker port range exhausted")
+	tp.waitLog(t, c.LocalAddr().String(), "cannot rewrite response")
+	if tp.Ready() {
+		t.Fatal("Ready with a broker that has no listener")
+	}
+}
