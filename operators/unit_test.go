@@ -2,6 +2,7 @@ package operators
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -180,5 +181,48 @@ func TestIsAggregate(t *testing.T) {
 		if IsAggregate(n) {
 			t.Errorf("IsAggregate(%q) = true", n)
 		}
+	}
+}
+
+// TestExprSemantics pins what the fetch and bound patches must keep:
+// expr's own results and error texts for member access.
+func TestExprSemantics(t *testing.T) {
+	r := &Record{
+		Key:     []byte("k"),
+		Value:   map[string]any{"a": map[string]any{"b": 2.0}, "list": []any{1.0, "x"}, "n": nil},
+		Headers: []Header{{Key: "h", Value: []byte("v")}},
+		Bound:   map[string]any{"m": map[string]any{"avg": 4.0}, "miss": nil},
+	}
+	for _, tc := range []struct{ src, want string }{
+		{`value.a.b * 2`, "4"},
+		{`value["a"]["b"]`, "2"},
+		{`value.list[1]`, "x"},
+		{`value.nope`, "<nil>"},
+		{`value.n?.x ?? "d"`, "d"},
+		{`value?.a?.b`, "2"},
+		{`m.avg + value.a.b`, "6"},
+		{`miss?.avg ?? -1`, "-1"},
+		{`headers.h + headers["nope"]`, "v"},
+		{`value.n.x`, `value.n.x: cannot fetch x from <nil> (1:9)`},
+		{`miss.avg`, `miss.avg: cannot fetch avg from <nil> (1:6)`},
+		{`value.list.x`, `value.list.x: invalid operation: int(string) (1:12)`},
+		{`len(value.a) + 1`, "2"},
+	} {
+		e, err := CompileExpr(tc.src, []string{"m", "miss"})
+		if err != nil {
+			t.Errorf("%s: compile: %v", tc.src, err)
+			continue
+		}
+		v, err := e.Eval(r)
+		got := fmt.Sprint(v)
+		if err != nil {
+			got = strings.SplitN(err.Error(), "\n", 2)[0]
+		}
+		if got != tc.want {
+			t.Errorf("%s = %q, want %q", tc.src, got, tc.want)
+		}
+	}
+	if _, err := CompileExpr("valeu.a", nil); err == nil || !strings.Contains(err.Error(), "unknown name valeu") {
+		t.Errorf("unknown name: %v", err)
 	}
 }
