@@ -235,7 +235,7 @@ func (pr *pair) clientLoop() {
 	first := true
 	var lastKey, lastVersion int16 = -1, -1
 	for {
-		frame, err := ReadFrame(pr.client, &size, p.cfg.MaxFrameBytes, first)
+		frame, rest, err := readFrameHead(pr.client, &size, p.cfg.MaxFrameBytes, first)
 		if err != nil {
 			var ne net.Error
 			if pr.draining.Load() && errors.As(err, &ne) && ne.Timeout() {
@@ -254,6 +254,22 @@ func (pr *pair) clientLoop() {
 		}
 		first = false
 		h, err := ParseRequestHeader(frame[4:])
+		if err == nil && h.APIKey == int16(kmsg.Produce) && rest > 0 {
+			if _, aerr := produceAcks(frame[4:], h); aerr != nil {
+				err = aerr // a transactional id longer than the head
+			}
+		}
+		if err != nil && rest > 0 {
+			// The header may just be longer than the head: read it all.
+			if frame, err = completeFrame(pr.client, frame, rest); err != nil {
+				p.m.frameErrors.WithLabelValues(frameReason(err)).Inc()
+				pr.report("closing client connection: malformed frame", "reason", err.Error())
+				pr.close()
+				return
+			}
+			rest = 0
+			h, err = ParseRequestHeader(frame[4:])
+		}
 		expectResponse := true
 		if err == nil && h.APIKey == int16(kmsg.Produce) {
 			var acks int16
@@ -277,7 +293,7 @@ func (pr *pair) clientLoop() {
 		lastKey, lastVersion = h.APIKey, h.APIVersion
 		am := p.m.api(h.APIKey)
 		am.requests.Inc()
-		p.m.bytesC2B.Add(float64(len(frame)))
+		p.m.bytesC2B.Add(float64(len(frame) + rest))
 		if expectResponse {
 			// Queue before writing: the response can come back before
 			// Write returns.
@@ -290,6 +306,9 @@ func (pr *pair) clientLoop() {
 		}
 		_, err = pr.upstream.Write(frame)
 		ReleaseFrame(frame)
+		if err == nil && rest > 0 {
+			err = copyBody(pr.upstream, pr.client, rest)
+		}
 		if err != nil {
 			if !expectResponse {
 				am.errors.Inc()
@@ -297,7 +316,7 @@ func (pr *pair) clientLoop() {
 			select {
 			case <-pr.done:
 			default:
-				pr.report("closing client connection: upstream write failed", "upstream", pr.upstream.RemoteAddr().String(), "err", err)
+				pr.report("closing client connection: forwarding request failed", "upstream", pr.upstream.RemoteAddr().String(), "err", err)
 			}
 			pr.close()
 			return
@@ -309,7 +328,7 @@ func (pr *pair) brokerLoop() {
 	p := pr.p
 	var size [4]byte
 	for {
-		frame, err := ReadFrame(pr.upstream, &size, p.cfg.MaxFrameBytes, false)
+		frame, rest, err := readFrameHead(pr.upstream, &size, p.cfg.MaxFrameBytes, false)
 		if err != nil {
 			select {
 			case <-pr.done:
@@ -342,8 +361,18 @@ func (pr *pair) brokerLoop() {
 			pr.close()
 			return
 		}
+		if rest > 0 && needsBody(req.key, req.version) {
+			if frame, err = completeFrame(pr.upstream, frame, rest); err != nil {
+				am.errors.Inc()
+				pr.report("closing client connection: upstream connection failed",
+					"upstream", pr.upstream.RemoteAddr().String(), "err", err)
+				pr.close()
+				return
+			}
+			rest = 0
+		}
 		out := frame
-		if rw := rewriterFor(req.key); rw != nil {
+		if rw := rewriterFor(req.key); rw != nil && rest == 0 {
 			rewritten, err := pr.rewrite(rw, req, frame)
 			if err != nil {
 				ReleaseFrame(frame)
@@ -358,9 +387,12 @@ func (pr *pair) brokerLoop() {
 				out = rewritten
 			}
 		}
-		p.m.bytesB2C.Add(float64(len(out)))
+		p.m.bytesB2C.Add(float64(len(out) + rest))
 		_, err = pr.client.Write(out)
 		ReleaseFrame(out)
+		if err == nil && rest > 0 {
+			err = copyBody(pr.client, pr.upstream, rest)
+		}
 		if err != nil {
 			pr.close()
 			return
@@ -391,4 +423,19 @@ func (pr *pair) rewrite(rw rewriteFunc, req inflight, frame []byte) ([]byte, err
 		pr.p.markReady("client metadata response")
 	}
 	return out, nil
+}
+
+// needsBody reports whether a response must be held whole because it may
+// be rewritten: everything with a rewriter except the non-flexible
+// Produce and Fetch versions, which cannot carry node endpoints.
+func needsBody(key, version int16) bool {
+	switch {
+	case rewriterFor(key) == nil:
+		return false
+	case key == int16(kmsg.Produce):
+		return version >= 9
+	case key == int16(kmsg.Fetch):
+		return version >= 12
+	}
+	return true
 }

@@ -58,6 +58,10 @@ func TestEndToEndProduceConsume(t *testing.T) {
 	want := make(map[string]string, n)
 	for i := range n {
 		k, v := fmt.Sprintf("k%03d", i), fmt.Sprintf("value-%d-%s", i, strings.Repeat("x", i))
+		if i%50 == 7 {
+			// Past streamAbove: the request is streamed, not held whole.
+			v = fmt.Sprintf("big-%d-%s", i, strings.Repeat("y", 300<<10))
+		}
 		want[k] = v
 		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "e2e", Key: []byte(k), Value: []byte(v)}).FirstErr(); err != nil {
 			t.Fatalf("produce %d: %v", i, err)

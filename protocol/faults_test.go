@@ -163,8 +163,13 @@ func TestClientTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
+	big := "tls-big-" + strings.Repeat("z", 300<<10) // streamed from a TLS conn
 	for i := range 10 {
-		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "secure", Value: []byte(fmt.Sprint("tls-", i))}).FirstErr(); err != nil {
+		v := fmt.Sprint("tls-", i)
+		if i == 5 {
+			v = big
+		}
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "secure", Value: []byte(v)}).FirstErr(); err != nil {
 			t.Fatalf("produce over TLS: %v", err)
 		}
 	}
@@ -172,7 +177,7 @@ func TestClientTLS(t *testing.T) {
 	for len(got) < 10 && ctx.Err() == nil {
 		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) { got = append(got, string(r.Value)) })
 	}
-	if len(got) != 10 || got[0] != "tls-0" || got[9] != "tls-9" {
+	if len(got) != 10 || got[0] != "tls-0" || got[9] != "tls-9" || got[5] != big {
 		t.Fatalf("consumed over TLS: %v", got)
 	}
 

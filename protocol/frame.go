@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"unsafe"
 )
@@ -132,4 +133,93 @@ func frameReason(err error) string {
 		return "bad_header"
 	}
 	return ""
+}
+
+// Frames above streamAbove bytes that need no rewrite are not held whole:
+// the proxy reads their first headBytes (enough for any header it parses),
+// forwards those, and copies the rest through as it arrives — with
+// splice(2) between two plain TCP sockets. A 100 MiB produce then costs a
+// 4 KiB buffer instead of 100 MiB, and the receiver starts reading while
+// the sender is still writing.
+const (
+	streamAbove = 64 << 10
+	headBytes   = 4 << 10
+)
+
+// readFrameHead is ReadFrame for frames that may be streamed: a frame of
+// more than streamAbove payload bytes comes back with only its first
+// headBytes payload bytes, and rest says how many are still unread on r.
+func readFrameHead(r io.Reader, sizeBuf *[4]byte, maxBytes int32, first bool) (buf []byte, rest int, err error) {
+	if _, err := io.ReadFull(r, sizeBuf[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, 0, ErrFrameTruncated
+		}
+		return nil, 0, err
+	}
+	if first && looksLikeTLS(sizeBuf[:]) {
+		return nil, 0, ErrTLSOnPlaintext
+	}
+	n := int32(binary.BigEndian.Uint32(sizeBuf[:]))
+	if n < minFrame {
+		return nil, 0, fmt.Errorf("%w (%d)", ErrFrameNegative, n)
+	}
+	if n > maxBytes {
+		return nil, 0, fmt.Errorf("%w: %d > %d bytes", ErrFrameTooLarge, n, maxBytes)
+	}
+	read := int(n)
+	if read > streamAbove {
+		read = headBytes
+	}
+	buf = getBuf(read + 4)
+	copy(buf, sizeBuf[:])
+	if _, err := io.ReadFull(r, buf[4:]); err != nil {
+		putBuf(buf)
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return nil, 0, ErrFrameTruncated
+		}
+		return nil, 0, err
+	}
+	return buf, int(n) - read, nil
+}
+
+// completeFrame reads the rest of a frame whose head readFrameHead
+// returned, for the rare frame that must be seen whole after all (a
+// response to rewrite, a header longer than headBytes).
+func completeFrame(r io.Reader, head []byte, rest int) ([]byte, error) {
+	full := getBuf(len(head) + rest)
+	copy(full, head)
+	putBuf(head)
+	if _, err := io.ReadFull(r, full[len(head):]); err != nil {
+		putBuf(full)
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return nil, ErrFrameTruncated
+		}
+		return nil, err
+	}
+	return full, nil
+}
+
+// writerOnly hides a destination's ReadFrom so that io.CopyBuffer uses
+// the pooled buffer it is given.
+type writerOnly struct{ io.Writer }
+
+// copyBody copies exactly n bytes of a frame body from src to dst.
+func copyBody(dst io.Writer, src io.Reader, n int) error {
+	_, dstTCP := dst.(*net.TCPConn)
+	_, srcTCP := src.(*net.TCPConn)
+	if dstTCP && srcTCP {
+		// TCPConn.ReadFrom with a LimitedReader over a TCPConn splices.
+		w, err := io.CopyN(dst, src, int64(n))
+		if err != nil && w < int64(n) && errors.Is(err, io.EOF) {
+			return ErrFrameTruncated
+		}
+		return err
+	}
+	buf := getBuf(streamAbove)
+	defer putBuf(buf)
+	w, err := io.CopyBuffer(writerOnly{dst}, io.LimitReader(src, int64(n)), buf)
+	if err == nil && w < int64(n) {
+		return ErrFrameTruncated
+	}
+	return err
 }

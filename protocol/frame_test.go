@@ -165,3 +165,37 @@ func TestResponseHeaderFlexibility(t *testing.T) {
 		t.Fatalf("body offset %d, %v; want 8", off, err)
 	}
 }
+
+func TestReadFrameHeadAndCopyBody(t *testing.T) {
+	payload := make([]byte, streamAbove+10000)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	in := append([]byte{0, 0, 0, 0}, payload...)
+	in[0], in[1], in[2], in[3] = byte(len(payload)>>24), byte(len(payload)>>16), byte(len(payload)>>8), byte(len(payload))
+	var sz [4]byte
+	r := bytes.NewReader(in)
+	head, rest, err := readFrameHead(r, &sz, 1<<20, true)
+	if err != nil || len(head) != 4+headBytes || rest != len(payload)-headBytes {
+		t.Fatalf("head %d bytes, rest %d, err %v", len(head), rest, err)
+	}
+	var out bytes.Buffer
+	out.Write(head)
+	if err := copyBody(&out, r, rest); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out.Bytes(), in) {
+		t.Fatal("head + streamed body differ from the frame")
+	}
+	// A body cut short is a truncated frame.
+	r = bytes.NewReader(in[:len(in)-1])
+	head, rest, _ = readFrameHead(r, &sz, 1<<20, false)
+	if err := copyBody(io.Discard, r, rest); !errors.Is(err, ErrFrameTruncated) {
+		t.Fatalf("short body: err = %v, want ErrFrameTruncated", err)
+	}
+	// Small frames come back whole.
+	head, rest, err = readFrameHead(bytes.NewReader([]byte{0, 0, 0, 5, 1, 2, 3, 4, 5}), &sz, 1<<20, false)
+	if err != nil || rest != 0 || !bytes.Equal(head[4:], []byte{1, 2, 3, 4, 5}) {
+		t.Fatalf("small frame: %v %d %v", head, rest, err)
+	}
+}

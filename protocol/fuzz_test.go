@@ -18,6 +18,16 @@ import (
 func FuzzReadFrame(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte, first bool) {
 		var sz [4]byte
+		// The streaming reader, completed, must agree with ReadFrame.
+		r := bytes.NewReader(in)
+		head, rest, herr := readFrameHead(r, &sz, 1<<20, first)
+		if herr == nil && rest > 0 {
+			head, herr = completeFrame(r, head, rest)
+		}
+		whole, werr := ReadFrame(bytes.NewReader(in), &sz, 1<<20, first)
+		if (herr == nil) != (werr == nil) || (herr == nil && !bytes.Equal(head, whole)) {
+			t.Fatalf("readFrameHead+completeFrame = %v, %v; ReadFrame = %v, %v", len(head), herr, len(whole), werr)
+		}
 		fr, err := ReadFrame(bytes.NewReader(in), &sz, 1<<16, first)
 		if err != nil {
 			if fr != nil {
