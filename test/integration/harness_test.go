@@ -257,7 +257,12 @@ func StartKfake(t testing.TB, o KfakeOpts) *Kfake {
 		k.Addrs = append(k.Addrs, fmt.Sprintf("127.0.0.1:%d", p))
 	}
 	k.start()
-	t.Cleanup(func() { k.Kill() })
+	t.Cleanup(func() {
+		k.Kill()
+		if t.Failed() {
+			t.Logf("kfake output:\n%s", k.Logs())
+		}
+	})
 	return k
 }
 
@@ -414,7 +419,21 @@ func StartProxy(t testing.TB, o ProxyOpts) *Proxy {
 		logs:            &logBuf{},
 	}
 	p.AdminURL = "http://" + p.AdminAddr
-	p.start()
+	for attempt := 1; ; attempt++ {
+		err := p.start()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 3 {
+			t.Fatalf("%v", err)
+		}
+		// Lost a port race with another process: pick new ports.
+		ports := FreePorts(t, 2)
+		p.Addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
+		p.AdminAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
+		p.AdminURL = "http://" + p.AdminAddr
+		p.BrokerPortFirst = FreePortBlock(t, BrokerPortCount)
+	}
 	t.Cleanup(func() {
 		p.Kill()
 		if t.Failed() {
@@ -439,14 +458,19 @@ func (p *Proxy) args() []string {
 	return append(args, p.Opts.ExtraArgs...)
 }
 
-func (p *Proxy) start() {
-	t := p.t
-	t.Helper()
+// errPortTaken marks a start that failed because a port was taken between
+// picking it and binding it (another process won the race).
+var errPortTaken = errors.New("address already in use")
+
+// start runs the binary and waits for /readyz. It returns an error wrapping
+// errPortTaken when the proxy exited because a port was taken.
+func (p *Proxy) start() error {
+	mark := len(p.logs.String())
 	cmd := exec.Command(p.bin, p.args()...)
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
 	cmd.Env = append(os.Environ(), p.Opts.Env...)
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start rtproxy: %v", err)
+		return fmt.Errorf("start rtproxy: %w", err)
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
@@ -459,7 +483,14 @@ func (p *Proxy) start() {
 	for {
 		select {
 		case <-done:
-			t.Fatalf("rtproxy exited before ready (%v); logs:\n%s", cmd.ProcessState, p.logs.String())
+			p.mu.Lock()
+			p.cmd = nil
+			p.mu.Unlock()
+			out := p.logs.String()[mark:]
+			if strings.Contains(out, "address already in use") {
+				return fmt.Errorf("rtproxy exited before ready: %w; logs:\n%s", errPortTaken, out)
+			}
+			return fmt.Errorf("rtproxy exited before ready (%v); logs:\n%s", cmd.ProcessState, p.logs.String())
 		default:
 		}
 		resp, err := hc.Get(p.AdminURL + "/readyz")
@@ -467,11 +498,11 @@ func (p *Proxy) start() {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("rtproxy /readyz not 200 after 20s (last: %v); logs:\n%s", errOrStatus(resp, err), p.logs.String())
+			return fmt.Errorf("rtproxy /readyz not 200 after 20s (last: %v); logs:\n%s", errOrStatus(resp, err), p.logs.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -577,7 +608,16 @@ func (p *Proxy) Kill() {
 func (p *Proxy) Restart() {
 	p.t.Helper()
 	p.Stop()
-	p.start()
+	for attempt := 1; ; attempt++ {
+		err := p.start()
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, errPortTaken) || attempt == 5 {
+			p.t.Fatalf("restart: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Logs returns the proxy's captured stdout and stderr.
