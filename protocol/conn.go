@@ -262,7 +262,9 @@ func (pr *pair) clientLoop() {
 		if err != nil && rest > 0 {
 			// The header may just be longer than the head: read it all.
 			if frame, err = completeFrame(pr.client, frame, rest); err != nil {
-				p.m.frameErrors.WithLabelValues(frameReason(err)).Inc()
+				if reason := frameReason(err); reason != "" {
+					p.m.frameErrors.WithLabelValues(reason).Inc()
+				}
 				pr.report("closing client connection: malformed frame", "reason", err.Error())
 				pr.close()
 				return
@@ -316,6 +318,9 @@ func (pr *pair) clientLoop() {
 			select {
 			case <-pr.done:
 			default:
+				if errors.Is(err, ErrFrameTruncated) { // the client stopped mid-body
+					p.m.frameErrors.WithLabelValues("truncated").Inc()
+				}
 				pr.report("closing client connection: forwarding request failed", "upstream", pr.upstream.RemoteAddr().String(), "err", err)
 			}
 			pr.close()
