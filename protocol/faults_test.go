@@ -492,3 +492,32 @@ func TestBrokerPortRangeExhausted(t *testing.T) {
 		t.Fatal("Ready with a broker that has no listener")
 	}
 }
+
+// A broker that shows up later (here: a large KRaft-style id) gets its own
+// listener on demand, inside the range, stable across refreshes.
+func TestNewBrokerListenerOnDemand(t *testing.T) {
+	upstream := startKfake(t)
+	tp := startProxy(t, upstream, nil)
+	host, port, _ := net.SplitHostPort(upstream[1])
+	var p int32
+	fmt.Sscan(port, &p)
+	h, lp, err := tp.MapBroker(1001, host, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tp.isProxyAddr(h, lp) || int(lp) != tp.cfg.BrokerPortFirst+1001%tp.cfg.BrokerPortCount {
+		t.Fatalf("node 1001 advertised at %s:%d", h, lp)
+	}
+	if h2, lp2, _ := tp.MapBroker(1001, host, p); h2 != h || lp2 != lp {
+		t.Fatalf("node 1001 moved from %d to %d on refresh", lp, lp2)
+	}
+	c, err := net.Dial("tcp", net.JoinHostPort(h, fmt.Sprint(lp)))
+	if err != nil {
+		t.Fatalf("listener for node 1001 not open: %v", err)
+	}
+	defer c.Close()
+	c.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 5))
+	if corr, payload := readResponse(t, c); corr != 5 || len(payload) < 10 {
+		t.Fatalf("through the new listener: corr %d, %d bytes", corr, len(payload))
+	}
+}
