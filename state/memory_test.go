@@ -60,10 +60,12 @@ func TestStateMemory(t *testing.T) {
 			t.Fatalf("RTPROXY_STATE_KEYS: %v", err)
 		}
 		n = v
+	} else if raceEnabled {
+		n = 40_000
 	} else if testing.Short() {
 		n = 200_000
 	}
-	const every = 100_000
+	every := min(uint64(100_000), n/4)
 	db := openTest(t, t.TempDir())
 	defer db.Close()
 	kv := db.Namespace("mem", "2-drop_duplicates-0123abcd")
