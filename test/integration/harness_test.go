@@ -100,6 +100,7 @@ func buildBinaries(t testing.TB) {
 				defer wg.Done()
 				cmd := exec.Command(goBin, "build", "-o", filepath.Join(dir, name), pkg)
 				cmd.Dir = root
+				cmd.SysProcAttr = childAttr()
 				out, err := cmd.CombinedOutput()
 				if err != nil {
 					err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
@@ -133,6 +134,12 @@ func binPath(t testing.TB, name string) string {
 		t.Fatalf("binary %s unavailable: %v", name, err)
 	}
 	return filepath.Join(binDir, name)
+}
+
+// childAttr makes a child die with the test binary: when `go test -timeout`
+// kills a hung run, no broker or proxy may outlive it and hold its ports.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
 // --- ports -----------------------------------------------------------------
@@ -297,6 +304,7 @@ func (k *Kfake) start() {
 	// A restart can race the kernel releasing the old listeners; retry briefly.
 	for attempt := 0; attempt < 20; attempt++ {
 		cmd := exec.Command(k.bin, k.args()...)
+		cmd.SysProcAttr = childAttr()
 		cmd.Stderr = k.logs
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
@@ -467,6 +475,7 @@ var errPortTaken = errors.New("address already in use")
 func (p *Proxy) start() error {
 	mark := len(p.logs.String())
 	cmd := exec.Command(p.bin, p.args()...)
+	cmd.SysProcAttr = childAttr()
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
 	cmd.Env = append(os.Environ(), p.Opts.Env...)
 	if err := cmd.Start(); err != nil {
