@@ -505,9 +505,15 @@ func TestNewBrokerListenerOnDemand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Its preferred slot (1001 mod 100 = 1) belongs to node 1: next free.
-	if !tp.isProxyAddr(h, lp) || int(lp) != tp.cfg.BrokerPortFirst+3 {
+	// Its preferred slot (1001 mod 100 = 1) belongs to node 1: it gets
+	// another port in the range, shared with no one.
+	if !tp.isProxyAddr(h, lp) {
 		t.Fatalf("node 1001 advertised at %s:%d", h, lp)
+	}
+	for n := int32(0); n < 3; n++ {
+		if op, _ := tp.ports.Lookup(n); op == int(lp) {
+			t.Fatalf("node 1001 shares port %d with node %d", lp, n)
+		}
 	}
 	if h2, lp2, _ := tp.MapBroker(1001, host, p); h2 != h || lp2 != lp {
 		t.Fatalf("node 1001 moved from %d to %d on refresh", lp, lp2)
