@@ -548,6 +548,16 @@ func appendJSONFloat(b []byte, f float64, bits int) ([]byte, error) {
 
 const hexDigits = "0123456789abcdef"
 
+// jsonPlain[c] is true for the ASCII bytes a JSON string carries as they
+// are (encoding/json's htmlSafeSet); one table load per byte beats six
+// comparisons.
+var jsonPlain = func() (t [utf8.RuneSelf]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
+	}
+	return t
+}()
+
 // appendJSONString quotes s as encoding/json does with HTML escaping on:
 // <, > and & as \u003c..., control characters, invalid UTF-8 as \ufffd,
 // and U+2028 / U+2029 escaped.
@@ -557,7 +567,7 @@ func appendJSONString(b []byte, s string) []byte {
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+			if jsonPlain[c] {
 				i++
 				continue
 			}
