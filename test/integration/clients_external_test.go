@@ -250,6 +250,28 @@ func TestConfluentTransactions(t *testing.T) {
 	ru := ConsumeQuiet(t, s.Bootstrap, topic, 2*n, 1500*time.Millisecond, 20*time.Second)
 	AssertSameSet(t, "read_uncommitted records", Values(ru), append(append([]string{}, committed...), aborted...))
 	s.AssertProxyCarried(t, kmsg.FindCoordinator, kmsg.InitProducerID, kmsg.AddPartitionsToTxn, kmsg.Produce, kmsg.EndTxn)
+
+	// And librdkafka's own consumers agree, for both isolation levels.
+	for _, iso := range []struct {
+		level string
+		want  []string
+	}{
+		{"read_committed", committed},
+		{"read_uncommitted", append(append([]string{}, committed...), aborted...)},
+	} {
+		var cres struct {
+			Values  []string `json:"values"`
+			Errors  []string `json:"errors"`
+			Brokers []string `json:"brokers"`
+		}
+		runJSONClient(t, &cres, 60*time.Second, DebianPython, "clients/confluent_consume.py",
+			mustJSON(map[string]any{"bootstrap": s.Bootstrap[0], "topic": topic, "group": "cf-" + iso.level, "isolation": iso.level, "timeout": 30}))
+		if len(cres.Errors) > 0 {
+			t.Errorf("confluent-kafka %s consumer errors: %v", iso.level, cres.Errors)
+		}
+		AssertSameSet(t, "confluent-kafka "+iso.level+" records", cres.Values, iso.want)
+		s.AssertOnlyProxyAddrs(t, cres.Brokers)
+	}
 }
 
 func TestKafkajsGzipGroupConsume(t *testing.T) {
