@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,9 +23,35 @@ type admin struct {
 	reg      *prometheus.Registry
 	srv      *http.Server
 	ln       net.Listener
-	ready    func() (bool, string) // reports readiness and, when not ready, why
-	routes   func() any            // the pipeline manager's status; nil: no routes
 	stopping atomic.Bool
+
+	// The server answers from the moment it listens; the parts behind
+	// these are wired in later, while requests may be running.
+	mu struct {
+		sync.Mutex
+		ready  func() (bool, string) // readiness and, when not ready, why
+		routes func() any            // the pipeline manager's status; nil: no routes
+	}
+}
+
+// setReady wires the readiness check.
+func (a *admin) setReady(fn func() (bool, string)) {
+	a.mu.Lock()
+	a.mu.ready = fn
+	a.mu.Unlock()
+}
+
+// setRoutes wires the /routes source.
+func (a *admin) setRoutes(fn func() any) {
+	a.mu.Lock()
+	a.mu.routes = fn
+	a.mu.Unlock()
+}
+
+func (a *admin) hooks() (func() (bool, string), func() any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mu.ready, a.mu.routes
 }
 
 func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger) (*admin, error) {
@@ -33,7 +60,7 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger) (*admin, 
 		return nil, fmt.Errorf("admin_listen %s: %w", addr, err)
 	}
 	a := &admin{log: log, reg: reg, ln: ln}
-	a.ready = func() (bool, string) { return false, "starting" }
+	a.mu.ready = func() (bool, string) { return false, "starting" }
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelError),
@@ -70,7 +97,8 @@ func (a *admin) serveReady(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "not ready: shutting down")
 		return
 	}
-	if ok, why := a.ready(); !ok {
+	ready, _ := a.hooks()
+	if ok, why := ready(); !ok {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "not ready: %s\n", why)
 		return
@@ -80,8 +108,8 @@ func (a *admin) serveReady(w http.ResponseWriter, _ *http.Request) {
 
 func (a *admin) serveRoutes(w http.ResponseWriter, _ *http.Request) {
 	var v any = []any{}
-	if a.routes != nil {
-		if s := a.routes(); s != nil {
+	if _, routes := a.hooks(); routes != nil {
+		if s := routes(); s != nil {
 			v = s
 		}
 	}

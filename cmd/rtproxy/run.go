@@ -200,13 +200,13 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	adm.ready = func() (bool, string) {
+	adm.setReady(func() (bool, string) {
 		if !px.Ready() {
 			return false, "upstream metadata not fetched yet"
 		}
 		return true, ""
-	}
-	adm.routes = routes.Status
+	})
+	adm.setRoutes(routes.Status)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

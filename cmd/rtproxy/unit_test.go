@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -56,12 +57,12 @@ func TestAdminEndpoints(t *testing.T) {
 	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "not ready: starting") {
 		t.Fatalf("/readyz before wiring: %d %q", code, body)
 	}
-	ready := false
-	a.ready = func() (bool, string) { return ready, "upstream metadata not fetched yet" }
+	var ready atomic.Bool
+	a.setReady(func() (bool, string) { return ready.Load(), "upstream metadata not fetched yet" })
 	if code, body := get("/readyz"); code != 503 || !strings.Contains(body, "upstream metadata not fetched yet") {
 		t.Fatalf("/readyz not ready: %d %q", code, body)
 	}
-	ready = true
+	ready.Store(true)
 	if code, body := get("/readyz"); code != 200 || body != "ready\n" {
 		t.Fatalf("/readyz ready: %d %q", code, body)
 	}
@@ -74,11 +75,11 @@ func TestAdminEndpoints(t *testing.T) {
 		t.Fatalf("/routes without a manager: %d %q", code, body)
 	}
 	var nilSlice []string
-	a.routes = func() any { return nilSlice }
+	a.setRoutes(func() any { return nilSlice })
 	if code, body := get("/routes"); code != 200 || body != "[]\n" {
 		t.Fatalf("/routes typed nil: %d %q", code, body)
 	}
-	a.routes = func() any { return []map[string]string{{"name": "r1"}} }
+	a.setRoutes(func() any { return []map[string]string{{"name": "r1"}} })
 	code, body := get("/routes")
 	var got []map[string]string
 	if err := json.Unmarshal([]byte(body), &got); code != 200 || err != nil || len(got) != 1 || got[0]["name"] != "r1" {
