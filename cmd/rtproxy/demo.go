@@ -63,15 +63,18 @@ type payment struct {
 	TS         int64   `json:"ts"`
 }
 
-// samplePayment makes record i. About one in twenty is a "test" payment and
-// one in ten "declined", so filters in the quickstart have something to do;
-// one in fifty repeats the previous txn_id, for drop_duplicates.
+// samplePayment makes record i, shaped for examples/quickstart's
+// payments-risk route: merchants m1-m3 are in its merchants table and m4 is
+// not (a join miss); 20 users, so windows per user fill up. About one in
+// twenty is a "test" payment and one in ten "declined", so filters have
+// something to do; one in fifty repeats the previous txn_id, for
+// drop_duplicates.
 func samplePayment(r *rand.Rand, i int, now time.Time) payment {
 	id := i
 	if i > 0 && r.IntN(50) == 0 {
 		id = i - 1
 	}
-	status := "approved"
+	status := "ok"
 	switch x := r.IntN(20); {
 	case x == 0:
 		status = "test"
@@ -80,8 +83,8 @@ func samplePayment(r *rand.Rand, i int, now time.Time) payment {
 	}
 	return payment{
 		TxnID:      fmt.Sprintf("txn-%08d", id),
-		UserID:     fmt.Sprintf("user-%03d", r.IntN(50)),
-		MerchantID: fmt.Sprintf("m-%02d", r.IntN(10)),
+		UserID:     fmt.Sprintf("u%d", r.IntN(20)+1),
+		MerchantID: fmt.Sprintf("m%d", r.IntN(4)+1),
 		Amount:     float64(r.IntN(50000)+100) / 100,
 		Status:     status,
 		TS:         now.UnixMilli(),

@@ -207,7 +207,7 @@ func TestPipelineClientOpts(t *testing.T) {
 func TestSamplePayments(t *testing.T) {
 	r := mrand.New(mrand.NewPCG(1, 2))
 	now := time.UnixMilli(1_700_000_000_000)
-	statuses := map[string]int{}
+	statuses, merchants, users := map[string]int{}, map[string]int{}, map[string]bool{}
 	for i := range 2000 {
 		p := samplePayment(r, i, now)
 		b, _ := json.Marshal(p)
@@ -224,9 +224,14 @@ func TestSamplePayments(t *testing.T) {
 			t.Fatalf("record %d out of range: %s", i, b)
 		}
 		statuses[p.Status]++
+		merchants[p.MerchantID]++
+		users[p.UserID] = true
+	}
+	if len(merchants) != 4 || merchants["m1"] < 400 || merchants["m4"] < 400 || len(users) != 20 {
+		t.Fatalf("merchants %v, %d users", merchants, len(users))
 	}
 	// Roughly 5% test, 10% declined: enough of each for the quickstart's filters.
-	if statuses["test"] < 50 || statuses["declined"] < 100 || statuses["approved"] < 1500 {
+	if statuses["test"] < 50 || statuses["declined"] < 100 || statuses["ok"] < 1500 {
 		t.Fatalf("status mix %v", statuses)
 	}
 }
