@@ -291,7 +291,7 @@ func (t *ticket) release() {
 
 func (r *route) recordDone(t *ticket) {
 	r.tracker.Done(t.p, t.off)
-	r.m.met.processing.WithLabelValues(r.name).Observe(time.Since(t.fetched).Seconds())
+	r.mProc.Observe(time.Since(t.fetched).Seconds())
 }
 
 // buildStages builds the partition chains and the worker stages.
@@ -350,7 +350,8 @@ func (r *route) buildStages(tables map[string]operators.Table, nparts int) error
 		if err != nil {
 			return err
 		}
-		r.parts[p] = &partition{id: int32(p), ch: make(chan *kgo.Record, 256), chain: c, label: partLabel(int32(p))}
+		r.parts[p] = &partition{id: int32(p), ch: make(chan []*kgo.Record, 16), chain: c, label: partLabel(int32(p))}
+		r.parts[p].mIn = r.m.met.recordsIn.WithLabelValues(r.name, r.parts[p].label)
 	}
 	return nil
 }

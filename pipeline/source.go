@@ -41,7 +41,7 @@ func atomicAdd(p *int32, d int32) int32 { return atomic.AddInt32(p, d) }
 // partition's chain on it.
 func (r *route) processSource(p *partition, kr *kgo.Record) {
 	now := time.Now()
-	r.m.met.recordsIn.WithLabelValues(r.name, p.label).Inc()
+	p.mIn.Inc()
 	r.tracker.Begin(p.id, kr.Offset)
 	tk := &ticket{r: r, p: p.id, off: kr.Offset, fetched: now, n: 1}
 	rec := &operators.Record{
@@ -290,9 +290,8 @@ func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int
 			r.sinkRecovered()
 		}
 		if isOutput {
-			met := r.m.met
-			met.recordsOut.WithLabelValues(r.name).Inc()
-			met.endToEnd.WithLabelValues(r.name).Observe(time.Since(time.UnixMilli(srcMillis)).Seconds())
+			r.mOut.Inc()
+			r.mE2E.Observe(time.Since(time.UnixMilli(srcMillis)).Seconds())
 		}
 		r.inflightAdd(-1, ep)
 		if tk != nil {

@@ -1,0 +1,514 @@
+// Command pipeline is `make bench-pipeline`: it measures rtproxy's
+// long-running pipelines against kfake (test/kfakebroker, its own process)
+// under the load of issue 4 — 10k records/s of 1 KiB JSON over 8 source
+// partitions — and prints one table:
+//
+//   - end-to-end latency (producer send → consumer receive from the sink),
+//     p50/p99/p999, for (a) filter+map, (b) broadcast join, (c) tumbling
+//     window emitting on_update, against (d) the floor (produce → consume,
+//     no processing) and (e) a minimal hand-written franz-go
+//     consume → transform → produce loop;
+//   - what checkpoints cost: (a) and (c) again with checkpoints every 1h
+//     instead of every 1s;
+//   - maximum sustainable throughput of (a)-(c) and (e): records/s to drain
+//     a backlog, next to the plain consume rate of the same backlog.
+//
+// The pipeline runs in this process (pipeline.Manager, routes compiled by
+// rules.LoadFile from YAML), as it does inside rtproxy.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/pipeline"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+var (
+	rate       = flag.Int("rate", 10000, "records per second for the latency runs")
+	duration   = flag.Duration("duration", 10*time.Second, "measured time per latency run (after warmup)")
+	warmup     = flag.Duration("warmup", 2*time.Second, "unmeasured time before each latency run")
+	size       = flag.Int("size", 1024, "bytes per source record")
+	partitions = flag.Int("partitions", 8, "source partitions")
+	bulk       = flag.Int("bulk", 100000, "backlog size of the throughput runs (0: skip them)")
+	latencies  = flag.Bool("latency", true, "run the latency scenarios")
+	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
+)
+
+func main() {
+	flag.Parse()
+	log.SetFlags(0)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		check(err)
+		check(pprof.StartCPUProfile(f))
+		defer pprof.StopCPUProfile()
+	}
+	root := moduleRoot()
+	tmp, err := os.MkdirTemp("", "bench-pipeline-")
+	check(err)
+	defer os.RemoveAll(tmp)
+
+	bin := filepath.Join(tmp, "kfakebroker")
+	out, err := exec.Command("go", "build", "-o", bin, filepath.Join(root, "test", "kfakebroker")).CombinedOutput()
+	if err != nil {
+		log.Fatalf("build kfakebroker: %v\n%s", err, out)
+	}
+	addrs, stopBroker := startBroker(bin)
+	defer stopBroker()
+
+	b := &bench{addrs: addrs, dir: tmp}
+	b.adm = kadm.NewClient(b.client())
+	b.createTopics("a.in", "b.in", "c.in", "a2.in", "c2.in", "d.in", "e.in", "e.out", "merchants")
+	b.loadMerchants()
+
+	routes := []*rules.Route{
+		b.route("a", "a.in", "a.out", "1s", `  - filter: value.amount >= 0
+  - map: { id: value.id, user: value.user, amount: value.amount * 100, send_ns: value.send_ns }`),
+		b.route("b", "b.in", "b.out", "1s", `  - join: { table: merchants, on: value.merchant, as: m, missing: keep }
+  - map: { id: value.id, merchant: 'm?.name', risk: 'value.amount / (m?.avg ?? 1)', send_ns: value.send_ns }`),
+		b.route("c", "c.in", "c.out", "1s", `  - window: { kind: tumbling, size: 1s, key: value.user, aggregate: { n: count(), total: sum(value.amount), send_ns: max(value.send_ns) }, emit: on_update }`),
+		b.route("a2", "a2.in", "a2.out", "1h", `  - filter: value.amount >= 0
+  - map: { id: value.id, user: value.user, amount: value.amount * 100, send_ns: value.send_ns }`),
+		b.route("c2", "c2.in", "c2.out", "1h", `  - window: { kind: tumbling, size: 1s, key: value.user, aggregate: { n: count(), total: sum(value.amount), send_ns: max(value.send_ns) }, emit: on_update }`),
+	}
+	mgr, err := pipeline.New(pipeline.Config{Seeds: addrs, StateDir: filepath.Join(tmp, "state"),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	check(err)
+	b.mgr = mgr
+	b.routes = routes
+	mgr.Apply(routes)
+	ctx, cancel := context.WithCancel(context.Background())
+	runDone := make(chan error, 1)
+	go func() { runDone <- mgr.Run(ctx) }()
+	waitRunning(mgr, len(routes))
+
+	stopLoop := startHandLoop(addrs, "e.in", "e.out")
+	var rows []row
+	for _, s := range []struct{ name, src, sink string }{
+		{"(d) floor: produce → consume", "d.in", "d.in"},
+		{"(e) hand-written franz-go loop (filter+map)", "e.in", "e.out"},
+		{"(a) filter + map", "a.in", "a.out"},
+		{"(b) broadcast join (topic table, 100 rows)", "b.in", "b.out"},
+		{"(c) tumbling window 1s, on_update", "c.in", "c.out"},
+		{"(a) filter + map, checkpoints every 1h", "a2.in", "a2.out"},
+		{"(c) window on_update, checkpoints every 1h", "c2.in", "c2.out"},
+	} {
+		if !*latencies {
+			break
+		}
+		r := b.latency(s.name, s.src, s.sink)
+		log.Printf("%s", r.line())
+		rows = append(rows, r)
+	}
+	stopLoop()
+
+	var tput []string
+	if *bulk > 0 {
+		floor := b.drainRate("floor: plain consume of the backlog", "", "")
+		tput = append(tput, floor)
+		tput = append(tput, b.drainRate("(e) hand-written loop", "e", ""))
+		for _, s := range []struct{ name, steps string }{
+			{"(a) filter + map", routes[0].File},
+			{"(b) broadcast join", routes[1].File},
+			{"(c) tumbling window on_update", routes[2].File},
+		} {
+			tput = append(tput, b.drainRate(s.name, "route", s.steps))
+		}
+	}
+	cancel()
+	check(<-runDone)
+
+	fmt.Printf("\nrtproxy pipeline benchmark — %s, GOMAXPROCS=%d, %d partitions, %d B records, %d rec/s, %v measured per run\n\n",
+		runtime.Version(), runtime.GOMAXPROCS(0), *partitions, *size, *rate, *duration)
+	fmt.Println("| scenario | records | p50 | p99 | p999 | max |")
+	fmt.Println("|---|---:|---:|---:|---:|---:|")
+	for _, r := range rows {
+		fmt.Println(r.md())
+	}
+	if len(tput) > 0 {
+		fmt.Printf("\nMaximum sustainable throughput (drain a backlog of %d records, 8 partitions, to an 8-partition sink):\n\n", *bulk)
+		fmt.Println("| pipeline | records/s | MiB/s in |")
+		fmt.Println("|---|---:|---:|")
+		for _, l := range tput {
+			fmt.Println(l)
+		}
+	}
+}
+
+type bench struct {
+	addrs  []string
+	dir    string
+	adm    *kadm.Client
+	mgr    *pipeline.Manager
+	routes []*rules.Route
+	nbulk  int
+}
+
+func (b *bench) client(opts ...kgo.Opt) *kgo.Client {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.addrs...), kgo.ProducerLinger(0)}, opts...)...)
+	check(err)
+	return cl
+}
+
+func (b *bench) createTopics(names ...string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := b.adm.CreateTopics(ctx, int32(*partitions), -1, nil, names...)
+	check(err)
+	check(resp.Error())
+}
+
+func (b *bench) loadMerchants() {
+	cl := b.client()
+	defer cl.Close()
+	var rs []*kgo.Record
+	for i := 0; i < 100; i++ {
+		rs = append(rs, &kgo.Record{Topic: "merchants", Key: fmt.Appendf(nil, "m%d", i), Value: fmt.Appendf(nil, `{"name":"merchant-%d","avg":%d}`, i, i+1)})
+	}
+	check(cl.ProduceSync(context.Background(), rs...).FirstErr())
+}
+
+// route writes a rule file and compiles it with rules, as rtproxy does.
+func (b *bench) route(name, src, sink, cp, steps string) *rules.Route {
+	y := fmt.Sprintf(`route: %s
+source: { topic: %s, format: json }
+sink: { topic: %s }
+checkpoint_interval: %s
+tables:
+  merchants: { topic: merchants }
+steps:
+%s
+`, name, src, sink, cp, steps)
+	path := filepath.Join(b.dir, name+".yaml")
+	check(os.WriteFile(path, []byte(y), 0o644))
+	r, err := rules.LoadFile(path)
+	if err != nil {
+		log.Fatalf("rule %s: %v", name, err)
+	}
+	return r
+}
+
+func waitRunning(m *pipeline.Manager, n int) {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		running := 0
+		for _, r := range m.Routes() {
+			if r.State == "running" {
+				running++
+			}
+		}
+		if running == n {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log.Fatalf("routes not running after 30s: %+v", m.Routes())
+}
+
+// record makes one source record of *size bytes with its send time.
+func record(topic string, id int, sendNS int64) *kgo.Record {
+	v := fmt.Appendf(make([]byte, 0, *size), `{"id":%d,"user":"u%d","merchant":"m%d","amount":%d.5,"send_ns":%d,"pad":"`,
+		id, id%100, id%120, id%1000, sendNS)
+	for len(v) < *size-2 {
+		v = append(v, 'x')
+	}
+	v = append(v, '"', '}')
+	return &kgo.Record{Topic: topic, Key: strconv.AppendInt(nil, int64(id), 10), Value: v}
+}
+
+var sendKey = []byte(`"send_ns":`)
+
+// sendNS reads send_ns from an output value without a full decode, so the
+// consumer does not add JSON decoding to what it measures.
+func sendNS(v []byte) (int64, bool) {
+	i := bytes.Index(v, sendKey)
+	if i < 0 {
+		return 0, false
+	}
+	s := v[i+len(sendKey):]
+	j := 0
+	for j < len(s) && (s[j] == '-' || s[j] == '.' || s[j] == 'e' || s[j] == 'E' || s[j] == '+' || (s[j] >= '0' && s[j] <= '9')) {
+		j++
+	}
+	f, err := strconv.ParseFloat(string(s[:j]), 64)
+	if err != nil {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+type row struct {
+	name                 string
+	n                    int
+	p50, p99, p999, pmax time.Duration
+	lost                 int
+}
+
+func (r row) line() string {
+	return fmt.Sprintf("%-48s n=%d p50=%v p99=%v p999=%v max=%v", r.name, r.n, r.p50, r.p99, r.p999, r.pmax)
+}
+
+func (r row) md() string {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d)/1e6) }
+	return fmt.Sprintf("| %s | %d | %s | %s | %s | %s |", r.name, r.n, ms(r.p50), ms(r.p99), ms(r.p999), ms(r.pmax))
+}
+
+// latency produces at *rate to src for warmup+duration and measures, at a
+// consumer of sink, now − send_ns of every output sent after the warmup.
+func (b *bench) latency(name, src, sink string) row {
+	cons := b.client(kgo.ConsumeTopics(sink), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
+		kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
+	defer cons.Close()
+	// Wait until the consumer holds its partitions at their ends.
+	ctx0, cancel0 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	cons.PollFetches(ctx0)
+	cancel0()
+
+	prod := b.client(kgo.MaxBufferedRecords(1 << 16))
+	defer prod.Close()
+	start := time.Now()
+	measureFrom := start.Add(*warmup).UnixNano()
+	end := start.Add(*warmup + *duration)
+
+	var mu sync.Mutex
+	var lats []time.Duration
+	ctx, cancel := context.WithCancel(context.Background())
+	consDone := make(chan struct{})
+	go func() {
+		defer close(consDone)
+		for {
+			fs := cons.PollFetches(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			now := time.Now().UnixNano()
+			fs.EachRecord(func(r *kgo.Record) {
+				s, ok := sendNS(r.Value)
+				if !ok || s < measureFrom {
+					return
+				}
+				mu.Lock()
+				lats = append(lats, time.Duration(now-s))
+				mu.Unlock()
+			})
+		}
+	}()
+	var sent atomic.Int64
+	id := 0
+	tick := time.NewTicker(time.Millisecond)
+	perMs := float64(*rate) / 1000
+	owed := 0.0
+	for now := range tick.C {
+		if now.After(end) {
+			break
+		}
+		owed += perMs
+		for ; owed >= 1; owed-- {
+			id++
+			prod.Produce(context.Background(), record(src, id, time.Now().UnixNano()), func(_ *kgo.Record, err error) {
+				if err != nil {
+					log.Printf("%s: produce: %v", name, err)
+				}
+				sent.Add(1)
+			})
+		}
+	}
+	tick.Stop()
+	prod.Flush(context.Background())
+	time.Sleep(time.Second) // let the tail arrive
+	cancel()
+	<-consDone
+	mu.Lock()
+	defer mu.Unlock()
+	slices.Sort(lats)
+	q := func(p float64) time.Duration {
+		if len(lats) == 0 {
+			return 0
+		}
+		return lats[min(int(p*float64(len(lats))), len(lats)-1)]
+	}
+	r := row{name: name, n: len(lats)}
+	if len(lats) > 0 {
+		r.p50, r.p99, r.p999, r.pmax = q(0.50), q(0.99), q(0.999), lats[len(lats)-1]
+	}
+	return r
+}
+
+// drainRate fills a fresh topic with *bulk records, then measures how fast
+// kind drains it into a sink: "" a plain consumer (no sink), "e" the
+// hand-written loop, "route" a pipeline route compiled from ruleFile.
+func (b *bench) drainRate(name, kind, ruleFile string) string {
+	b.nbulk++
+	src := fmt.Sprintf("bulk%d.in", b.nbulk)
+	sink := fmt.Sprintf("bulk%d.out", b.nbulk)
+	b.createTopics(src, sink)
+	prod := b.client(kgo.MaxBufferedRecords(1<<16), kgo.ProducerBatchMaxBytes(1<<20))
+	t0 := time.Now()
+	for i := 0; i < *bulk; i++ {
+		prod.Produce(context.Background(), record(src, i, 0), func(_ *kgo.Record, err error) {
+			if err != nil {
+				log.Printf("bulk produce: %v", err)
+			}
+		})
+	}
+	check(prod.Flush(context.Background()))
+	prod.Close()
+	log.Printf("backlog %s: %d records produced in %v", src, *bulk, time.Since(t0).Round(time.Millisecond))
+
+	counted := sink
+	var stop func()
+	start := time.Now()
+	switch kind {
+	case "":
+		counted = src
+	case "e":
+		stop = startHandLoopFrom(b.addrs, src, sink, kgo.NewOffset().AtStart())
+	case "route":
+		y, err := os.ReadFile(ruleFile)
+		check(err)
+		s := string(y)
+		lines := strings.Split(s, "\n")
+		for i, l := range lines {
+			switch {
+			case strings.HasPrefix(l, "route: "):
+				lines[i] = "route: " + strings.TrimSuffix(src, ".in")
+			case strings.HasPrefix(l, "source: "):
+				lines[i] = fmt.Sprintf("source: { topic: %s, format: json }", src)
+			case strings.HasPrefix(l, "sink: "):
+				lines[i] = fmt.Sprintf("sink: { topic: %s }", sink)
+			}
+		}
+		path := filepath.Join(b.dir, src+".yaml")
+		check(os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o644))
+		r, err := rules.LoadFile(path)
+		check(err)
+		r.Source.Start = "earliest"
+		start = time.Now()
+		b.mgr.Apply(append(append([]*rules.Route(nil), b.routes...), r))
+		stop = func() { b.mgr.Apply(b.routes) }
+	}
+	cons := b.client(kgo.ConsumeTopics(counted), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond))
+	n := 0
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	for n < *bulk && ctx.Err() == nil {
+		n += len(cons.PollFetches(ctx).Records())
+	}
+	el := time.Since(start)
+	cancel()
+	cons.Close()
+	if stop != nil {
+		stop()
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	b.adm.DeleteTopics(dctx, src, sink)
+	dcancel()
+	rps := float64(n) / el.Seconds()
+	log.Printf("throughput %s: %d records in %v = %.0f rec/s", name, n, el.Round(time.Millisecond), rps)
+	return fmt.Sprintf("| %s | %.0f | %.1f |", name, rps, rps*float64(*size)/(1<<20))
+}
+
+// startHandLoop is baseline (e): the least code that consumes, filters and
+// maps with the same JSON library and produces with linger 0.
+func startHandLoop(addrs []string, src, sink string) func() {
+	return startHandLoopFrom(addrs, src, sink, kgo.NewOffset().AtEnd())
+}
+
+func startHandLoopFrom(addrs []string, src, sink string, from kgo.Offset) func() {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0),
+		kgo.ConsumeTopics(src), kgo.ConsumeResetOffset(from), kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
+	check(err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			fs := cl.PollFetches(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			fs.EachRecord(func(r *kgo.Record) {
+				v, err := operators.DecodeJSON(r.Value)
+				if err != nil {
+					return
+				}
+				m, ok := v.(map[string]any)
+				if !ok {
+					return
+				}
+				amount, _ := m["amount"].(float64)
+				if amount < 0 {
+					return
+				}
+				out, err := operators.AppendJSON(nil, map[string]any{"id": m["id"], "user": m["user"], "amount": amount * 100, "send_ns": m["send_ns"]})
+				if err != nil {
+					return
+				}
+				cl.Produce(ctx, &kgo.Record{Topic: sink, Key: r.Key, Value: out}, nil)
+			})
+		}
+	}()
+	return func() { cancel(); <-done; cl.Close() }
+}
+
+func startBroker(bin string) ([]string, func()) {
+	cmd := exec.Command(bin, "-brokers", "3", "-auto-create=false")
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	check(err)
+	check(cmd.Start())
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if l := sc.Text(); strings.HasPrefix(l, "ready ") {
+			go func() {
+				for sc.Scan() {
+				}
+			}()
+			return strings.Split(strings.TrimPrefix(l, "ready "), ","), func() { cmd.Process.Kill(); cmd.Wait() }
+		}
+	}
+	log.Fatalf("kfake exited before ready")
+	return nil, nil
+}
+
+func moduleRoot() string {
+	dir, err := os.Getwd()
+	check(err)
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		p := filepath.Dir(dir)
+		if p == dir {
+			log.Fatal("no go.mod above the working directory")
+		}
+		dir = p
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
