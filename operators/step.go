@@ -40,3 +40,11 @@ type Stateful interface {
 type Table interface {
 	Lookup(key string) (row map[string]any, ok bool)
 }
+
+// StateSizer is implemented by steps that can say cheaply how many keys
+// their state holds (the rtproxy_state_keys gauge). A window counts its
+// open (key, window) pairs. drop_duplicates does not implement it: its
+// keys live in the state.KV, which knows its own size.
+type StateSizer interface {
+	StateKeys() int
+}

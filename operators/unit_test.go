@@ -226,3 +226,42 @@ func TestExprSemantics(t *testing.T) {
 		t.Errorf("unknown name: %v", err)
 	}
 }
+
+// TestExprSharedAcrossWorkers: one compiled Expr is shared by the step
+// instances of every worker; evaluating it concurrently must give each
+// record its own answer (run with -race to check the VM pool).
+func TestExprSharedAcrossWorkers(t *testing.T) {
+	e, err := CompileExpr(`value.n * 2 + (m?.k ?? 0)`, []string{"m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 4)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 2000 {
+				n := float64(w*10000 + i)
+				r := &Record{Value: map[string]any{"n": n}}
+				if i%2 == 0 {
+					r.Bound = map[string]any{"m": map[string]any{"k": 1.0}}
+				}
+				v, err := e.Eval(r)
+				want := 2 * n
+				if i%2 == 0 {
+					want++
+				}
+				if err != nil || v != want {
+					errs <- fmt.Sprintf("worker %d record %d: %v %v, want %v", w, i, v, err, want)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+}

@@ -162,10 +162,15 @@ func NewWindow(spec WindowSpec) Keyed {
 
 func (w *window) Kind() string { return "window" }
 
+var _ StateSizer = (*window)(nil)
+
 // ShuffleKey implements Keyed.
 func (w *window) ShuffleKey(r *Record) (string, error) {
 	return shuffleKey(w.spec.Key, r)
 }
+
+// StateKeys implements StateSizer: the number of open (key, window) pairs.
+func (w *window) StateKeys() int { return w.OpenWindows() }
 
 // OpenWindows is the number of open (key, window) pairs: the size of the
 // step's state.
