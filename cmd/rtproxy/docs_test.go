@@ -67,10 +67,23 @@ func TestCIRunsTheREADMETestCommand(t *testing.T) {
 	}
 }
 
-// TestREADMEQuickstartRuns runs the README's quickstart commands (the block
-// after "In another terminal") against the built binary in embedded mode,
-// with the addresses swapped for this test's free ports.
-func TestREADMEQuickstartRuns(t *testing.T) {
+// readmeBlock returns the first ```sh block after marker in the README.
+func readmeBlock(t *testing.T, marker string) string {
+	t.Helper()
+	readme := readRepoFile(t, "README.md")
+	i := strings.Index(readme, marker)
+	if i < 0 {
+		t.Fatalf("README lost %q", marker)
+	}
+	block := readme[i:]
+	start := strings.Index(block, "```sh\n") + len("```sh\n")
+	return block[start : start+strings.Index(block[start:], "```")]
+}
+
+// runREADMEBlock runs a README shell block as one bash script against p,
+// with the documented addresses swapped for p's, and returns its output.
+func runREADMEBlock(t *testing.T, p *proc, block string) string {
+	t.Helper()
 	for _, tool := range []string{"kcat", "curl"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") == "true" {
@@ -79,32 +92,21 @@ func TestREADMEQuickstartRuns(t *testing.T) {
 			t.Skipf("%s not installed; make deps installs it", tool)
 		}
 	}
-	readme := readRepoFile(t, "README.md")
-	i := strings.Index(readme, "In another terminal:")
-	if i < 0 {
-		t.Fatal("README quickstart lost its \"In another terminal:\" block")
+	script := strings.NewReplacer("127.0.0.1:9092", p.listen, "127.0.0.1:9644", strings.TrimPrefix(p.admin, "http://"),
+		"bin/rtproxy", rtproxyBinary(t)).Replace(block)
+	out, err := exec.Command("bash", "-e", "-o", "pipefail", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("README block failed: %v\n--- script\n%s\n--- output\n%s", err, script, out)
 	}
-	block := readme[i:]
-	start := strings.Index(block, "```sh\n") + len("```sh\n")
-	block = block[start : start+strings.Index(block[start:], "```")]
+	return string(out)
+}
 
+// TestREADMEQuickstartRuns runs the README's quickstart commands (the block
+// after "In another terminal") against the built binary in embedded mode.
+func TestREADMEQuickstartRuns(t *testing.T) {
+	block := readmeBlock(t, "In another terminal:")
 	p := startRun(t, filepath.Join(t.TempDir(), "rules"))
-	adminHostPort := strings.TrimPrefix(p.admin, "http://")
-	var out strings.Builder
-	for _, line := range strings.Split(block, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		cmdline := strings.NewReplacer("127.0.0.1:9092", p.listen, "127.0.0.1:9644", adminHostPort, "bin/rtproxy", rtproxyBinary(t)).Replace(line)
-		cmd := exec.Command("bash", "-o", "pipefail", "-c", cmdline)
-		b, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("README command %q failed: %v\n%s", line, err, b)
-		}
-		out.Write(b)
-	}
-	got := out.String()
+	got := runREADMEBlock(t, p, block)
 	for _, want := range []string{`{"hello":"world"}`, "3 brokers:", "produced 100 records to payments",
 		`rtproxy_proxy_requests_total{api="Produce"}`, "ready"} {
 		if !strings.Contains(got, want) {
@@ -123,6 +125,29 @@ func TestREADMEQuickstartRuns(t *testing.T) {
 		if host != "127.0.0.1" || n < p.brokerFirst || n >= p.brokerFirst+100 {
 			t.Errorf("kcat -L shows broker %s at %s, not a proxy listener", m[1], m[2])
 		}
+	}
+	p.stop(t)
+}
+
+// TestREADMEProcessingRuns runs the README's "Processing a stream" block
+// against the binary with the quickstart's rule files.
+func TestREADMEProcessingRuns(t *testing.T) {
+	block := readmeBlock(t, "## Processing a stream")
+	rulesDir, err := filepath.Abs(filepath.Join("..", "..", "examples", "quickstart", "rules"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startRun(t, rulesDir)
+	got := runREADMEBlock(t, p, block)
+	updates := regexp.MustCompile(`(?m)^\{.*"key":"/home".*\}$`).FindAllString(got, -1)
+	if len(updates) != 3 || !strings.Contains(updates[2], `"views":3`) || !strings.Contains(updates[2], `"visitors":2`) {
+		t.Errorf("want 3 updates for /home ending in views 3, visitors 2; got %q\n%s", updates, got)
+	}
+	if strings.Contains(got, `"key":"/cart"`) {
+		t.Errorf("the bot's click was counted:\n%s", got)
+	}
+	if !strings.Contains(got, `"name": "clicks-per-minute"`) {
+		t.Errorf("/routes does not list clicks-per-minute:\n%s", got)
 	}
 	p.stop(t)
 }
