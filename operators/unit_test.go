@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func TestJSONRoundTrip(t *testing.T) {
@@ -263,5 +264,38 @@ func TestExprSharedAcrossWorkers(t *testing.T) {
 	close(errs)
 	for e := range errs {
 		t.Error(e)
+	}
+}
+
+func TestWindowSpecValidate(t *testing.T) {
+	for _, tc := range []struct {
+		kind        string
+		size, slide time.Duration
+		want        string
+	}{
+		{"tumbling", time.Minute, 0, ""},
+		{"sliding", time.Minute, time.Second, ""},
+		{"sliding", 10 * time.Second, time.Millisecond, ""},
+		{"tumbling", 0, 0, "window size 0s must be at least 1ms"},
+		{"hopping", time.Minute, 0, `window kind "hopping" must be tumbling or sliding`},
+		{"sliding", time.Minute, 2 * time.Minute, "sliding window slide 2m0s must be between 1ms and the size 1m0s"},
+		{"sliding", time.Hour, time.Millisecond, "sliding window of size 1h0m0s and slide 1ms puts each record in 3600000 windows, more than 10000: use a larger slide"},
+	} {
+		spec := WindowSpec{Kind: tc.kind, Size: tc.size, Slide: tc.slide, Aggregates: []Aggregate{{Name: "n", Func: AggCount}}}
+		err := spec.Validate()
+		got := ""
+		if err != nil {
+			got = err.Error()
+		}
+		if got != tc.want {
+			t.Errorf("%s %v/%v: %q, want %q", tc.kind, tc.size, tc.slide, got, tc.want)
+		}
+		if err != nil {
+			var o oneDead
+			NewWindow(spec).Process(&Record{EventTime: 5}, &o)
+			if o.emitted != 0 || o.reason != ReasonError || o.err == nil || o.err.Error() != "window: "+tc.want {
+				t.Errorf("invalid spec step: emitted %d, %q %v", o.emitted, o.reason, o.err)
+			}
+		}
 	}
 }

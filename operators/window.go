@@ -115,6 +115,8 @@ type window struct {
 	watermark int64
 	hasWM     bool
 
+	invalid error // from spec.Validate: every record is dead-lettered with it
+
 	args []any // scratch: aggregate arguments of the current record
 	wins []int64
 }
@@ -141,9 +143,36 @@ const (
 	kindString = 2
 )
 
-// NewWindow returns the `window:` step. Spec problems (size <= 0, a slide
-// that does not fit) are the analyzer's job; NewWindow treats a
-// non-positive slide of a sliding window as tumbling.
+// MaxWindowsPerRecord bounds how many sliding windows one record may fall
+// in (size / slide, rounded up): each is updated per record, so a window
+// of 1h sliding by 1ms would cost 3.6M updates per record.
+const MaxWindowsPerRecord = 10000
+
+// Validate reports what NewWindow cannot run: a non-positive size, a
+// sliding window without a slide in (0, size], or more than
+// MaxWindowsPerRecord windows per record. The analyzer calls it; a step
+// built from an invalid spec dead-letters every record with this error.
+func (s WindowSpec) Validate() error {
+	size, slide := s.Size.Milliseconds(), s.Slide.Milliseconds()
+	switch {
+	case size <= 0:
+		return fmt.Errorf("window size %v must be at least 1ms", s.Size)
+	case s.Kind != "tumbling" && s.Kind != "sliding":
+		return fmt.Errorf("window kind %q must be tumbling or sliding", s.Kind)
+	case s.Kind == "tumbling":
+		return nil
+	case slide <= 0 || slide > size:
+		return fmt.Errorf("sliding window slide %v must be between 1ms and the size %v", s.Slide, s.Size)
+	case (size+slide-1)/slide > MaxWindowsPerRecord:
+		return fmt.Errorf("sliding window of size %v and slide %v puts each record in %d windows, more than %d: use a larger slide",
+			s.Size, s.Slide, (size+slide-1)/slide, MaxWindowsPerRecord)
+	}
+	return nil
+}
+
+// NewWindow returns the `window:` step. Spec problems are the analyzer's
+// job (WindowSpec.Validate); a step built from an invalid spec never
+// hangs or panics, it dead-letters every record with the reason.
 func NewWindow(spec WindowSpec) Keyed {
 	w := &window{
 		spec:  spec,
@@ -157,6 +186,7 @@ func NewWindow(spec WindowSpec) Keyed {
 	if spec.Kind != "sliding" || w.slide <= 0 || w.slide > w.size {
 		w.slide = w.size
 	}
+	w.invalid = spec.Validate()
 	return w
 }
 
@@ -193,6 +223,10 @@ func floorDiv(a, b int64) int64 {
 
 func (w *window) Process(r *Record, out Emitter) {
 	defer recoverTo("window", r, out)
+	if w.invalid != nil {
+		out.DeadLetter(r, ReasonError, fmt.Errorf("window: %w", w.invalid))
+		return
+	}
 	key, err := shuffleKey(w.spec.Key, r)
 	if err != nil {
 		out.DeadLetter(r, ReasonError, fmt.Errorf("window: key: %w", err))
