@@ -197,8 +197,10 @@ func (c *Config) Validate() error {
 	if c.MaxFrameBytes < 1024 || c.MaxFrameBytes > math.MaxInt32 {
 		bad("max_frame_bytes", "%d is outside 1024..%d", c.MaxFrameBytes, math.MaxInt32)
 	}
-	if c.ShutdownGrace < 0 {
-		bad("shutdown_grace", "must not be negative, got %s", c.ShutdownGrace)
+	if c.ShutdownGrace <= 0 {
+		// Zero would read as "the default" to the parts; a stop without a
+		// grace is better asked for as a small one, such as 100ms.
+		bad("shutdown_grace", "must be positive (e.g. 10s, or 100ms for an almost immediate stop), got %s", c.ShutdownGrace)
 	}
 
 	ct := c.TLS.Client

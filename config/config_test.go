@@ -219,7 +219,8 @@ func TestValidate(t *testing.T) {
 		{"log format", func(c *Config) { c.LogFormat = "xml" }, `log_format: "xml" is not one of text, json`},
 		{"frame too small", func(c *Config) { c.MaxFrameBytes = 10 }, "max_frame_bytes: 10 is outside"},
 		{"frame too big", func(c *Config) { c.MaxFrameBytes = 1 << 31 }, "max_frame_bytes: 2147483648 is outside"},
-		{"negative grace", func(c *Config) { c.ShutdownGrace = -time.Second }, "shutdown_grace: must not be negative"},
+		{"negative grace", func(c *Config) { c.ShutdownGrace = -time.Second }, "shutdown_grace: must be positive"},
+		{"zero grace", func(c *Config) { c.ShutdownGrace = 0 }, "shutdown_grace: must be positive"},
 		{"client cert without key", func(c *Config) { c.TLS.Client.CertFile = "a" }, "tls.client: cert_file and key_file must be set together"},
 		{"client CA without cert", func(c *Config) { c.TLS.Client.ClientCAFile = "ca" }, "client TLS is off"},
 		{"require client cert without CA", func(c *Config) {

@@ -91,6 +91,10 @@ func TestBinaryVersionAndUsage(t *testing.T) {
 	if code != 2 || !strings.Contains(errOut, "rtproxy run [--config FILE]") {
 		t.Fatalf("no args: exit %d, %q", code, errOut)
 	}
+	code, _, errOut = runBinary(t, nil, "run", "--help")
+	if code != 0 || !strings.Contains(errOut, "--upstream") || !strings.Contains(errOut, "--broker-ports") || strings.Contains(errOut, "print-config") {
+		t.Fatalf("run --help: exit %d, %q", code, errOut)
+	}
 	code, _, errOut = runBinary(t, nil, "frobnicate")
 	if code != 2 || !strings.Contains(errOut, `unknown command "frobnicate"`) {
 		t.Fatalf("unknown command: exit %d, %q", code, errOut)
