@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	exprlang "github.com/expr-lang/expr"
-	"github.com/expr-lang/expr/types"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/operators"
@@ -24,14 +22,7 @@ import (
 
 func expr(t testing.TB, src string, bound ...string) *operators.Expr {
 	t.Helper()
-	env := types.Map{
-		"key": types.String, "value": types.Any, "headers": types.TypeOf(map[string]string{}),
-		"timestamp": types.Int64, "topic": types.String, "partition": types.Int32, "offset": types.Int64,
-	}
-	for _, b := range bound {
-		env[b] = types.Any
-	}
-	e, err := operators.CompileExpr(src, bound, exprlang.Env(env))
+	e, err := operators.CompileExpr(src, bound)
 	if err != nil {
 		t.Fatalf("compile %q: %v", src, err)
 	}
