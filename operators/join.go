@@ -80,6 +80,7 @@ func (j *join) Process(r *Record, out Emitter) {
 	if r.Bound == nil {
 		r.Bound = make(map[string]any, 1)
 	}
+	r.shuffleKeyFor = nil // a later key may read the bound name
 	if found {
 		r.Bound[j.as] = row
 	} else {

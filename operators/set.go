@@ -44,6 +44,7 @@ func (s *set) Process(r *Record, out Emitter) {
 	for i, f := range s.fields {
 		obj[f.Name] = vals[i]
 	}
+	r.shuffleKeyFor = nil // a key computed before may read a changed field
 	out.Emit(r)
 }
 
@@ -70,6 +71,7 @@ func (m *mapStep) Process(r *Record, out Emitter) {
 		obj[f.Name] = v
 	}
 	r.Value = obj
+	r.shuffleKeyFor = nil
 	out.Emit(r)
 }
 

@@ -299,3 +299,24 @@ func TestWindowSpecValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestShuffleKeyCacheFollowsChanges: a key computed by ShuffleKey is
+// reused by Process, but not after a step changed what it reads.
+func TestShuffleKeyCacheFollowsChanges(t *testing.T) {
+	key, _ := CompileExpr("value.id", nil)
+	d := NewDropDuplicates(key, 0, nil)
+	r := &Record{Value: map[string]any{"id": "a"}}
+	if k, _ := d.ShuffleKey(r); k != "a" {
+		t.Fatalf("key %q", k)
+	}
+	newID, _ := CompileExpr(`"b"`, nil)
+	NewSet([]Field{{Name: "id", Expr: newID}}).Process(r, &oneDead{})
+	if k, _ := d.ShuffleKey(r); k != "b" {
+		t.Fatalf("after set, key %q, want b", k)
+	}
+	other, _ := CompileExpr(`"c"`, nil)
+	NewMap([]Field{{Name: "id", Expr: other}}).Process(r, &oneDead{})
+	if k, _ := d.ShuffleKey(r); k != "c" {
+		t.Fatalf("after map, key %q, want c", k)
+	}
+}
