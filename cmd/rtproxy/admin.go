@@ -20,7 +20,6 @@ import (
 // /routes.
 type admin struct {
 	log      *slog.Logger
-	reg      *prometheus.Registry
 	srv      *http.Server
 	ln       net.Listener
 	stopping atomic.Bool
@@ -59,7 +58,7 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger) (*admin, 
 	if err != nil {
 		return nil, fmt.Errorf("admin_listen %s: %w", addr, err)
 	}
-	a := &admin{log: log, reg: reg, ln: ln}
+	a := &admin{log: log, ln: ln}
 	a.mu.ready = func() (bool, string) { return false, "starting" }
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
