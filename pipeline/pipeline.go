@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"runtime"
 	"sort"
 	"sync"
@@ -306,39 +305,15 @@ func (m *Manager) Routes() []RouteStatus {
 	return out
 }
 
-// errorFile finds the rule file an error names: the File field of the first
-// error in its chain that has one (rules.Error). Reflection keeps this
-// package independent of how rules spells its error type.
+// errorFile finds the rule file an error names.
 func errorFile(err error) string {
-	for _, e := range flattenErrors(err) {
-		v := reflect.ValueOf(e)
-		for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
-			if v.IsNil() {
-				break
-			}
-			v = v.Elem()
-		}
-		if v.Kind() == reflect.Struct {
-			if f := v.FieldByName("File"); f.IsValid() && f.Kind() == reflect.String {
-				return f.String()
-			}
-		}
+	var re *rules.Error
+	if errors.As(err, &re) {
+		return re.File
+	}
+	var el rules.ErrorList
+	if errors.As(err, &el) && len(el) > 0 {
+		return el[0].File
 	}
 	return ""
-}
-
-func flattenErrors(err error) []error {
-	if err == nil {
-		return nil
-	}
-	out := []error{err}
-	switch u := err.(type) {
-	case interface{ Unwrap() []error }:
-		for _, e := range u.Unwrap() {
-			out = append(out, flattenErrors(e)...)
-		}
-	case interface{ Unwrap() error }:
-		out = append(out, flattenErrors(u.Unwrap())...)
-	}
-	return out
 }
