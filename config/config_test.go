@@ -284,3 +284,10 @@ func TestRelativePathsInFileFollowTheFile(t *testing.T) {
 		t.Fatalf("rules_dir %s state_dir %s", c.RulesDir, c.StateDir)
 	}
 }
+
+func TestUnknownEnv(t *testing.T) {
+	got := UnknownEnv([]string{"RTPROXY_LISTEN=a:1", "RTPROXY_LISTN=a:1", "PATH=/bin", "RTPROXY_CONFIG=f", "RTPROXY_TLS_UPSTREAM_CAFILE=x", "RTPROXY_SASL_PASSWORD=p"}, "RTPROXY_CONFIG")
+	if strings.Join(got, ",") != "RTPROXY_LISTN,RTPROXY_TLS_UPSTREAM_CAFILE" {
+		t.Fatalf("got %q", got)
+	}
+}

@@ -450,3 +450,25 @@ func Resolve(file string, lookup func(string) (string, bool), flags map[string]s
 	}
 	return c, nil
 }
+
+// UnknownEnv lists the RTPROXY_* names in environ (os.Environ form) that are
+// no setting, so a typo such as RTPROXY_LISTN is reported instead of quietly
+// ignored. extra names variables read elsewhere (RTPROXY_CONFIG).
+func UnknownEnv(environ []string, extra ...string) []string {
+	known := map[string]bool{}
+	for _, k := range keys {
+		known[k.Env] = true
+	}
+	for _, e := range extra {
+		known[e] = true
+	}
+	var out []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, EnvPrefix) && !known[name] {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -329,7 +329,7 @@ func (p *proc) stop(t *testing.T) {
 // development cluster) on free ports, produces and consumes through it with
 // franz-go, reads the admin endpoints, and stops it with SIGTERM.
 func TestBinaryRunEmbedded(t *testing.T) {
-	p := startRun(t, filepath.Join(t.TempDir(), "rules"))
+	p := startRun(t, filepath.Join(t.TempDir(), "rules"), "RTPROXY_LISTN=127.0.0.1:1")
 	admin, listen, brokerFirst := p.admin, p.listen, p.brokerFirst
 	if code, body, _ := httpGet(admin + "/healthz"); code != 200 || body != "ok\n" {
 		t.Fatalf("/healthz: %d %q", code, body)
@@ -393,6 +393,9 @@ func TestBinaryRunEmbedded(t *testing.T) {
 		}
 	}
 
+	if !strings.Contains(p.logs.String(), `msg="environment variable is not an rtproxy setting; ignored (see docs/OPERATIONS.md)" name=RTPROXY_LISTN`) {
+		t.Error("a misspelt RTPROXY_ variable was not reported")
+	}
 	if !strings.Contains(p.logs.String(), "EMBEDDED DEVELOPMENT BROKER") {
 		t.Error("no loud warning about the embedded development broker")
 	}

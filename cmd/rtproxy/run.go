@@ -124,6 +124,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	log := newLogger(cfg, stderr)
+	for _, name := range config.UnknownEnv(os.Environ(), "RTPROXY_CONFIG") {
+		log.Warn("environment variable is not an rtproxy setting; ignored (see docs/OPERATIONS.md)", "name", name)
+	}
 	if err := run(cfg, log); err != nil {
 		log.Error("rtproxy stopped with an error", "err", err)
 		return 1
