@@ -240,6 +240,7 @@ type proc struct {
 	listen      string
 	admin       string // http://host:port
 	brokerFirst int
+	stateDir    string
 }
 
 // startRun starts `rtproxy run` on free ports with the given rules directory
@@ -252,13 +253,14 @@ func startRun(t *testing.T, rulesDir string, extra ...string) *proc {
 		listen:      "127.0.0.1:" + strconv.Itoa(listenPort),
 		admin:       "http://127.0.0.1:" + strconv.Itoa(adminPort),
 		brokerFirst: brokerFirst,
+		stateDir:    filepath.Join(t.TempDir(), "state"),
 		exited:      make(chan error, 1),
 		logs:        &syncBuf{},
 	}
 	p.cmd = exec.Command(rtproxyBinary(t), "run",
 		"--listen", p.listen, "--advertise-host", "127.0.0.1", "--broker-ports", strconv.Itoa(brokerFirst),
 		"--admin-listen", "127.0.0.1:"+strconv.Itoa(adminPort),
-		"--rules-dir", rulesDir, "--state-dir", filepath.Join(t.TempDir(), "state"))
+		"--rules-dir", rulesDir, "--state-dir", p.stateDir)
 	p.cmd.Args = append(p.cmd.Args, extra...)
 	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	for len(p.cmd.Args) > 0 && strings.HasPrefix(p.cmd.Args[len(p.cmd.Args)-1], "RTPROXY_") {

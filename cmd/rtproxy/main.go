@@ -25,6 +25,7 @@ Usage:
               [--upstream HOST:PORT[,HOST:PORT...]] [--rules-dir DIR] [--state-dir DIR]
               [--admin-listen ADDR] [--log-level LEVEL]
   rtproxy check PATH...            lint rule files or directories; exit 1 on any problem
+  rtproxy state list|drop ROUTE    list routes with kept state, or drop one (proxy stopped)
   rtproxy version                  print the version
   rtproxy demo produce [--bootstrap ADDR] [--topic T] [--rate N] [--count N]
                                    produce sample payment records
@@ -55,6 +56,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return 0
 	case "demo":
 		return cmdDemo(args[1:], stdout, stderr)
+	case "state":
+		return cmdState(args[1:], stdout, stderr)
 	case "help", "-h", "--help", "-help":
 		fmt.Fprint(stdout, usage)
 		return 0

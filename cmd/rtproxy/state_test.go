@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// TestBinaryStateListDrop: a route's state outlives the process; `state
+// list` shows it, refuses while the proxy holds the directory, and `state
+// drop` deletes it.
+func TestBinaryStateListDrop(t *testing.T) {
+	rulesDir := t.TempDir()
+	rule := "route: dedup\nsource: { topic: events, format: json, start: earliest }\nsink: { topic: events.unique }\ncheckpoint_interval: 200ms\n" +
+		"steps:\n  - drop_duplicates: { key: value.id }\n"
+	os.WriteFile(filepath.Join(rulesDir, "dedup.yaml"), []byte(rule), 0o644)
+	p := startRun(t, rulesDir)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.listen), kgo.ProducerLinger(0), kgo.AllowAutoTopicCreation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i := range 10 {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "events", Value: []byte(fmt.Sprintf(`{"id":%d}`, i%4))}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, body, _ := httpGet(p.admin + "/routes")
+		if strings.Contains(body, `"last_checkpoint"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint in /routes after 10s:\n%s", body)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	code, _, errOut := runBinary(t, nil, "state", "list", "--state-dir", p.stateDir)
+	if code != 1 || !strings.Contains(errOut, "is in use, probably by a running rtproxy; stop it first") {
+		t.Fatalf("state list on a running proxy: exit %d, %q", code, errOut)
+	}
+	cl.Close()
+	p.stop(t)
+
+	code, out, errOut := runBinary(t, nil, "state", "list", "--state-dir", p.stateDir)
+	if code != 0 || !strings.Contains(out, "ROUTE") {
+		t.Fatalf("state list: exit %d, %q %q", code, out, errOut)
+	}
+	var row []string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == "dedup" {
+			row = f
+		}
+	}
+	if len(row) != 6 || row[1] == "-" || row[5] == "0" {
+		t.Fatalf("state list has no checkpointed dedup route with steps:\n%s", out)
+	}
+
+	code, out, errOut = runBinary(t, nil, "state", "drop", "dedup", "--state-dir", p.stateDir)
+	if code != 0 || out != "dropped the state of route dedup\n" {
+		t.Fatalf("state drop: exit %d, %q %q", code, out, errOut)
+	}
+	code, out, _ = runBinary(t, nil, "state", "list", "--state-dir", p.stateDir)
+	if code != 0 || strings.Contains(out, "dedup") {
+		t.Fatalf("after drop: exit %d\n%s", code, out)
+	}
+	code, _, errOut = runBinary(t, nil, "state", "drop", "--state-dir", p.stateDir, "dedup")
+	if code != 1 || !strings.Contains(errOut, `no state for route "dedup"`) {
+		t.Fatalf("second drop: exit %d, %q", code, errOut)
+	}
+	code, _, errOut = runBinary(t, nil, "state", "frobnicate")
+	if code != 2 || !strings.Contains(errOut, "usage: rtproxy state list") {
+		t.Fatalf("bad verb: exit %d, %q", code, errOut)
+	}
+}
