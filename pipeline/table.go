@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -70,7 +69,7 @@ func openTopicTable(ctx context.Context, r *route, base []kgo.Opt, adm *kadm.Cli
 	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), base...),
 		kgo.ConsumeTopics(ts.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(50*time.Millisecond),
+		kgo.FetchMaxWait(fetchMaxWait),
 	)...)
 	if err != nil {
 		return nil, err
