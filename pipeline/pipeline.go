@@ -252,7 +252,11 @@ type RouteStatus struct {
 	Watermark      *time.Time        `json:"watermark,omitempty"`
 	LastCheckpoint *time.Time        `json:"last_checkpoint,omitempty"`
 	LastError      string            `json:"last_error,omitempty"`
-	RuleError      string            `json:"rule_error,omitempty"`
+	// CheckpointPauseMs is how long the last checkpoint held dispatch at a
+	// record boundary; MaxCheckpointPauseMs the longest since the start.
+	CheckpointPauseMs    float64 `json:"checkpoint_pause_ms"`
+	MaxCheckpointPauseMs float64 `json:"max_checkpoint_pause_ms"`
+	RuleError            string  `json:"rule_error,omitempty"`
 }
 
 // PartitionStatus is one source partition of a route.

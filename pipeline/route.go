@@ -70,6 +70,8 @@ type route struct {
 		lastErrAt      time.Time
 		lastCheckpoint time.Time
 		sinkDown       bool
+		lastPause      time.Duration
+		maxPause       time.Duration
 	}
 
 	cpSeq atomic.Int64
@@ -506,8 +508,10 @@ func (r *route) checkpointLoop() {
 			r.cpMu.Unlock()
 			return
 		}
+		paused := time.Now()
 		c, err := r.takeCutLocked()
 		r.cut.Unlock()
+		r.notePause(time.Since(paused))
 		if err == nil {
 			r.pendingCuts = append(r.pendingCuts, c)
 			// Dispatch runs again while the cut waits for its outputs.
@@ -672,6 +676,15 @@ func (r *route) pendingUpToLocked(e int64) int {
 	return n
 }
 
+// notePause records how long a checkpoint held dispatch at a record
+// boundary (drain + snapshot copy + freeze), for /routes.
+func (r *route) notePause(d time.Duration) {
+	r.st.Lock()
+	r.st.lastPause = d
+	r.st.maxPause = max(r.st.maxPause, d)
+	r.st.Unlock()
+}
+
 func (r *route) setState(s, errText string) {
 	r.st.Lock()
 	r.st.state = s
@@ -697,6 +710,8 @@ func (r *route) status() RouteStatus {
 		s.State = "error"
 	}
 	s.LastError = r.st.lastErr
+	s.CheckpointPauseMs = float64(r.st.lastPause) / 1e6
+	s.MaxCheckpointPauseMs = float64(r.st.maxPause) / 1e6
 	if !r.st.lastCheckpoint.IsZero() {
 		t := r.st.lastCheckpoint
 		s.LastCheckpoint = &t

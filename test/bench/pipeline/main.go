@@ -123,6 +123,13 @@ func main() {
 		rows = append(rows, r)
 	}
 	stopLoop()
+	var pauses []string
+	for _, st := range mgr.Routes() {
+		if st.Name == "a" || st.Name == "c" {
+			pauses = append(pauses, fmt.Sprintf("route %s: longest dispatch pause for a checkpoint %.2f ms (last %.2f ms)",
+				st.Name, st.MaxCheckpointPauseMs, st.CheckpointPauseMs))
+		}
+	}
 
 	var tput []string
 	if *bulk > 0 {
@@ -146,6 +153,10 @@ func main() {
 	fmt.Println("|---|---:|---:|---:|---:|---:|")
 	for _, r := range rows {
 		fmt.Println(r.md())
+	}
+	fmt.Println()
+	for _, p := range pauses {
+		fmt.Println(p)
 	}
 	if len(tput) > 0 {
 		fmt.Printf("\nMaximum sustainable throughput (drain a backlog of %d records, 8 partitions, to an 8-partition sink):\n\n", *bulk)
