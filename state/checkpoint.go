@@ -64,8 +64,8 @@ func (db *DB) freeze(route string, alone bool) (*Frozen, error) {
 	return f, nil
 }
 
-// Keys is how many keyed-state writes (sets and deletes) the cut holds.
-func (f *Frozen) Keys() int {
+// Writes is how many keyed-state writes (sets and deletes) the cut holds.
+func (f *Frozen) Writes() int {
 	n := 0
 	for _, o := range f.layers {
 		n += o.len()

@@ -138,7 +138,7 @@ func (h *ddHarness) apply(out *strings.Builder, line string) {
 		h.nFrozen++
 		name := "F" + strconv.Itoa(h.nFrozen)
 		h.frozen[name] = fz
-		fmt.Fprintf(out, "%s: %d writes\n", name, fz.Keys())
+		fmt.Fprintf(out, "%s: %d writes\n", name, fz.Writes())
 	case "commit":
 		fz := h.frozen[arg(1)]
 		if fz == nil {
