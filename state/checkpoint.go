@@ -280,7 +280,8 @@ func (db *DB) LoadCheckpoint(route string) (*Checkpoint, bool, error) {
 }
 
 // Snapshot returns the snapshot the checkpoint holds for step (empty if
-// none), for operators.Stateful.Restore.
+// none), for operators.Stateful.Restore. Each reads the database when it
+// runs, so restore before the route writes its next checkpoint.
 func (cp *Checkpoint) Snapshot(step string) Reader {
 	return snapReader{db: cp.db, route: cp.Route, step: step}
 }
