@@ -30,6 +30,21 @@ func payment(i int) []byte {
 	return append(b, '"', '}')
 }
 
+// uniquePayment is payment(i) with every string and number distinct for
+// each i < 1e6: the worst case for the decoder's intern caches
+// (json_intern.go), whose hits payment's repeated values (currency, status,
+// country, items...) show at their best.
+func uniquePayment(i int) []byte {
+	u := fmt.Sprintf("%06d", i%1000000)
+	s := fmt.Sprintf(`{"txn_id":"txn-%[1]s","user_id":"user-%[1]s","merchant_id":"m-%[1]s","amount":%[2]d.%[3]s,"currency":"C%[1]s","status":"s%[1]s","ts":%[4]d,"card":{"bin":"b%[1]s","last4":"l%[1]s","brand":"v%[1]s","country":"c%[1]s","expiry":"e%[1]s"},"device":{"id":"dev-%[1]s","os":"os%[1]s","version":"v%[1]s","ip":"10.%[1]s","user_agent":"Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 %[1]s"},"shipping":{"name":"n%[1]s","street":"s%[1]s","city":"c%[1]s","zip":"z%[1]s","country":"c%[1]s"},"items":[{"sku":"a%[1]s","qty":1%[1]s,"price":1.%[1]s},{"sku":"b%[1]s","qty":2%[1]s,"price":2.%[1]s},{"sku":"c%[1]s","qty":3%[1]s,"price":3.%[1]s}],"risk":{"score":0.%[1]s,"rules":["r%[1]s","g%[1]s","b%[1]s"],"reviewed":false},"tags":["t%[1]s","u%[1]s","v%[1]s"],"note":"`,
+		u, i%500, u, 1700000000000+int64(i)*7)
+	b := []byte(s)
+	for len(b) < 1022 {
+		b = append(b, 'x')
+	}
+	return append(b, '"', '}')
+}
+
 // Offsets of the fixed-width ids in a payment: benchmarks stamp distinct
 // ids into one buffer instead of keeping 100k payloads (or, worse, 100k
 // decoded objects, whose GC scanning would swamp what is measured).
@@ -66,6 +81,24 @@ func (s *encodeSink) Emit(r *Record) {
 
 func (s *encodeSink) DeadLetter(*Record, Reason, error) { s.dead++ }
 func (s *encodeSink) counts() (int, int)                { return s.n, s.dead }
+
+// rawSink is encodeSink for a pipeline that forwards the received bytes of
+// a record whose value no step changed (Record.ValueBytes) and encodes the
+// others. Records must come from SetJSON for Raw to be used.
+type rawSink struct {
+	encodeSink
+	forwarded int
+}
+
+func (s *rawSink) Emit(r *Record) {
+	if raw, ok := r.ValueBytes(); ok {
+		s.buf = raw // handed on as is
+		s.forwarded++
+		s.n++
+		return
+	}
+	s.encodeSink.Emit(r)
+}
 
 // countSink only counts.
 type countSink struct{ n, dead int }
@@ -200,6 +233,52 @@ func BenchmarkFilterSetMap(b *testing.B) {
 	})
 }
 
+// BenchmarkFilter is a route of one filter: with json-raw the sink
+// forwards the received bytes (Record.ValueBytes) instead of encoding.
+func BenchmarkFilter(b *testing.B) {
+	f := NewFilter(mustExpr(b, `value.amount > 0 && value.status != "test"`))
+	in := inputs(4096)
+	passes := make([]bool, len(in)) // amount is 0.00 for every 500th input
+	for i, v := range decodeAll(b, in) {
+		passes[i] = v.(map[string]any)["amount"].(float64) > 0
+	}
+	run := func(b *testing.B, sink interface {
+		Emitter
+		counts() (int, int)
+	}, setJSON bool) {
+		b.SetBytes(1024)
+		b.ReportAllocs()
+		i, want := 0, 0
+		cpu0 := cpuNow()
+		for b.Loop() {
+			raw := in[i%len(in)]
+			if passes[i%len(in)] {
+				want++
+			}
+			i++
+			r := &Record{Key: raw[txnAt : txnAt+8]}
+			if setJSON {
+				if err := r.SetJSON(raw); err != nil {
+					b.Fatal(err)
+				}
+			} else {
+				v, err := DecodeJSON(raw)
+				if err != nil {
+					b.Fatal(err)
+				}
+				r.Value, r.Raw = v, raw
+			}
+			f.Process(r, sink)
+		}
+		recPerSec(b, cpu0)
+		if n, dead := sink.counts(); n != want || dead != 0 {
+			b.Fatalf("passed %d of %d, want %d, dead %d", n, b.N, want, dead)
+		}
+	}
+	b.Run("json", func(b *testing.B) { run(b, &encodeSink{}, false) })
+	b.Run("json-raw", func(b *testing.B) { run(b, &rawSink{}, true) })
+}
+
 func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 	spec := WindowSpec{
 		Kind: "tumbling", Size: time.Minute, Key: mustExpr(b, "value.user_id"),
@@ -259,43 +338,61 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 	b.Run("op", func(b *testing.B) { run(b, false) })
 }
 
+// BenchmarkDropDuplicates1MKeys measures a step that already remembers 1M
+// keys: the state is filled with 1M other ids first, so every b.N, not
+// only -benchtime 1000000x, sees a state of at least 1M keys (and the GC
+// scans it, as it would scan an in-memory state in the pipeline). Every
+// measured record has a new id, so every one passes and is encoded.
 func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 	const keys = 1_000_000
-	run := func(b *testing.B, decode bool) {
-		d := NewDropDuplicates(mustExpr(b, "value.txn_id"), time.Hour, NewMemKV())
+	d := NewDropDuplicates(mustExpr(b, "value.txn_id"), time.Hour, NewMemKV())
+	fill := map[string]any{"txn_id": ""}
+	for k := range keys {
+		fill["txn_id"] = fmt.Sprintf("old-%08d", k)
+		d.Process(&Record{Value: fill, EventTime: -1}, &countSink{})
+	}
+	next := 0 // ids already used by an earlier run of a variant
+	run := func(b *testing.B, mode string) {
 		raw := payment(0)
-		var tmpl map[string]any
-		if !decode {
-			v, _ := DecodeJSON(raw)
-			tmpl = v.(map[string]any)
-		}
+		v, _ := DecodeJSON(raw)
+		tmpl := v.(map[string]any)
 		var sink interface {
 			Emitter
 			counts() (int, int)
-		} = &countSink{}
-		if decode {
+		}
+		switch mode {
+		case "json":
 			sink = &encodeSink{}
+		case "json-raw":
+			sink = &rawSink{}
+		default:
+			sink = &countSink{}
 		}
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
 		cpu0 := cpuNow()
 		for b.Loop() {
-			k := i % keys
-			var v any
-			if decode {
+			k := next + i
+			r := &Record{EventTime: int64(i)}
+			switch mode {
+			case "json":
 				stampTxn(raw, k)
 				var err error
-				if v, err = DecodeJSON(raw); err != nil {
+				if r.Value, err = DecodeJSON(raw); err != nil {
 					b.Fatal(err)
 				}
-			} else {
+			case "json-raw":
+				stampTxn(raw, k)
+				if err := r.SetJSON(raw); err != nil {
+					b.Fatal(err)
+				}
+			default:
 				// A fresh id string, as a decode would give; the step only
 				// reads the value, so one object serves.
 				tmpl["txn_id"] = "txn-" + strconv.Itoa(k)
-				v = tmpl
+				r.Value = tmpl
 			}
-			r := &Record{Value: v, EventTime: int64(i)}
 			if _, err := d.ShuffleKey(r); err != nil {
 				b.Fatal(err)
 			}
@@ -303,13 +400,17 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 			i++
 		}
 		recPerSec(b, cpu0)
-		want := min(b.N, keys)
-		if n, dead := sink.counts(); n != want || dead != 0 {
-			b.Fatalf("passed %d, want %d (dead %d)", n, want, dead)
+		next += b.N
+		if n, dead := sink.counts(); n != b.N || dead != 0 {
+			b.Fatalf("passed %d, want %d (dead %d)", n, b.N, dead)
+		}
+		if rs, ok := sink.(*rawSink); ok && rs.forwarded != b.N {
+			b.Fatalf("forwarded %d of %d", rs.forwarded, b.N)
 		}
 	}
-	b.Run("json", func(b *testing.B) { run(b, true) })
-	b.Run("op", func(b *testing.B) { run(b, false) })
+	b.Run("json", func(b *testing.B) { run(b, "json") })
+	b.Run("json-raw", func(b *testing.B) { run(b, "json-raw") })
+	b.Run("op", func(b *testing.B) { run(b, "op") })
 }
 
 func BenchmarkJoin100kRows(b *testing.B) {
@@ -344,6 +445,27 @@ func BenchmarkJoin100kRows(b *testing.B) {
 			b.Fatalf("joined %d of %d", sink.n, b.N)
 		}
 	})
+	b.Run("json-raw", func(b *testing.B) {
+		raw := payment(0)
+		sink := &rawSink{}
+		b.SetBytes(1024)
+		b.ReportAllocs()
+		i := 0
+		cpu0 := cpuNow()
+		for b.Loop() {
+			stamp(raw, merchantAt, 5, i%100_000)
+			r := &Record{}
+			if err := r.SetJSON(raw); err != nil {
+				b.Fatal(err)
+			}
+			j.Process(r, sink)
+			i++
+		}
+		recPerSec(b, cpu0)
+		if sink.n != b.N || sink.forwarded != b.N {
+			b.Fatalf("joined %d, forwarded %d of %d", sink.n, sink.forwarded, b.N)
+		}
+	})
 	b.Run("op", func(b *testing.B) {
 		tmpl, _ := DecodeJSON(payment(0))
 		m := tmpl.(map[string]any)
@@ -376,6 +498,29 @@ func BenchmarkJSON(b *testing.B) {
 		}
 		recPerSec(b, cpu0)
 	})
+	decodeEach := func(b *testing.B, in [][]byte) {
+		b.SetBytes(1024)
+		b.ReportAllocs()
+		i := 0
+		cpu0 := cpuNow()
+		for b.Loop() {
+			if _, err := DecodeJSON(in[i%len(in)]); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+		recPerSec(b, cpu0)
+	}
+	// The 4096 payments of the chain benchmark (ids, amounts, times differ).
+	b.Run("decode-4096", func(b *testing.B) { decodeEach(b, inputs(4096)) })
+	// 4096 payments with no value in common.
+	b.Run("decode-unique", func(b *testing.B) {
+		in := make([][]byte, 4096)
+		for i := range in {
+			in[i] = uniquePayment(i)
+		}
+		decodeEach(b, in)
+	})
 	b.Run("encode", func(b *testing.B) {
 		v, _ := DecodeJSON(raw)
 		var buf []byte
@@ -390,6 +535,11 @@ func BenchmarkJSON(b *testing.B) {
 
 func TestPaymentIs1KiB(t *testing.T) {
 	for _, i := range []int{0, 7, 99_999_999} {
+		if u := uniquePayment(i); len(u) != 1024 {
+			t.Fatalf("uniquePayment(%d) is %d bytes", i, len(u))
+		} else if _, err := DecodeJSON(u); err != nil {
+			t.Fatalf("uniquePayment(%d): %v", i, err)
+		}
 		p := payment(i)
 		if len(p) != 1024 {
 			t.Fatalf("payment(%d) is %d bytes", i, len(p))

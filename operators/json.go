@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -46,7 +47,8 @@ var errJSONDepth = errors.New("exceeds max nesting depth")
 // arrays []any, numbers float64. Anything but whitespace after the value
 // is an error.
 func DecodeJSON(b []byte) (any, error) {
-	d := jsonDecoder{s: string(b)}
+	d := decoders.Get().(*jsonDecoder)
+	d.s, d.i, d.err = string(b), 0, nil
 	d.ws()
 	v := d.value(0)
 	if d.err == nil {
@@ -55,10 +57,34 @@ func DecodeJSON(b []byte) (any, error) {
 			d.fail("invalid character %q after top-level value", d.s[d.i])
 		}
 	}
-	if d.err != nil {
-		return nil, fmt.Errorf("decode json: %w", d.err)
+	err := d.err
+	d.release()
+	if err != nil {
+		return nil, fmt.Errorf("decode json: %w", err)
 	}
 	return v, nil
+}
+
+// decoders recycles decoders with their scratch stacks and intern caches
+// (json_intern.go): building them per call was ten allocations of a 1 KiB
+// record, and the caches only pay off when they outlive a record.
+var decoders = sync.Pool{New: func() any { return new(jsonDecoder) }}
+
+// maxScratch bounds the scratch stacks a pooled decoder keeps, so one huge
+// document does not pin its scratch memory for good.
+const maxScratch = 4096
+
+// release returns d to the pool without references to the record it
+// decoded.
+func (d *jsonDecoder) release() {
+	d.s, d.err = "", nil
+	if cap(d.kvs) > maxScratch {
+		d.kvs = nil
+	}
+	if cap(d.arr) > maxScratch {
+		d.arr = nil
+	}
+	decoders.Put(d)
 }
 
 type jsonKV struct {
@@ -74,6 +100,7 @@ type jsonDecoder struct {
 	err error
 	kvs []jsonKV // scratch stack of object members being decoded
 	arr []any    // scratch stack of array elements being decoded
+	internCache
 }
 
 func (d *jsonDecoder) fail(f string, args ...any) {
@@ -105,7 +132,11 @@ func (d *jsonDecoder) value(depth int) any {
 	case '[':
 		return d.array(depth + 1)
 	case '"':
-		return d.str()
+		s, view := d.str()
+		if d.err != nil {
+			return nil
+		}
+		return d.boxString(s, view)
 	case 't':
 		return d.literal("true", true)
 	case 'f':
@@ -114,7 +145,11 @@ func (d *jsonDecoder) value(depth int) any {
 		return d.literal("null", nil)
 	default:
 		if c == '-' || (c >= '0' && c <= '9') {
-			return d.number()
+			f, ok := d.number()
+			if !ok {
+				return nil
+			}
+			return d.boxFloat(f)
 		}
 		d.fail("invalid character %q looking for beginning of value", c)
 		return nil
@@ -148,7 +183,7 @@ func (d *jsonDecoder) object(depth int) any {
 			d.fail("want a string object key")
 			break
 		}
-		k := d.str()
+		k, _ := d.str()
 		d.ws()
 		if d.i >= len(d.s) || d.s[d.i] != ':' {
 			d.fail("want ':' after object key")
@@ -174,6 +209,7 @@ func (d *jsonDecoder) object(depth int) any {
 		d.fail("invalid character %q after object member", d.s[d.i])
 	}
 	if d.err != nil {
+		clear(d.kvs[base:])
 		d.kvs = d.kvs[:base]
 		return nil
 	}
@@ -217,6 +253,7 @@ func (d *jsonDecoder) array(depth int) any {
 		d.fail("invalid character %q after array element", d.s[d.i])
 	}
 	if d.err != nil {
+		clear(d.arr[base:])
 		d.arr = d.arr[:base]
 		return nil
 	}
@@ -227,33 +264,46 @@ func (d *jsonDecoder) array(depth int) any {
 	return a
 }
 
-// str decodes the string at d.i (which is '"').
-func (d *jsonDecoder) str() string {
+// strStop[c] is true for the bytes that end the fast scan of a string:
+// the closing quote, a backslash, control characters and non-ASCII bytes.
+var strStop = func() (t [256]bool) {
+	for c := range 256 {
+		t[c] = c == '"' || c == '\\' || c < 0x20 || c >= utf8.RuneSelf
+	}
+	return t
+}()
+
+// str decodes the string at d.i (which is '"'). view reports that s is a
+// substring of d.s (no escapes, valid UTF-8) rather than a new string.
+func (d *jsonDecoder) str() (s string, view bool) {
 	d.i++
 	start := d.i
 	ascii := true
 	for d.i < len(d.s) {
 		c := d.s[d.i]
+		if !strStop[c] {
+			d.i++
+			continue
+		}
 		switch {
 		case c == '"':
 			s := d.s[start:d.i]
 			d.i++
 			if !ascii && !utf8.ValidString(s) {
-				return fixUTF8(s)
+				return fixUTF8(s), false
 			}
-			return s
+			return s, true
 		case c == '\\':
-			return d.strEscaped(start)
+			return d.strEscaped(start), false
 		case c < 0x20:
 			d.fail("invalid control character %q in string", c)
-			return ""
-		case c >= 0x80:
-			ascii = false
+			return "", false
 		}
+		ascii = false
 		d.i++
 	}
 	d.fail("unexpected end of JSON input in string")
-	return ""
+	return "", false
 }
 
 // strEscaped finishes a string that has escapes; d.i is at the first '\'.
@@ -374,7 +424,7 @@ func (d *jsonDecoder) hex4() rune {
 // number checks the JSON number grammar, then converts. Integers of up to
 // 15 digits are converted by hand (exact in float64); the rest go through
 // strconv.ParseFloat.
-func (d *jsonDecoder) number() any {
+func (d *jsonDecoder) number() (float64, bool) {
 	start := d.i
 	s := d.s
 	if s[d.i] == '-' {
@@ -396,17 +446,22 @@ func (d *jsonDecoder) number() any {
 		}
 	default:
 		d.fail("invalid number")
-		return nil
+		return 0, false
 	}
 	plain := true
+	frac := 0 // digits after the '.', when they all went into n
 	if d.i < len(s) && s[d.i] == '.' {
-		plain = false
 		d.i++
 		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
 			d.fail("invalid number: want a digit after '.'")
-			return nil
+			return 0, false
 		}
 		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
+			if digits < 18 {
+				n = n*10 + int64(s[d.i]-'0')
+			}
+			digits++
+			frac++
 			d.i++
 		}
 	}
@@ -418,27 +473,35 @@ func (d *jsonDecoder) number() any {
 		}
 		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
 			d.fail("invalid number: want a digit in the exponent")
-			return nil
+			return 0, false
 		}
 		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
 			d.i++
 		}
 	}
 	if plain && digits <= 15 {
+		// n < 10^15 < 2^53 and 10^frac (frac <= 15) are exact in float64,
+		// and IEEE division rounds correctly, so n / 10^frac is exactly
+		// what ParseFloat returns (the classic fast path).
 		f := float64(n)
+		if frac > 0 {
+			f /= pow10[frac]
+		}
 		if s[start] == '-' {
 			f = -f
 		}
-		return f
+		return f, true
 	}
 	f, err := strconv.ParseFloat(s[start:d.i], 64)
 	if err != nil {
 		d.i = start
 		d.fail("number %s out of range", s[start:min(len(s), start+40)])
-		return nil
+		return 0, false
 	}
-	return f
+	return f, true
 }
+
+var pow10 = [...]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
 
 // AppendJSON appends the JSON encoding of v to dst. The output is
 // byte-for-byte what encoding/json.Marshal writes (sorted object keys,

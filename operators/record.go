@@ -47,15 +47,24 @@ type Record struct {
 	// Process does not evaluate the key expression a second time.
 	shuffleKey    string
 	shuffleKeyFor *Expr
+	// rawValue is the Value SetJSON decoded from rawFrom (then Raw), and
+	// valueChanged says a step changed it in place since (ValueBytes,
+	// rawvalue.go).
+	rawValue     any
+	rawFrom      []byte
+	rawSet       bool
+	valueChanged bool
 }
 
 // ResetEnv forgets the expression environment cached on r. Call it after
 // changing Key or Headers of a record that has already been evaluated (the
 // other fields are picked up on every Eval without it), or before reusing a
-// Record value for another record.
+// Record value for another record. It also forgets what SetJSON decoded, so
+// ValueBytes returns false until the next SetJSON.
 func (r *Record) ResetEnv() {
 	r.env = recordEnv{}
 	r.shuffleKeyFor = nil
+	r.rawValue, r.rawFrom, r.rawSet = nil, nil, false
 }
 
 // WindowRef names the window a row came from: [Start, End) in epoch millis.

@@ -44,6 +44,7 @@ func (s *set) Process(r *Record, out Emitter) {
 	for i, f := range s.fields {
 		obj[f.Name] = vals[i]
 	}
+	r.ValueChanged()
 	r.shuffleKeyFor = nil // a key computed before may read a changed field
 	out.Emit(r)
 }

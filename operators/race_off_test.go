@@ -1,0 +1,5 @@
+//go:build !race
+
+package operators
+
+const raceEnabled = false
