@@ -39,7 +39,7 @@ type broker struct {
 
 // startBroker builds (once) and starts kfake with the given topics
 // (name → partitions), killing it when the test ends.
-func startBroker(t *testing.T, topics map[string]int) *broker {
+func startBroker(t *testing.T, topics map[string]int, extra ...string) *broker {
 	t.Helper()
 	kfakeBinOnce.Do(func() {
 		kfakeBinDir, kfakeBinErr = os.MkdirTemp("", "pipeline-kfake-")
@@ -64,6 +64,7 @@ func startBroker(t *testing.T, topics map[string]int) *broker {
 	if len(ts) > 0 {
 		args = append(args, "-topics", strings.Join(ts, ","))
 	}
+	args = append(args, extra...)
 	cmd := exec.Command(kfakeBin, args...)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()

@@ -1,0 +1,114 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+func freePorts(t *testing.T, n int) []string {
+	t.Helper()
+	var ps []string
+	var ls []net.Listener
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ps = append(ps, fmt.Sprint(l.Addr().(*net.TCPAddr).Port))
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ps
+}
+
+// With the brokers gone the route reports the trouble in Status and in
+// rtproxy_pipeline_sink_errors_total, and when they come back (same ports,
+// same data) it resumes by itself without losing a record.
+func TestBrokersDownThenBack(t *testing.T) {
+	ports := strings.Join(freePorts(t, 3), ",")
+	data := t.TempDir()
+	b := startBroker(t, map[string]int{"sd": 2}, "-ports", ports, "-data-dir", data)
+	def := newRouteDef("sd", "v1", "sd", "sd.out", filterStep(t, 0, "value.n >= 0"))
+	reg := prometheus.NewRegistry()
+	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 2, Registerer: reg, StopTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Apply([]*rules.Route{def})
+	ctx, cancel := contextWithCancel()
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	var first []string
+	for i := 0; i < 20; i++ {
+		r := jsonRecord("sd", fmt.Sprint(i), map[string]any{"n": i})
+		b.produce(t, r)
+		first = append(first, srcRef(r))
+	}
+	b.consume(t, "sd.out", 20, 20*time.Second, 0)
+
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	waitFor(t, 20*time.Second, "Status and metrics report the unreachable brokers", func() bool {
+		st := m.Routes()
+		return len(st) == 1 && st[0].State == "error" && st[0].LastError != "" &&
+			gathered(t, reg, "rtproxy_pipeline_sink_errors_total") > 0
+	})
+	t.Logf("while down: %+v", m.Routes()[0].LastError)
+
+	b = startBroker(t, nil, "-ports", ports, "-data-dir", data)
+	var second []string
+	for i := 20; i < 40; i++ {
+		r := jsonRecord("sd", fmt.Sprint(i), map[string]any{"n": i})
+		b.produce(t, r)
+		second = append(second, srcRef(r))
+	}
+	out := b.consume(t, "sd.out", 40, 30*time.Second, 300*time.Millisecond)
+	seen := map[string]bool{}
+	for _, r := range out {
+		seen[header(r, HeaderSource)] = true
+	}
+	for _, ref := range append(first, second...) {
+		if !seen[ref] {
+			t.Errorf("%s missing from the sink after the brokers came back", ref)
+		}
+	}
+	waitFor(t, 20*time.Second, "the route reports running again", func() bool {
+		st := m.Routes()
+		return len(st) == 1 && st[0].State == "running"
+	})
+}
+
+func contextWithCancel() (context.Context, context.CancelFunc) {
+	return context.WithCancel(context.Background())
+}
+
+// gathered sums a metric family from reg.
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
