@@ -46,6 +46,9 @@ type Config struct {
 	// outputs to be acknowledged before giving up on its final checkpoint
 	// (the previous checkpoint then stays the recovery point). Default 8s.
 	StopTimeout time.Duration
+	// StateRetention drops the state of a route absent from the rule set
+	// for longer than this (retention.go). Zero keeps it until dropped.
+	StateRetention time.Duration
 }
 
 // ErrClosed is returned by Run when called on a Manager that already ran.
@@ -118,6 +121,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	m.mu.ctx = ctx
 	m.mu.Unlock()
 	m.reconcile()
+	go m.retentionLoop(ctx)
 
 	<-ctx.Done()
 
