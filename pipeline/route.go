@@ -370,6 +370,8 @@ func (r *route) run() {
 	}
 	twg.Add(1)
 	go func() { defer twg.Done(); r.checkpointLoop() }()
+	twg.Add(1)
+	go func() { defer twg.Done(); r.lagLoop() }()
 
 	<-r.halt
 	pwg.Wait()
@@ -483,6 +485,24 @@ func (r *route) dispatchLoop(p *partition) {
 			r.processSource(p, rec)
 			p.pos = rec.Offset + 1
 			r.cut.RUnlock()
+		}
+	}
+}
+
+// lagLoop refreshes the lag gauges once a second: a fetch sees the lag
+// before its records are done, so the gauge must also move without one.
+func (r *route) lagLoop() {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.halt:
+			return
+		case <-t.C:
+			for _, p := range r.parts {
+				lag := max(p.hwm.Load()-r.tracker.DoneOffset(p.id), 0)
+				r.m.met.lag.WithLabelValues(r.name, p.label).Set(float64(lag))
+			}
 		}
 	}
 }
