@@ -625,18 +625,23 @@ func (r *route) checkpointed(c *cutPoint) {
 	met := r.m.met
 	met.checkpointDur.WithLabelValues(r.name).Observe(now.Sub(c.t0).Seconds())
 	met.checkpointLast.WithLabelValues(r.name).Set(float64(now.UnixNano()) / 1e9)
-	var bytes int64
+	// Sizes as committed: keyed state (KV) plus snapshots, per step summed
+	// over its workers.
+	steps, err := r.m.db.StepStats(r.name)
+	if err != nil {
+		r.noteError(fmt.Errorf("state stats: %w", err))
+		return
+	}
 	keysByStep := map[string]int64{}
-	for name, s := range c.snaps {
-		bytes += s.bytes
-		keysByStep[stepOfWorkerName(name)] += int64(len(s.kv) / 2)
+	var bytes int64
+	for _, si := range steps {
+		keysByStep[stepOfWorkerName(si.Step)] += si.KVKeys + si.SnapKeys
+		bytes += si.KVBytes + si.SnapBytes
 	}
 	for step, k := range keysByStep {
 		met.stateKeys.WithLabelValues(r.name, step).Set(float64(k))
 	}
-	kk, kb := r.m.db.Stats(r.name)
-	_ = kk
-	met.stateBytes.WithLabelValues(r.name).Set(float64(bytes + kb))
+	met.stateBytes.WithLabelValues(r.name).Set(float64(bytes))
 }
 
 func stepOfWorkerName(n string) string {
