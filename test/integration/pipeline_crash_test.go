@@ -335,4 +335,18 @@ func TestPipelineBrokerRestart(t *testing.T) {
 		}
 		return fmt.Errorf("routes: %+v", routes)
 	})
+	metrics := p.Metrics(t)
+	for _, want := range []string{
+		`rtproxy_pipeline_records_out_total{route="brst-filter"}`,
+		`rtproxy_pipeline_records_in_total{partition="0",route="brst-filter"}`,
+		`rtproxy_checkpoint_last_timestamp_seconds{route="brst-filter"}`,
+		`rtproxy_pipeline_lag_records{partition="2",route="brst-filter"} 0`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if strings.Contains(metrics, `rtproxy_pipeline_records_out_total{route="brst-filter"} 0`) {
+		t.Errorf("records_out_total is 0 after %d outputs", len(want))
+	}
 }
