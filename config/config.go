@@ -53,6 +53,10 @@ type Config struct {
 	// ShutdownGrace bounds how long in-flight requests and pipelines get
 	// to finish after SIGTERM. Default 10s.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// StateRetention is how long the state of a route whose rule file is
+	// gone is kept; past it the state is dropped and a restored file starts
+	// from source.start. Default 0: kept until `rtproxy state drop ROUTE`.
+	StateRetention time.Duration `yaml:"state_retention"`
 
 	TLS  TLS  `yaml:"tls"`
 	SASL SASL `yaml:"sasl"`
@@ -201,6 +205,9 @@ func (c *Config) Validate() error {
 		// Zero would read as "the default" to the parts; a stop without a
 		// grace is better asked for as a small one, such as 100ms.
 		bad("shutdown_grace", "must be positive (e.g. 10s, or 100ms for an almost immediate stop), got %s", c.ShutdownGrace)
+	}
+	if c.StateRetention < 0 {
+		bad("state_retention", "must be 0 (keep until `rtproxy state drop`) or positive (e.g. 24h), got %s", c.StateRetention)
 	}
 
 	ct := c.TLS.Client

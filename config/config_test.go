@@ -108,7 +108,7 @@ func TestEnvNames(t *testing.T) {
 	want := map[string]string{
 		"listen": "RTPROXY_LISTEN", "upstream": "RTPROXY_UPSTREAM", "rules_dir": "RTPROXY_RULES_DIR",
 		"broker_ports": "RTPROXY_BROKER_PORTS", "tls.upstream.ca_file": "RTPROXY_TLS_UPSTREAM_CA_FILE",
-		"sasl.password": "RTPROXY_SASL_PASSWORD", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
+		"sasl.password": "RTPROXY_SASL_PASSWORD", "state_retention": "RTPROXY_STATE_RETENTION", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
 	}
 	got := map[string]string{}
 	for _, k := range Keys() {
@@ -119,8 +119,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 25 {
-		t.Errorf("%d keys, want 25 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 26 {
+		t.Errorf("%d keys, want 26 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -221,6 +221,7 @@ func TestValidate(t *testing.T) {
 		{"frame too big", func(c *Config) { c.MaxFrameBytes = 1 << 31 }, "max_frame_bytes: 2147483648 is outside"},
 		{"negative grace", func(c *Config) { c.ShutdownGrace = -time.Second }, "shutdown_grace: must be positive"},
 		{"zero grace", func(c *Config) { c.ShutdownGrace = 0 }, "shutdown_grace: must be positive"},
+		{"negative retention", func(c *Config) { c.StateRetention = -time.Hour }, "state_retention: must be 0 (keep until `rtproxy state drop`) or positive (e.g. 24h), got -1h0m0s"},
 		{"client cert without key", func(c *Config) { c.TLS.Client.CertFile = "a" }, "tls.client: cert_file and key_file must be set together"},
 		{"client CA without cert", func(c *Config) { c.TLS.Client.ClientCAFile = "ca" }, "client TLS is off"},
 		{"require client cert without CA", func(c *Config) {

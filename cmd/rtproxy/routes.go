@@ -46,7 +46,8 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		// A stopping route waits this long for its outputs to be
 		// acknowledged before its final checkpoint: the same budget
 		// SIGTERM gives everything else. Zero keeps the pipeline default.
-		StopTimeout: cfg.ShutdownGrace,
+		StopTimeout:    cfg.ShutdownGrace,
+		StateRetention: cfg.StateRetention,
 	})
 	if err != nil {
 		return nil, err
