@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-pipeline fuzz clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-pipeline bench-reload fuzz clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -59,6 +59,9 @@ bench-proxy:
 
 bench-pipeline:
 	$(GO) run ./test/bench/pipeline
+
+bench-reload:
+	$(GO) run ./test/bench/reload
 
 ## fuzz: run every fuzz target of FUZZPKGS (default ./...) for FUZZTIME (default 10s) each
 fuzz:
