@@ -28,6 +28,15 @@ const DefaultQuietPeriod = 50 * time.Millisecond
 // swapped to another directory, as git-sync does).
 const DefaultResync = 10 * time.Second
 
+// incompleteHold is how long a changed rule file that is valid but does
+// not end with a newline must stay unchanged before it applies. A file cut
+// mid-line by a writer that paused (an in-place write in chunks) can still
+// be a valid rule, e.g. `value.amount > 1000` cut to `value.amount > 1`;
+// such a cut almost never ends with a newline, while a complete file
+// almost always does. A file that genuinely lacks the final newline only
+// applies this much later.
+const incompleteHold = time.Second
+
 // maxSettle bounds the debounce: a directory that never goes quiet is
 // still re-read this often.
 const maxSettle = time.Second
@@ -49,6 +58,7 @@ type Watcher struct {
 	apply  func([]*Route, []error)
 	quiet  time.Duration
 	resync time.Duration
+	hold   time.Duration // incompleteHold
 	fsw    *fsnotify.Watcher
 	// dirInfo identifies the directory being watched; when the path names
 	// another directory, the watch moves to it.
@@ -67,6 +77,7 @@ type Watcher struct {
 	applied string
 	first   bool
 	logged  map[string]bool // errors already logged, so a lasting error is logged once
+	recheck time.Duration   // set by scan: re-read after this (a held file); 0: no need
 }
 
 // watchedFile is what the watcher remembers of one rule file.
@@ -79,6 +90,10 @@ type watchedFile struct {
 	cur         *Route   // the current content's route; nil when invalid
 	errs        ErrorList
 	good        *Route // the last route of this file that was accepted
+	// heldHash is valid content without a final newline that waits to be
+	// unchanged for hold since heldSince before it applies.
+	heldHash  string
+	heldSince time.Time
 }
 
 // Watch loads dir, calls apply with the result, and then follows the
@@ -117,6 +132,7 @@ func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Reg
 		apply:    apply,
 		quiet:    quiet,
 		resync:   resync,
+		hold:     incompleteHold,
 		dirInfo:  fi,
 		fsw:      fsw,
 		reloadCh: make(chan struct{}, 1),
@@ -197,6 +213,7 @@ func (w *Watcher) loop(ctx context.Context) {
 			return
 		case <-resync.C:
 			w.scan()
+			w.armRecheck(timer, pending)
 		case ev, ok := <-w.fsw.Events:
 			if !ok {
 				return
@@ -222,10 +239,20 @@ func (w *Watcher) loop(ctx context.Context) {
 		case <-timer.C:
 			pending = false
 			w.scan()
+			w.armRecheck(timer, pending)
 		case <-w.reloadCh:
 			w.log.Info("rules: reload requested", "dir", w.dir)
 			w.scan()
+			w.armRecheck(timer, pending)
 		}
+	}
+}
+
+// armRecheck schedules the next scan for a held file, unless a debounce
+// is pending (its scan comes first and re-arms).
+func (w *Watcher) armRecheck(timer *time.Timer, pending bool) {
+	if w.recheck > 0 && !pending {
+		timer.Reset(max(w.recheck, w.quiet))
 	}
 }
 
@@ -258,6 +285,7 @@ func (w *Watcher) scan() {
 		return
 	}
 	present := map[string]bool{}
+	w.recheck = 0
 	for _, path := range files {
 		present[path] = true
 		src, err := os.ReadFile(path)
@@ -269,6 +297,7 @@ func (w *Watcher) scan() {
 		ch := hex.EncodeToString(sum[:])
 		wf := w.files[path]
 		if wf != nil && wf.contentHash == ch && hashFiles(wf.tableFiles) == wf.tableHash {
+			wf.heldHash = ""
 			continue
 		}
 		if wf == nil {
@@ -276,6 +305,23 @@ func (w *Watcher) scan() {
 			w.files[path] = wf
 		}
 		res := loadBytes(path, src)
+		// Valid content without a final newline may be a file cut mid-line
+		// by a writer still at work: it applies once unchanged for hold.
+		// At the first scan nothing runs yet, so nothing is held.
+		if !w.first && res.route != nil && len(src) > 0 && src[len(src)-1] != '\n' {
+			if wf.heldHash != ch {
+				wf.heldHash, wf.heldSince = ch, time.Now()
+				w.log.Info("rules: rule file changed and does not end with a newline; it may still be being written, so it applies once unchanged for the hold period (save by atomic rename to avoid this)",
+					"file", path, "hold", w.hold)
+			}
+			if wait := w.hold - time.Since(wf.heldSince); wait > 0 {
+				if w.recheck == 0 || wait < w.recheck {
+					w.recheck = wait
+				}
+				continue
+			}
+		}
+		wf.heldHash = ""
 		wf.contentHash = ch
 		wf.tableFiles = res.tableFiles
 		wf.tableHash = hashFiles(res.tableFiles)

@@ -461,8 +461,9 @@ func TestHotReloadStateRetention(t *testing.T) {
 // TestHotReloadHalfWritten: a rule file cut mid-line, or cut at a line
 // boundary where the prefix is not a complete rule, and left alone far
 // longer than the watcher's quiet period, never runs: the old version
-// keeps judging every record. (A prefix that is itself a complete rule,
-// cut exactly between two steps, is valid and would run: see
+// keeps judging every record. A valid cut without a final newline is held
+// until complete. (A prefix that is itself a complete rule, cut exactly
+// between two steps and left alone, is valid and would run: see
 // docs/OPERATIONS.md — save by atomic rename.)
 func TestHotReloadHalfWritten(t *testing.T) {
 	k := StartKfake(t, KfakeOpts{Topics: map[string]int{"hh": 2}})
@@ -516,6 +517,18 @@ func TestHotReloadHalfWritten(t *testing.T) {
 			return nil
 		})
 	}
+	// A cut mid-line that is itself a valid rule: version 31's marker cut
+	// to `ver: 3`. It has no final newline, so the watcher holds it (1s)
+	// instead of running a rule that stamps the wrong version; completing
+	// the file within the hold is what a chunked writer does.
+	v31 := rule(31)
+	if err := os.WriteFile(file, []byte(v31[:strings.Index(v31, "ver: 3")+len("ver: 3")]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sink.poll(t, 600*time.Millisecond)
+	if es := routeEntries(t, p, "hh", file); len(es) != 1 || es[0].RuleError != "" || es[0].State != "running" {
+		t.Errorf("valid cut: %+v", es)
+	}
 	if err := os.WriteFile(file, []byte(v2), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -529,6 +542,9 @@ func TestHotReloadHalfWritten(t *testing.T) {
 	for _, r := range out {
 		if r.Ver == nil {
 			t.Fatalf("record %s carries no version marker: a partial rule without its `set` step ran", r.Src)
+		}
+		if *r.Ver == 3 {
+			t.Fatalf("record %s carries ver 3: the file cut mid-line at `ver: 3` ran", r.Src)
 		}
 		vers[*r.Ver]++
 	}
