@@ -555,3 +555,59 @@ func TestHotReloadHalfWritten(t *testing.T) {
 		t.Errorf("after the complete write: %+v", es)
 	}
 }
+
+// TestHotReloadStateRetentionAcrossRestart: the retention clock is the
+// route's last checkpoint, so a route deleted while the proxy was down is
+// dropped after a restart too; and while a rule file that runs no route
+// is refused (it may be the absent route's own, broken), nothing is dropped.
+func TestHotReloadStateRetentionAcrossRestart(t *testing.T) {
+	k := StartKfake(t, KfakeOpts{Topics: map[string]int{"hx": 1}})
+	dir := t.TempDir()
+	file := WriteRuleFile(t, dir, "hx.yaml", hrRule("hx", 1))
+	p := StartProxy(t, ProxyOpts{Upstream: k.Addrs, RulesDir: dir, Env: []string{"RTPROXY_STATE_RETENTION=1s"}})
+	prod := NewClient(t, k.Addrs)
+	sink := newHRSink(t, k.Addrs, "hx.out")
+	produceIDs(t, prod, "hx", 0, 50)
+	sink.until(t, 20*time.Second, "50 records", func(rs []hrOut) bool { return len(rs) >= 50 })
+
+	// Stop the proxy (final checkpoint), delete the file, and leave a
+	// broken file that claims no route behind.
+	if code := p.Stop(); code != 0 {
+		t.Fatalf("rtproxy exited %d", code)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	broken := WriteRuleFile(t, dir, "broken.yaml", "route: hx\nsource: { topic: hx\n")
+	p.Restart()
+	time.Sleep(2500 * time.Millisecond) // well past the retention
+	if strings.Contains(p.Logs(), "state retention:") {
+		t.Fatalf("state dropped while a refused rule file had no running route; logs:\n%s", p.Logs())
+	}
+	if err := os.Remove(broken); err != nil {
+		t.Fatal(err)
+	}
+	Eventually(t, 10*time.Second, "hx's state dropped once no refused file is left", func() error {
+		if !regexp.MustCompile(`state retention: .*route=hx `).MatchString(p.Logs()) {
+			return fmt.Errorf("no retention log line for hx")
+		}
+		return nil
+	})
+	WriteRuleFile(t, dir, "hx.yaml", hrRule("hx", 2))
+	sink.until(t, 20*time.Second, "the 50 records again under v2", func(rs []hrOut) bool { return len(rs) >= 100 })
+	sink.poll(t, 500*time.Millisecond)
+	n := map[int]int{}
+	for _, r := range sink.records() {
+		if r.Ver != nil && *r.Ver == 2 {
+			n[r.ID]++
+		}
+	}
+	for i := 0; i < 50; i++ {
+		if n[i] != 1 {
+			t.Errorf("id %d under v2: %d times, want 1 (restarted from source.start)", i, n[i])
+		}
+	}
+	if got := len(sink.records()); got != 100 {
+		t.Errorf("sink holds %d records, want 100", got)
+	}
+}
