@@ -103,9 +103,21 @@ func (b *broker) client(t *testing.T, opts ...kgo.Opt) *kgo.Client {
 	return cl
 }
 
+// tmpClient is closed by its caller, not at test end: a client closed
+// after its brokers are gone waits out its requests.
+func (b *broker) tmpClient(t *testing.T, opts ...kgo.Opt) *kgo.Client {
+	t.Helper()
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(b.addrs...), kgo.ProducerLinger(0)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl
+}
+
 func (b *broker) produce(t *testing.T, rs ...*kgo.Record) {
 	t.Helper()
-	cl := b.client(t)
+	cl := b.tmpClient(t)
+	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
@@ -117,7 +129,8 @@ func (b *broker) produce(t *testing.T, rs ...*kgo.Record) {
 // after timeout), then keeps reading for quiet to catch extras.
 func (b *broker) consume(t *testing.T, topic string, want int, timeout, quiet time.Duration) []*kgo.Record {
 	t.Helper()
-	cl := b.client(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	cl := b.tmpClient(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	defer cl.Close()
 	var got []*kgo.Record
 	deadline := time.Now().Add(timeout)
 	for len(got) < want {

@@ -76,6 +76,13 @@ type route struct {
 
 	cpSeq atomic.Int64
 
+	// prodCtx is what outputs are produced with; cancelled only when a stop
+	// gives up on unacknowledged outputs (abandoned), so no later cut may
+	// commit.
+	prodCtx    context.Context
+	prodCancel context.CancelFunc
+	abandoned  atomic.Bool
+
 	// Metric children resolved once: a label lookup per record would cost
 	// more than the rest of a filter step.
 	mOut  prometheus.Counter
@@ -98,6 +105,7 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r := &route{m: m, def: d, name: d.Name, log: m.log.With("route", d.Name),
 		done: make(chan struct{}), halt: make(chan struct{}), stopping: make(chan struct{})}
 	r.inflight.byEpoch = map[int64]int{}
+	r.prodCtx, r.prodCancel = context.WithCancel(context.Background())
 	r.mOut = m.met.recordsOut.WithLabelValues(d.Name)
 	r.mE2E = m.met.endToEnd.WithLabelValues(d.Name)
 	r.mProc = m.met.processing.WithLabelValues(d.Name)
@@ -385,6 +393,7 @@ func (r *route) run() {
 		t.close()
 	}
 	r.cl.Close()
+	r.prodCancel()
 	r.setState("stopped", "")
 }
 
@@ -400,6 +409,14 @@ func (r *route) stop() {
 	default:
 	}
 	close(r.stopping)
+	// With the sink unreachable a producer buffer can fill and block a
+	// worker, and with it dispatch; after StopTimeout the route gives up
+	// its outputs (and so any checkpoint past the last one) to stop.
+	abandon := time.AfterFunc(r.m.cfg.StopTimeout, func() {
+		r.abandoned.Store(true)
+		r.prodCancel()
+	})
+	defer abandon.Stop()
 	r.cpMu.Lock()
 	defer r.cpMu.Unlock()
 	r.cut.Lock()
@@ -602,6 +619,10 @@ func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 		c := r.pendingCuts[0]
 		if err := r.waitEpoch(c.epoch, limit, abort); err != nil {
 			return err
+		}
+		if r.abandoned.Load() {
+			// Outputs were dropped unacknowledged: committing would skip them.
+			return errors.New("outputs abandoned at stop")
 		}
 		snaps := make(map[string]func(state.Writer) error, len(c.snaps))
 		for name, ms := range c.snaps {

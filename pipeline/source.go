@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -275,7 +274,7 @@ func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int
 	var cb func(*kgo.Record, error)
 	cb = func(got *kgo.Record, err error) {
 		if err != nil {
-			if errors.Is(err, kgo.ErrClientClosed) || r.ctx.Err() != nil {
+			if errors.Is(err, kgo.ErrClientClosed) || r.ctx.Err() != nil || r.prodCtx.Err() != nil {
 				r.inflightAdd(-1, ep)
 				return
 			}
@@ -283,7 +282,7 @@ func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int
 			r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
 			backoff := min(50*time.Millisecond<<min(attempt, 7), 5*time.Second)
 			again := &kgo.Record{Topic: got.Topic, Key: got.Key, Value: got.Value, Headers: got.Headers}
-			time.AfterFunc(backoff, func() { r.cl.Produce(context.Background(), again, cb) })
+			time.AfterFunc(backoff, func() { r.cl.Produce(r.prodCtx, again, cb) })
 			return
 		}
 		if attempt > 0 {
@@ -298,7 +297,7 @@ func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int
 			tk.release()
 		}
 	}
-	r.cl.Produce(context.Background(), kr, cb)
+	r.cl.Produce(r.prodCtx, kr, cb)
 }
 
 // inflightAdd counts an output produced (d=1, ep<0: in the current epoch,
