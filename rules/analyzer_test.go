@@ -168,6 +168,11 @@ func TestRefusals(t *testing.T) {
 			want: []string{"r.yaml:10:14: `slide` (5m0s) is larger than `size` (1m0s), so some records would fall in no window; make slide at most size (near `5m`)"},
 		},
 		{
+			name: "sliding window with too many windows per record",
+			file: base + "steps:\n  - window:\n      kind: sliding\n      size: 1h\n      slide: 1ms\n      aggregate: { n: count() }\n",
+			want: []string{"r.yaml:10:14: a `size` of 1h0m0s sliding by 1ms puts every record in 3600000 windows, more than 10000; use a larger slide (near `1ms`)"},
+		},
+		{
 			name: "sliding without slide",
 			file: base + "steps:\n  - window:\n      kind: sliding\n      size: 1m\n      aggregate: { n: count() }\n",
 			want: []string{"r.yaml:7:5: a sliding window needs `slide`: how far apart windows start, e.g. `slide: 1m` (at most `size`) (near `window`)"},

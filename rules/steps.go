@@ -596,6 +596,12 @@ func (l *loader) windowStep(kv *keyVal, sc *scope, spec *StepSpec) string {
 		case ws.Kind == "sliding" && ws.Slide > ws.Size:
 			l.errAt(slide.val, slide.val.Value, "`slide` (%s) is larger than `size` (%s), so some records would fall in no window; make slide at most size", ws.Slide, ws.Size)
 			ok = false
+		case ws.Kind == "sliding" && ws.Size/ws.Slide > operators.MaxWindowsPerRecord:
+			// Each record updates size/slide windows: refuse a plan that
+			// would cost millions of updates per record at load time.
+			l.errAt(slide.val, slide.val.Value, "a `size` of %s sliding by %s puts every record in %d windows, more than %d; use a larger slide",
+				ws.Size, ws.Slide, (ws.Size+ws.Slide-1)/ws.Slide, operators.MaxWindowsPerRecord)
+			ok = false
 		}
 	}
 	emit := DefaultWindowEmit
