@@ -28,7 +28,10 @@ import (
 //     allocation. The price: one retained string keeps the whole record's
 //     bytes alive, which is what a record does anyway while it is in flight.
 //   - objects and arrays collect their members on a scratch stack and are
-//     allocated once at their final size, so maps never grow.
+//     allocated once at their final size (the top-level object with room
+//     for two more, see object), so maps never grow while decoding.
+//   - decoders are pooled with their scratch stacks, and strings and numbers
+//     that repeat from record to record share one box (json_intern.go).
 //
 // Numbers decode as float64, like encoding/json into `any`: expr
 // arithmetic and comparisons work on them directly, and integers up to
