@@ -359,9 +359,11 @@ func deadLetterTopic(d *rules.Route) string {
 // the route is stopped.
 func (r *route) run() {
 	defer close(r.done)
+	var wwg sync.WaitGroup
 	for _, st := range r.stages {
 		for _, w := range st.workers {
-			go w.loop()
+			wwg.Add(1)
+			go func() { defer wwg.Done(); w.loop() }()
 		}
 	}
 	var pwg sync.WaitGroup
@@ -394,6 +396,9 @@ func (r *route) run() {
 	}
 	r.cl.Close()
 	r.prodCancel()
+	// No worker may touch state after done: a stop that gave up discards
+	// the uncommitted state right after.
+	wwg.Wait()
 	r.setState("stopped", "")
 }
 
@@ -441,6 +446,28 @@ func (r *route) stop() {
 	r.cut.Unlock()
 	r.cancel()
 	<-r.done
+	if err != nil {
+		r.discardUncommitted()
+	}
+}
+
+// discardUncommitted drops the state written since the last committed
+// checkpoint (pending cuts and live overlays) after a stop that gave up on
+// its final checkpoint. Keeping it would leave the next version (or the
+// route restored later in this process) with state ahead of the offsets it
+// resumes from: a replayed record would find itself already applied (a
+// drop_duplicates would drop it for good), and the pending cut would make
+// every later DropStepsExcept fail with ErrFrozenPending. Without it the
+// next run replays from the last checkpoint: at least once, never lost.
+func (r *route) discardUncommitted() {
+	r.pendingCuts = nil
+	cuts, n, err := r.m.db.Discard(r.name)
+	if err != nil {
+		r.log.Error("uncommitted state not discarded", "err", err)
+		return
+	}
+	r.log.Warn("uncommitted state discarded; the next run replays from the last checkpoint",
+		"frozen_cuts", cuts, "bytes", n)
 }
 
 func (r *route) pollLoop() {

@@ -3,12 +3,15 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -167,4 +170,128 @@ func TestStopWhileBrokersDown(t *testing.T) {
 			t.Errorf("%s missing after restart", ref)
 		}
 	}
+}
+
+// syncBuffer is a log destination tests can read while the Manager writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A swap while the brokers are gone: the old version's stop gives up after
+// StopTimeout with outputs unacknowledged, leaving an uncommitted frozen
+// cut and drop_duplicates state past the last checkpoint. That state is
+// discarded, so once the brokers return the new version starts (its
+// DropStepsExcept is not refused) from the last committed checkpoint and
+// replays: every record reaches the sink, none is taken for a duplicate of
+// itself, and every repeat carries the rtproxy-source of its input.
+func TestSwapWhileSinkDownReplaysFromCommitted(t *testing.T) {
+	ports := strings.Join(freePorts(t, 3), ",")
+	data := t.TempDir()
+	b := startBroker(t, map[string]int{"sg": 2}, "-ports", ports, "-data-dir", data)
+	def := func(hash, ver string) *rules.Route {
+		return newRouteDef("sg", hash, "sg", "sg.out", dedupStep(t, 0, "value.id"), setStep(t, 1, [][2]string{{"ver", `"` + ver + `"`}}))
+	}
+	logs := &syncBuffer{}
+	reg := prometheus.NewRegistry()
+	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 2, Registerer: reg, StopTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Apply([]*rules.Route{def("h1", "v1")})
+	ctx, cancel := contextWithCancel()
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+		if testing.Verbose() || t.Failed() {
+			t.Logf("manager log:\n%s", logs.String())
+		}
+	}()
+
+	var recs []*kgo.Record
+	batch := func(from, to int) []*kgo.Record {
+		var rs []*kgo.Record
+		for i := from; i < to; i++ {
+			rs = append(rs, jsonRecord("sg", fmt.Sprint(i), map[string]any{"id": fmt.Sprint("id", i)}))
+		}
+		recs = append(recs, rs...)
+		return rs
+	}
+	b.produce(t, batch(0, 50)...)
+	b.consume(t, "sg.out", 50, 20*time.Second, 0)
+	// A checkpoint past the first batch: the committed recovery point.
+	waitFor(t, 10*time.Second, "a checkpoint covers the first batch", func() bool {
+		st := m.Routes()
+		if len(st) != 1 || st[0].LastCheckpoint == nil || time.Since(*st[0].LastCheckpoint) > 100*time.Millisecond {
+			return false
+		}
+		for _, p := range st[0].Partitions {
+			if p.Lag != 0 {
+				return false
+			}
+		}
+		return true
+	})
+
+	// The second batch is being processed when the brokers go: its outputs
+	// cannot be acknowledged.
+	b.produce(t, batch(50, 4050)...)
+	waitFor(t, 10*time.Second, "the route takes in the second batch", func() bool {
+		return gathered(t, reg, "rtproxy_pipeline_records_in_total") > 50
+	})
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+	in := gathered(t, reg, "rtproxy_pipeline_records_in_total")
+	t0 := time.Now()
+	m.Apply([]*rules.Route{def("h2", "v2")})
+	t.Logf("swap returned after %v with the brokers down (%v records taken in)", time.Since(t0).Round(time.Millisecond), in)
+	if l := logs.String(); !strings.Contains(l, "final checkpoint not written") || !strings.Contains(l, "uncommitted state discarded") {
+		t.Fatalf("the old version's stop did not give up on unacknowledged outputs (nothing to test); log:\n%s", l)
+	}
+
+	b = startBroker(t, nil, "-ports", ports, "-data-dir", data)
+	out := b.consume(t, "sg.out", len(recs), 40*time.Second, 500*time.Millisecond)
+	seen := map[string]int{}
+	v2 := 0
+	for _, r := range out {
+		src := header(r, HeaderSource)
+		if src == "" {
+			t.Errorf("output %s has no rtproxy-source", r.Value)
+		}
+		seen[src]++
+		if strings.Contains(string(r.Value), `"ver":"v2"`) {
+			v2++
+		}
+	}
+	for _, r := range recs {
+		if seen[srcRef(r)] == 0 {
+			t.Errorf("%s (%s) lost: not in the sink after the brokers returned", srcRef(r), r.Value)
+		}
+	}
+	if len(seen) != len(recs) {
+		t.Errorf("sink names %d distinct sources, want %d", len(seen), len(recs))
+	}
+	if v2 == 0 {
+		t.Errorf("no output from the new version")
+	}
+	t.Logf("sink: %d outputs for %d records (%d by v2, %d repeats)", len(out), len(recs), v2, len(out)-len(recs))
+	waitFor(t, 20*time.Second, "the new version reports running", func() bool {
+		st := m.Routes()
+		return len(st) == 1 && st[0].State == "running"
+	})
 }

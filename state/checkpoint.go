@@ -19,6 +19,8 @@ type Frozen struct {
 	rs     *routeState
 	layers map[*namespace]*overlay
 	at     time.Time
+	// discarded is set, under rs.mu, by DB.Discard.
+	discarded bool
 }
 
 // Freeze cuts the route's state at this instant: it atomically swaps a
@@ -100,6 +102,10 @@ func (f *Frozen) Commit(offs map[int32]int64, snaps map[string]func(Writer) erro
 	rs.commitMu.Lock()
 	defer rs.commitMu.Unlock()
 	rs.mu.Lock()
+	if f.discarded {
+		rs.mu.Unlock()
+		return fmt.Errorf("state: checkpoint of route %q: %w", rs.name, ErrDiscarded)
+	}
 	if len(rs.mu.pending) == 0 || rs.mu.pending[0] != f || rs.mu.dropped {
 		rs.mu.Unlock()
 		return fmt.Errorf("state: checkpoint of route %q: %w", rs.name, ErrCommitOrder)

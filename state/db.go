@@ -25,6 +25,9 @@ var (
 	// ErrCommitOrder is returned by Frozen.Commit when an earlier Frozen of
 	// the same route is still pending, or this one was already committed.
 	ErrCommitOrder = errors.New("state: frozen checkpoints must be committed once, in the order they were frozen")
+	// ErrDiscarded is returned by Frozen.Commit for a cut that DB.Discard
+	// dropped.
+	ErrDiscarded = errors.New("state: frozen checkpoint was discarded")
 )
 
 // Options tunes the pebble database. The zero value means every default.
@@ -500,6 +503,45 @@ func (db *DB) DropStepsExcept(route string, keep []string) error {
 		db.log.Info("state steps dropped", "route", route, "steps", dropped)
 	}
 	return nil
+}
+
+// Discard drops every write of route that no checkpoint has committed: its
+// pending frozen cuts (their Commit then fails with ErrDiscarded) and the
+// live overlays of all its namespaces. The namespaces are detached, so a
+// KV handed out before returns ErrDropped, while Namespace hands out fresh
+// ones that read exactly the last committed checkpoint, the state that
+// matches LoadCheckpoint's offsets. A route whose stop gave up on its final
+// checkpoint calls it so that the next run replays from that checkpoint
+// rather than building on state past it, and so that DropRoute and
+// DropStepsExcept are no longer refused with ErrFrozenPending. It returns
+// how many frozen cuts and how many key and value bytes it dropped.
+func (db *DB) Discard(route string) (cuts int, bytes int64, err error) {
+	if db.closed.Load() {
+		return 0, 0, ErrClosed
+	}
+	rs, err := db.route(route)
+	if err != nil {
+		return 0, 0, err
+	}
+	// commitMu: no Commit of a cut being discarded is half way through.
+	rs.commitMu.Lock()
+	defer rs.commitMu.Unlock()
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	cuts = len(rs.mu.pending)
+	for _, f := range rs.mu.pending {
+		f.discarded = true
+	}
+	rs.mu.pending = nil
+	for step, ns := range rs.mu.namespaces {
+		bytes += ns.pendingBytes()
+		ns.drop()
+		delete(rs.mu.namespaces, step)
+	}
+	if cuts > 0 || bytes > 0 {
+		db.log.Info("state uncommitted writes discarded", "route", route, "frozen_cuts", cuts, "bytes", bytes, "seq", rs.mu.seq)
+	}
+	return cuts, bytes, nil
 }
 
 // pebbleLogger sends pebble's log lines to slog.

@@ -24,6 +24,7 @@ import (
 //	crash                     → close without checkpoint, reopen
 //	load [STEP…]              → last checkpoint (seq, offsets, snapshots)
 //	drop-route                drop-except [STEP…]
+//	discard                   → drop uncommitted writes and frozen cuts
 //	routes                    pending
 //	forget                    → drop held KV handles (as a restarted step would)
 func TestDataDriven(t *testing.T) {
@@ -176,6 +177,13 @@ func (h *ddHarness) apply(out *strings.Builder, line string) {
 		}
 	case "drop-route":
 		errLine(h.db.DropRoute(h.route))
+	case "discard":
+		cuts, n, err := h.db.Discard(h.route)
+		if err != nil {
+			errLine(err)
+			return
+		}
+		fmt.Fprintf(out, "discarded %s: %d frozen cuts, %d bytes\n", h.route, cuts, n)
 	case "drop-except":
 		errLine(h.db.DropStepsExcept(h.route, f[1:]))
 	case "routes":
