@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/operators"
@@ -567,4 +568,135 @@ func TestDropDuplicatesAcrossPartitionsAndRestart(t *testing.T) {
 			t.Errorf("txn t%d in the sink %d times, want once", i, c)
 		}
 	}
+}
+
+// Two keyed steps in one route re-shuffle between stages: drop_duplicates
+// keyed by value.txn_id, then a window keyed by value.user_id. Copies of a
+// txn on different partitions meet in one dedup worker and are dropped
+// exactly once each; the survivors of one user, spread over all partitions
+// and dedup workers, meet in one window worker. Window rows equal an
+// independent computation over the unique txns.
+func TestDropDuplicatesThenWindowReshuffle(t *testing.T) {
+	const parts, txns = 4, 240
+	b := startBroker(t, map[string]int{"rs": parts})
+	agg := []operators.Aggregate{
+		{Name: "n", Func: operators.AggCount},
+		{Name: "total", Func: operators.AggSum, Arg: expr(t, "value.amount")},
+	}
+	def := newRouteDef("rs", "v1", "rs", "rs.out",
+		dedupStep(t, 0, "value.txn_id"),
+		windowStep(t, 1, operators.WindowSpec{Kind: "tumbling", Size: time.Second, Key: expr(t, "value.user_id"), Aggregates: agg}))
+	def.Source.EventTime = expr(t, "value.ts")
+	def.Source.Watermark = 5 * time.Second
+	def.Source.IdleTimeout = 3 * time.Second
+
+	type winKey struct {
+		user  string
+		start int64
+	}
+	type sums struct {
+		n     int
+		total float64
+	}
+	want := map[winKey]*sums{}
+	copies := map[string]int{} // txn_id → copies produced
+	var rs []*kgo.Record
+	add := func(p int32, v map[string]any) {
+		r := jsonRecord("rs", fmt.Sprint(v["txn_id"]), v)
+		r.Partition = p
+		rs = append(rs, r)
+	}
+	for i := 0; i < txns; i++ {
+		user := fmt.Sprint("u", i%7)
+		v := map[string]any{"txn_id": fmt.Sprint("t", i), "user_id": user, "amount": float64(i%17) + 0.25, "ts": 12 * i}
+		// Every txn once; every third again on the next partition, every
+		// ninth a third time on the one after. Event time rises with i, so
+		// no record is late on its own partition.
+		n := 1
+		if i%3 == 0 {
+			n = 2
+		}
+		if i%9 == 0 {
+			n = 3
+		}
+		for c := 0; c < n; c++ {
+			add(int32((i+c)%parts), v)
+		}
+		copies[fmt.Sprint("t", i)] = n
+		wk := winKey{user, int64(12*i) / 1000 * 1000}
+		if want[wk] == nil {
+			want[wk] = &sums{}
+		}
+		want[wk].n++
+		want[wk].total += float64(i%17) + 0.25
+	}
+	dups := 0
+	for _, n := range copies {
+		dups += n - 1
+	}
+	// Every partition's event time moves far ahead: all windows of the
+	// txns close (user "close" rows are not compared).
+	for p := int32(0); p < parts; p++ {
+		add(p, map[string]any{"txn_id": fmt.Sprint("close", p), "user_id": "close", "amount": 0, "ts": 20000})
+	}
+	cl := b.client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 3, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Apply([]*rules.Route{def})
+	rctx, rcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(rctx) }()
+	defer func() { rcancel(); <-done }()
+
+	out := b.consume(t, "rs.out", len(want), 30*time.Second, 500*time.Millisecond)
+	got := map[winKey]map[string]any{}
+	for _, r := range out {
+		var v map[string]any
+		if err := json.Unmarshal(r.Value, &v); err != nil {
+			t.Fatalf("row %s: %v", r.Value, err)
+		}
+		if v["key"] == "close" {
+			continue
+		}
+		wk := winKey{fmt.Sprint(v["key"]), int64(v["window_start"].(float64))}
+		if _, dup := got[wk]; dup {
+			t.Errorf("window %v emitted twice: %s", wk, r.Value)
+		}
+		if h := header(r, HeaderWindow); h != fmt.Sprintf("%d-%d", wk.start, wk.start+1000) {
+			t.Errorf("row %s: rtproxy-window %q", r.Value, h)
+		}
+		got[wk] = v
+	}
+	for wk, s := range want {
+		v := got[wk]
+		if v == nil {
+			t.Errorf("window %v missing", wk)
+			continue
+		}
+		if v["n"] != float64(s.n) || fmt.Sprintf("%.2f", v["total"]) != fmt.Sprintf("%.2f", s.total) {
+			t.Errorf("window %v: n=%v total=%v, want n=%d total=%.2f", wk, v["n"], v["total"], s.n, s.total)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d windows in the sink, want %d", len(got), len(want))
+	}
+	if dl := gathered(t, reg, "rtproxy_pipeline_dead_letters_total"); dl != 0 {
+		t.Errorf("%v dead letters, want none", dl)
+	}
+	waitFor(t, 10*time.Second, "the dropped count settles", func() bool {
+		return gathered(t, reg, "rtproxy_pipeline_records_dropped_total") >= float64(dups)
+	})
+	if d := gathered(t, reg, "rtproxy_pipeline_records_dropped_total"); d != float64(dups) {
+		t.Errorf("records_dropped_total = %v, want %d (each extra copy exactly once)", d, dups)
+	}
+	t.Logf("%d records (%d duplicate copies dropped), %d windows match", len(rs), dups, len(want))
 }
