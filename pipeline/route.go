@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -248,7 +249,7 @@ func (r *route) setup() error {
 		r.st.Lock()
 		r.st.lastCheckpoint = cp.Time
 		r.st.Unlock()
-		r.log.Info("route restored from checkpoint", "seq", cp.Seq, "offsets", cp.Offsets)
+		r.log.Info("route restored from checkpoint", "seq", cp.Seq, "offsets", formatOffsets(cp.Offsets))
 	}
 	var missing []int32
 	for p := int32(0); p < int32(nparts); p++ {
@@ -814,6 +815,26 @@ func (r *route) status() RouteStatus {
 }
 
 func partLabel(p int32) string { return strconv.Itoa(int(p)) }
+
+// formatOffsets writes partition offsets as "0:120,1:98" in partition
+// order: one token in text and JSON logs, easy to read back.
+func formatOffsets(offs map[int32]int64) string {
+	ps := make([]int32, 0, len(offs))
+	for p := range offs {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	var b []byte
+	for i, p := range ps {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(p), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, offs[p], 10)
+	}
+	return string(b)
+}
 
 // fetchMaxWait bounds how long a fetch waits for data. Brokers (and kfake)
 // answer a fetch as soon as min-bytes 1 is met, so this does not delay

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -100,11 +102,14 @@ func hdr(r *kgo.Record, k string) string {
 }
 
 // TestPipelineCrashRecovery kills the proxy with SIGKILL three times at
-// random moments while 20k records (not the issue's 200k: each run must
-// stay within a minute on a shared 2-core machine) flow through it, then
-// checks the sink against an independent recomputation from the source.
+// random moments while 200k records (the issue's full size; about 20s here,
+// producing at 20k records/s) flow through it, then checks the sink against
+// an independent recomputation from the source, and that every repeat lies
+// in the replay range of a kill: from the offsets of the checkpoint the
+// next start restored (its "route restored from checkpoint" log line) up to
+// the source's end at the kill.
 func TestPipelineCrashRecovery(t *testing.T) {
-	const n, rate = 20000, 2000
+	const n, rate = 200000, 20000
 	topic := "crash"
 	k := StartKfake(t, KfakeOpts{Topics: map[string]int{topic: 4}})
 	rulesDir := t.TempDir()
@@ -119,12 +124,39 @@ func TestPipelineCrashRecovery(t *testing.T) {
 		produceThrough(t, []string{p.Addr}, topic, n, rate, &produced)
 	}()
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	var kills []crashKill
 	for kill := 1; kill <= 3; kill++ {
-		// A random moment inside the produce run (about 10s long).
-		time.Sleep(time.Duration(800+rng.IntN(1800)) * time.Millisecond)
+		// A random moment inside the produce run, once the producer has
+		// found the restarted proxy again (so every kill hits a flow).
+		from := produced.Load()
+		Eventually(t, 30*time.Second, "the producer writes again", func() error {
+			if got := produced.Load(); got < min(from+rate/4, n) {
+				return fmt.Errorf("%d records produced since the last restart", got-from)
+			}
+			return nil
+		})
+		time.Sleep(time.Duration(300+rng.IntN(1500)) * time.Millisecond)
 		t.Logf("kill %d: SIGKILL at %d records produced", kill, produced.Load())
 		p.Kill()
+		// The producer writes through the proxy, so nothing reaches the
+		// source while it is down: the end offsets now bound what the dead
+		// proxy can have read (a request it forwarded just before dying is
+		// given a moment to land).
+		time.Sleep(200 * time.Millisecond)
+		kp := crashKill{end: endOffsets(t, k.Addrs, topic)}
+		mark := len(p.Logs())
 		p.Restart()
+		kp.restored = restoredOffsets(t, p, mark, "crash-filter")
+		t.Logf("kill %d: source end %v, crash-filter restored from checkpoint offsets %v", kill, kp.end, kp.restored)
+		for part, off := range kp.restored {
+			if off > kp.end[part] {
+				t.Errorf("kill %d: checkpoint offset %d of partition %d is past the source end %d", kill, off, part, kp.end[part])
+			}
+			if len(kills) > 0 && off < kills[len(kills)-1].restored[part] {
+				t.Errorf("kill %d: checkpoint offset of partition %d went back from %d to %d", kill, part, kills[len(kills)-1].restored[part], off)
+			}
+		}
+		kills = append(kills, kp)
 	}
 	select {
 	case <-prodDone:
@@ -194,12 +226,27 @@ func TestPipelineCrashRecovery(t *testing.T) {
 		}
 		count[ref]++
 	}
+	// A record output in two lives of the proxy was read again after the
+	// kill between them: it lies in that kill's replay range, from the
+	// restored checkpoint's offset up to the source end at the kill. Each
+	// repeat needs a kill of its own, so a record in the sink c times lies
+	// in the replay ranges of at least c-1 kills.
 	repeats := 0
 	for ref, c := range count {
-		if c > 1+3 {
-			t.Errorf("%s is in the sink %d times; replay after 3 kills can repeat it at most 3 times", ref, c)
+		if c == 1 {
+			continue
 		}
 		repeats += c - 1
+		part, off := parseSourceRef(t, ref)
+		var in []int
+		for i, kp := range kills {
+			if off >= kp.restored[part] && off < kp.end[part] {
+				in = append(in, i+1)
+			}
+		}
+		if len(in) < c-1 {
+			t.Errorf("%s is in the sink %d times but lies in the replay range of only %d kills %v (ranges: %s)", ref, c, len(in), in, replayRanges(kills, part))
+		}
 	}
 	t.Logf("sink: %d outputs for %d kept records (%d repeats from replay after 3 kills)", len(out), len(wantOut), repeats)
 
@@ -266,6 +313,98 @@ func TestPipelineCrashRecovery(t *testing.T) {
 		return nil
 	})
 	t.Logf("windows: %d match the recomputation (%d late records dead-lettered)", len(wantWin), len(lateRefs))
+}
+
+// crashKill is what the crash test knows of one SIGKILL: the source's end
+// offsets right after it and the checkpoint offsets the next start restored.
+type crashKill struct {
+	end, restored map[int32]int64
+}
+
+func endOffsets(t *testing.T, brokers []string, topic string) map[int32]int64 {
+	t.Helper()
+	adm := kadm.NewClient(NewClient(t, brokers))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	lo, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = lo.Error()
+	}
+	if err != nil {
+		t.Fatalf("end offsets of %s: %v", topic, err)
+	}
+	out := map[int32]int64{}
+	lo.Each(func(o kadm.ListedOffset) { out[o.Partition] = o.Offset })
+	return out
+}
+
+// restoredRE reads the offsets of "route restored from checkpoint" in text
+// (offsets=0:1,1:2) or JSON ("offsets":"0:1,1:2") logs.
+var restoredRE = regexp.MustCompile(`offsets"?[=:]"?([0-9:,]*)`)
+
+// restoredOffsets waits until route has started after the log position
+// mark and returns the checkpoint offsets it logged restoring; a route
+// that found no checkpoint logs none and starts at the source's start (0).
+func restoredOffsets(t *testing.T, p *Proxy, mark int, route string) map[int32]int64 {
+	t.Helper()
+	var offs map[int32]int64
+	Eventually(t, 30*time.Second, route+" restored after the restart", func() error {
+		for _, line := range strings.Split(p.Logs()[mark:], "\n") {
+			if !strings.Contains(line, "route restored from checkpoint") || !strings.Contains(line, route) {
+				continue
+			}
+			m := restoredRE.FindStringSubmatch(line)
+			if m == nil {
+				return fmt.Errorf("no offsets in %q", line)
+			}
+			offs = map[int32]int64{}
+			for _, kv := range strings.Split(m[1], ",") {
+				ps, os, ok := strings.Cut(kv, ":")
+				part, err1 := strconv.ParseInt(ps, 10, 32)
+				off, err2 := strconv.ParseInt(os, 10, 64)
+				if !ok || err1 != nil || err2 != nil {
+					return fmt.Errorf("bad offsets in %q", line)
+				}
+				offs[int32(part)] = off
+			}
+			return nil
+		}
+		var routes []struct {
+			Name  string `json:"name"`
+			State string `json:"state"`
+		}
+		p.GetJSON(t, "/routes", &routes)
+		for _, r := range routes {
+			if r.Name == route && r.State == "running" {
+				offs = map[int32]int64{} // no checkpoint: from offset 0
+				return nil
+			}
+		}
+		return fmt.Errorf("%s not started yet", route)
+	})
+	return offs
+}
+
+func parseSourceRef(t *testing.T, ref string) (int32, int64) {
+	t.Helper()
+	parts := strings.Split(ref, "/")
+	if len(parts) != 3 {
+		t.Fatalf("rtproxy-source %q is not topic/partition/offset", ref)
+	}
+	part, err1 := strconv.ParseInt(parts[1], 10, 32)
+	off, err2 := strconv.ParseInt(parts[2], 10, 64)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("rtproxy-source %q is not topic/partition/offset", ref)
+	}
+	return int32(part), off
+}
+
+func replayRanges(kills []crashKill, part int32) string {
+	var s []string
+	for i, kp := range kills {
+		s = append(s, fmt.Sprintf("kill %d: [%d,%d)", i+1, kp.restored[part], kp.end[part]))
+	}
+	return strings.Join(s, " ")
 }
 
 // TestPipelineBrokerRestart restarts kfake on its data dir mid-stream; the
