@@ -489,3 +489,177 @@ func TestPipelineBrokerRestart(t *testing.T) {
 		t.Errorf("records_out_total is 0 after %d outputs", len(want))
 	}
 }
+
+// The route watermark is not in the checkpoint; each window step keeps its
+// own in its snapshot. TestPipelineWindowAfterKill checks what that must
+// give across SIGKILLs: a window closed before a kill is emitted again only
+// by the replay since the last checkpoint, and then with the same content;
+// a record behind a window closed before the kill is still late after the
+// restart. One partition, so the replayed records precede the late ones
+// and the verdicts are deterministic; an idle timeout of 10m keeps the
+// wall clock out of the watermark.
+func TestPipelineWindowAfterKill(t *testing.T) {
+	const topic = "wk"
+	k := StartKfake(t, KfakeOpts{Topics: map[string]int{topic: 1}})
+	rulesDir := t.TempDir()
+	WriteRuleFile(t, rulesDir, "wk.yaml", `route: wk
+source: { topic: wk, format: json, event_time: value.ts, watermark: 0s, idle_timeout: 10m }
+sink: { topic: wk.out }
+dead_letter: wk.dlq
+checkpoint_interval: 4s
+steps:
+  - window: { kind: tumbling, size: 1s, key: value.user, aggregate: { n: count(), total: sum(value.amount) } }
+`)
+	p := StartProxy(t, ProxyOpts{Upstream: k.Addrs, RulesDir: rulesDir})
+	cl := NewClient(t, k.Addrs)
+	type ev struct {
+		User   string  `json:"user"`
+		Amount float64 `json:"amount"`
+		TS     int64   `json:"ts"`
+		Late   bool    `json:"late,omitempty"`
+	}
+	type winKey struct {
+		user  string
+		start int64
+	}
+	type agg struct {
+		n     int
+		total float64
+	}
+	want := map[winKey]*agg{}
+	var late []string // values of the records that must be late
+	produce := func(evs ...ev) {
+		t.Helper()
+		var rs []*kgo.Record
+		for _, e := range evs {
+			b, _ := json.Marshal(e)
+			rs = append(rs, &kgo.Record{Topic: topic, Key: []byte(e.User), Value: b})
+			if e.Late {
+				late = append(late, string(b))
+				continue
+			}
+			wk := winKey{e.User, e.TS - e.TS%1000}
+			if want[wk] == nil {
+				want[wk] = &agg{}
+			}
+			want[wk].n++
+			want[wk].total += e.Amount
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// rows reads the sink: every emission per window, in order.
+	rows := func() map[winKey][]string {
+		t.Helper()
+		out := map[winKey][]string{}
+		for _, r := range ConsumeQuiet(t, k.Addrs, topic+".out", 0, 500*time.Millisecond, 10*time.Second) {
+			var v map[string]any
+			if err := json.Unmarshal(r.Value, &v); err != nil {
+				t.Fatalf("row %s: %v", r.Value, err)
+			}
+			wk := winKey{fmt.Sprint(v["key"]), int64(v["window_start"].(float64))}
+			out[wk] = append(out[wk], fmt.Sprintf("n=%v total=%v", v["n"], v["total"]))
+		}
+		return out
+	}
+	waitRows := func(what string, wks ...winKey) {
+		t.Helper()
+		Eventually(t, 20*time.Second, what, func() error {
+			got := rows()
+			for _, wk := range wks {
+				if len(got[wk]) == 0 {
+					return fmt.Errorf("no row for %v yet", wk)
+				}
+			}
+			return nil
+		})
+	}
+	// waitCheckpointed waits for a checkpoint taken after every record in
+	// the source is done.
+	waitCheckpointed := func() {
+		t.Helper()
+		var since time.Time
+		Eventually(t, 20*time.Second, "a checkpoint after all input is done", func() error {
+			var routes []struct {
+				Name           string     `json:"name"`
+				LastCheckpoint *time.Time `json:"last_checkpoint"`
+				Partitions     []struct {
+					Lag int64 `json:"lag"`
+				} `json:"partitions"`
+			}
+			p.GetJSON(t, "/routes", &routes)
+			for _, r := range routes {
+				if r.Name != "wk" || len(r.Partitions) != 1 || r.Partitions[0].Lag != 0 {
+					continue
+				}
+				if since.IsZero() {
+					since = time.Now()
+				}
+				if r.LastCheckpoint != nil && r.LastCheckpoint.After(since) {
+					return nil
+				}
+			}
+			return fmt.Errorf("not yet")
+		})
+	}
+
+	// Windows [0,1s) and [1s,2s) of users a and b; [0,1s) closes.
+	produce(ev{"a", 1, 100, false}, ev{"b", 2, 200, false}, ev{"a", 3, 900, false},
+		ev{"a", 4, 1100, false}, ev{"b", 5, 1500, false})
+	waitRows("window [0,1s) closes", winKey{"a", 0}, winKey{"b", 0})
+	// Kill 1 after a checkpoint that holds the close: the window's own
+	// watermark comes back from its snapshot, while the route's restarts.
+	waitCheckpointed()
+	p.Kill()
+	p.Restart()
+	produce(ev{"a", 100, 300, true}, ev{"b", 5, 2100, false})
+	waitRows("window [1s,2s) closes after restart 1", winKey{"a", 1000}, winKey{"b", 1000})
+	// Kill 2 at once after [1s,2s) closed, most likely before a checkpoint
+	// (every 4s) holds it: the replay closes it again.
+	p.Kill()
+	p.Restart()
+	produce(ev{"b", 200, 1999, true}, ev{"a", 300, 50, true}, ev{"a", 6, 3100, false})
+	waitRows("window [2s,3s) closes after restart 2", winKey{"b", 2000})
+
+	dlq := ConsumeQuiet(t, k.Addrs, topic+".dlq", len(late), 500*time.Millisecond, 20*time.Second)
+	gotLate := map[string]int{}
+	for _, r := range dlq {
+		if hdr(r, "rtproxy-reason") != "late" {
+			t.Errorf("dead letter %s: reason %q, want late", r.Value, hdr(r, "rtproxy-reason"))
+		}
+		gotLate[string(r.Value)]++
+	}
+	for _, v := range late {
+		if gotLate[v] == 0 {
+			t.Errorf("%s was not judged late after the restart", v)
+		}
+	}
+	got := rows()
+	for wk, a := range want {
+		if wk.start >= 3000 {
+			continue // still open
+		}
+		ems := got[wk]
+		if len(ems) == 0 {
+			t.Errorf("window %v never emitted", wk)
+			continue
+		}
+		wantRow := fmt.Sprintf("n=%v total=%v", a.n, a.total)
+		for i, e := range ems {
+			if e != wantRow {
+				t.Errorf("window %v emission %d of %d: %s, want %s (every emission the same)", wk, i+1, len(ems), e, wantRow)
+			}
+		}
+		if len(ems) > 2 {
+			t.Errorf("window %v emitted %d times; only the replay after kill 2 may repeat it", wk, len(ems))
+		}
+		if wk.start == 0 && len(ems) != 1 {
+			t.Errorf("window %v closed and checkpointed before kill 1 but emitted %d times", wk, len(ems))
+		}
+	}
+	t.Logf("windows: %v; late dead letters: %d; [1s,2s) re-emitted by the replay after kill 2: %v",
+		got, len(dlq), len(got[winKey{"a", 1000}]) > 1)
+}
