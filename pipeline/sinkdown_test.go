@@ -190,14 +190,22 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// A swap while the brokers are gone: the old version's stop gives up after
-// StopTimeout with outputs unacknowledged, leaving an uncommitted frozen
-// cut and drop_duplicates state past the last checkpoint. That state is
-// discarded, so once the brokers return the new version starts (its
-// DropStepsExcept is not refused) from the last committed checkpoint and
-// replays: every record reaches the sink, none is taken for a duplicate of
-// itself, and every repeat carries the rtproxy-source of its input.
+// A swap (or a removal, then a restore) while the brokers are gone: the
+// old version's stop gives up after StopTimeout with outputs
+// unacknowledged, leaving an uncommitted frozen cut and drop_duplicates
+// state past the last checkpoint. That state is discarded, so once the
+// brokers return the new version starts (its DropStepsExcept is not
+// refused) from the last committed checkpoint and replays: every record
+// reaches the sink, none is taken for a duplicate of itself, and every
+// repeat carries the rtproxy-source of its input.
 func TestSwapWhileSinkDownReplaysFromCommitted(t *testing.T) {
+	t.Run("swap", func(t *testing.T) { stopGivesUp(t, false) })
+	// The route is removed while the brokers are down and restored after
+	// they return: the same stop, the same discard.
+	t.Run("remove-restore", func(t *testing.T) { stopGivesUp(t, true) })
+}
+
+func stopGivesUp(t *testing.T, removeRestore bool) {
 	ports := strings.Join(freePorts(t, 3), ",")
 	data := t.TempDir()
 	b := startBroker(t, map[string]int{"sg": 2}, "-ports", ports, "-data-dir", data)
@@ -258,13 +266,20 @@ func TestSwapWhileSinkDownReplaysFromCommitted(t *testing.T) {
 	b.cmd.Wait()
 	in := gathered(t, reg, "rtproxy_pipeline_records_in_total")
 	t0 := time.Now()
-	m.Apply([]*rules.Route{def("h2", "v2")})
+	if removeRestore {
+		m.Apply(nil)
+	} else {
+		m.Apply([]*rules.Route{def("h2", "v2")})
+	}
 	t.Logf("swap returned after %v with the brokers down (%v records taken in)", time.Since(t0).Round(time.Millisecond), in)
 	if l := logs.String(); !strings.Contains(l, "final checkpoint not written") || !strings.Contains(l, "uncommitted state discarded") {
 		t.Fatalf("the old version's stop did not give up on unacknowledged outputs (nothing to test); log:\n%s", l)
 	}
 
 	b = startBroker(t, nil, "-ports", ports, "-data-dir", data)
+	if removeRestore {
+		m.Apply([]*rules.Route{def("h2", "v2")})
+	}
 	out := b.consume(t, "sg.out", len(recs), 40*time.Second, 500*time.Millisecond)
 	seen := map[string]int{}
 	v2 := 0
