@@ -51,10 +51,16 @@ type crashEvent struct {
 	TS     int64   `json:"ts"`
 }
 
-const crashBaseTS = int64(1_700_000_000_000)
+const (
+	crashBaseTS = int64(1_700_000_000_000)
+	// crashN records at crashRate records/s; event time moves at the
+	// producer's pace (1s of event time per crashRate records), so the
+	// watermark's 5s lateness is 5s of producing.
+	crashN, crashRate = 200000, 20000
+)
 
 func crashEventOf(id int) crashEvent {
-	return crashEvent{ID: id, User: "u" + strconv.Itoa(id%7), Amount: float64(id%13) + 0.5, TS: crashBaseTS + int64(id)*2}
+	return crashEvent{ID: id, User: "u" + strconv.Itoa(id%7), Amount: float64(id%13) + 0.5, TS: crashBaseTS + int64(id)*1000/crashRate}
 }
 
 // produceThrough writes n events with unique ids through seeds at about
@@ -110,7 +116,7 @@ func hdr(r *kgo.Record, k string) string {
 // next start restored (its "route restored from checkpoint" log line) up to
 // the source's end at the kill.
 func TestPipelineCrashRecovery(t *testing.T) {
-	const n, rate = 200000, 20000
+	const n, rate = crashN, crashRate
 	topic := "crash"
 	k := StartKfake(t, KfakeOpts{Topics: map[string]int{topic: 4}})
 	rulesDir := t.TempDir()
@@ -252,7 +258,13 @@ func TestPipelineCrashRecovery(t *testing.T) {
 	t.Logf("sink: %d outputs for %d kept records (%d repeats from replay after 3 kills)", len(out), len(wantOut), repeats)
 
 	// Window results: the last emission per window equals the recomputation
-	// (records the window route dead-lettered as late are not in it).
+	// over the records the window route did not dead-letter as late. A
+	// record late in one life of the proxy can be on time in the replay of
+	// the next (the watermark is rebuilt by the replay, in another
+	// interleaving of the partitions; see the known gap below), so in a
+	// window holding such records the last emission must lie between the
+	// recomputation without them and with all of them; every other window
+	// must equal it exactly.
 	lateRefs := map[string]bool{}
 	for _, r := range ConsumeQuiet(t, k.Addrs, topic+".win.dlq", 0, time.Second, 10*time.Second) {
 		if hdr(r, "rtproxy-reason") != "late" {
@@ -260,20 +272,23 @@ func TestPipelineCrashRecovery(t *testing.T) {
 		}
 		lateRefs[hdr(r, "rtproxy-source")] = true
 	}
+	lateWin := map[winKey]*agg{} // the late records of each window
 	for ref, e := range srcByRef {
-		if lateRefs[ref] {
-			continue
-		}
 		wk := winKey{e.User, e.TS - e.TS%1000}
-		a := wantWin[wk]
+		into := wantWin
+		if lateRefs[ref] {
+			into = lateWin
+		}
+		a := into[wk]
 		if a == nil {
 			a = &agg{}
-			wantWin[wk] = a
+			into[wk] = a
 		}
 		a.n++
 		a.total += e.Amount
 	}
 	var lastErr string
+	bounded := 0
 	Eventually(t, 30*time.Second, "last window emissions equal the recomputation", func() error {
 		rows := readAll(t, k.Addrs, topic+".win")
 		// Rows of one key land in one partition in emission order, so the
@@ -293,18 +308,30 @@ func TestPipelineCrashRecovery(t *testing.T) {
 			last[winKey{v["key"].(string), int64(v["window_start"].(float64))}] = v
 		}
 		var bad []string
+		bounded = 0
 		for wk, a := range wantWin {
 			v := last[wk]
 			if v == nil {
 				bad = append(bad, fmt.Sprintf("%v: no row", wk))
 				continue
 			}
-			if int(v["n"].(float64)) != a.n || fmt.Sprintf("%.1f", v["total"].(float64)) != fmt.Sprintf("%.1f", a.total) {
+			gotN, gotTotal := int(v["n"].(float64)), v["total"].(float64)
+			if l := lateWin[wk]; l != nil {
+				bounded++
+				if gotN < a.n || gotN > a.n+l.n || gotTotal < a.total-0.01 || gotTotal > a.total+l.total+0.01 {
+					bad = append(bad, fmt.Sprintf("%v: n=%d total=%v, want n in [%d,%d] total in [%.1f,%.1f] (%d late records)",
+						wk, gotN, gotTotal, a.n, a.n+l.n, a.total, a.total+l.total, l.n))
+				}
+				continue
+			}
+			if gotN != a.n || fmt.Sprintf("%.1f", gotTotal) != fmt.Sprintf("%.1f", a.total) {
 				bad = append(bad, fmt.Sprintf("%v: n=%v total=%v, want n=%d total=%.1f", wk, v["n"], v["total"], a.n, a.total))
 			}
 		}
-		if len(last) != len(wantWin) {
-			bad = append(bad, fmt.Sprintf("%d windows in the sink, want %d", len(last), len(wantWin)))
+		for wk := range last {
+			if wantWin[wk] == nil && lateWin[wk] == nil {
+				bad = append(bad, fmt.Sprintf("%v: a row for a window no source record falls in", wk))
+			}
 		}
 		if len(bad) > 0 {
 			sort.Strings(bad)
@@ -313,7 +340,7 @@ func TestPipelineCrashRecovery(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("windows: %d match the recomputation (%d late records dead-lettered)", len(wantWin), len(lateRefs))
+	t.Logf("windows: %d match the recomputation, %d of them within bounds for their late records (%d late records dead-lettered)", len(wantWin), bounded, len(lateRefs))
 }
 
 // crashKill is what the crash test knows of one SIGKILL: the source's end
