@@ -44,7 +44,8 @@ type Config struct {
 	Workers int
 	// StopTimeout bounds how long stopping a route waits for outstanding
 	// outputs to be acknowledged before giving up on its final checkpoint
-	// (the previous checkpoint then stays the recovery point). Default 8s.
+	// (the previous checkpoint then stays the recovery point, and the state
+	// written since is discarded so the next run replays from it). Default 8s.
 	StopTimeout time.Duration
 	// StateRetention drops the state of a route absent from the rule set
 	// for longer than this (retention.go). Zero keeps it until dropped.

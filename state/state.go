@@ -14,7 +14,9 @@
 // To keep a checkpoint from stalling its route, DB.Freeze cuts the state
 // at a consistent point in O(number of steps) and processing continues;
 // Frozen.Commit writes the cut once the outputs before it are acknowledged.
-// DB.Checkpoint does both at once.
+// DB.Checkpoint does both at once. DB.Discard drops what no checkpoint
+// committed (pending cuts and overlays), for a route that stopped without
+// its final checkpoint and will replay from the last one.
 //
 // The byte layout of every key and record is at the top of layout.go.
 //
