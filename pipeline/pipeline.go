@@ -50,6 +50,9 @@ type Config struct {
 	// StateRetention drops the state of a route absent from the rule set
 	// for longer than this (retention.go). Zero keeps it until dropped.
 	StateRetention time.Duration
+	// SourceRetry is how often a route whose source topic does not exist
+	// yet looks for it again (state "waiting"). Default 5s.
+	SourceRetry time.Duration
 }
 
 // ErrClosed is returned by Run when called on a Manager that already ran.
@@ -86,6 +89,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	if cfg.SourceRetry <= 0 {
+		cfg.SourceRetry = 5 * time.Second
 	}
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = 8 * time.Second
@@ -252,7 +258,7 @@ type RouteStatus struct {
 	File           string            `json:"file"`
 	Source         string            `json:"source"`
 	Sink           string            `json:"sink"`
-	State          string            `json:"state"` // running, stopped, error
+	State          string            `json:"state"` // starting, waiting, running, stopped, error
 	Partitions     []PartitionStatus `json:"partitions"`
 	Watermark      *time.Time        `json:"watermark,omitempty"`
 	LastCheckpoint *time.Time        `json:"last_checkpoint,omitempty"`

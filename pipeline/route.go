@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/offsets"
@@ -121,6 +122,7 @@ func (r *route) start(parent context.Context) {
 	r.ctx, r.cancel = context.WithCancel(parent)
 	go func() {
 		backoff := 100 * time.Millisecond
+		waiting := "" // the waiting message while the source topic is missing
 		for {
 			err := r.setup()
 			if err == nil {
@@ -138,6 +140,10 @@ func (r *route) start(parent context.Context) {
 				// so dashboards and alerts read 0 rather than "no data".
 				r.m.met.sinkErrors.WithLabelValues(r.name)
 				r.setState("running", "")
+				if waiting != "" {
+					r.clearError(waiting)
+					r.log.Info("source topic exists now; route running", "topic", r.def.Source.Topic)
+				}
 				r.run()
 				return
 			}
@@ -147,16 +153,30 @@ func (r *route) start(parent context.Context) {
 				close(r.done)
 				return
 			}
-			r.log.Warn("route setup failed; retrying", "err", err, "backoff", backoff)
-			r.setState("error", err.Error())
+			wait := backoff
+			if errors.Is(err, errSourceMissing) {
+				// Not a fault: routes are often written before anyone
+				// produced to their topic. Said once, then checked quietly.
+				wait = r.m.cfg.SourceRetry
+				msg := fmt.Sprintf("source topic %q does not exist yet; retrying every %s", r.def.Source.Topic, wait)
+				if waiting != msg {
+					r.log.Info(msg)
+				}
+				waiting = msg
+				r.setState("waiting", msg)
+			} else {
+				waiting = ""
+				r.log.Warn("route setup failed; retrying", "err", err, "backoff", backoff)
+				r.setState("error", err.Error())
+				backoff = min(backoff*2, 5*time.Second)
+			}
 			select {
 			case <-r.ctx.Done():
 				r.setState("stopped", "")
 				close(r.done)
 				return
-			case <-time.After(backoff):
+			case <-time.After(wait):
 			}
-			backoff = min(backoff*2, 5*time.Second)
 		}
 	}()
 }
@@ -325,12 +345,11 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (int, e
 		return 0, fmt.Errorf("route %q: metadata: %w", d.Name, err)
 	}
 	src, ok := md.Topics[d.Source.Topic]
-	if !ok || src.Err != nil || len(src.Partitions) == 0 {
-		e := errors.New("not found")
-		if ok && src.Err != nil {
-			e = src.Err
-		}
-		return 0, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, e)
+	if !ok || errors.Is(src.Err, kerr.UnknownTopicOrPartition) || (src.Err == nil && len(src.Partitions) == 0) {
+		return 0, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, errSourceMissing)
+	}
+	if src.Err != nil {
+		return 0, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, src.Err)
 	}
 	n := len(src.Partitions)
 	for _, t := range []string{d.Sink.Topic, dlq} {
@@ -347,6 +366,10 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (int, e
 	}
 	return n, nil
 }
+
+// errSourceMissing is a setup failure because the source topic does not
+// exist (yet): the route waits for it rather than being in error.
+var errSourceMissing = errors.New("does not exist")
 
 func deadLetterTopic(d *rules.Route) string {
 	if d.DeadLetter != "" {
@@ -764,6 +787,15 @@ func (r *route) setState(s, errText string) {
 	r.st.state = s
 	if errText != "" {
 		r.st.lastErr, r.st.lastErrAt = errText, time.Now()
+	}
+	r.st.Unlock()
+}
+
+// clearError forgets the last error if it is still msg.
+func (r *route) clearError(msg string) {
+	r.st.Lock()
+	if r.st.lastErr == msg {
+		r.st.lastErr, r.st.lastErrAt = "", time.Time{}
 	}
 	r.st.Unlock()
 }

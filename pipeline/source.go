@@ -61,12 +61,13 @@ func (r *route) processSource(p *partition, kr *kgo.Record) {
 	if r.def.Source.Format == "raw" {
 		rec.Value = string(kr.Value)
 	} else {
-		v, err := operators.DecodeJSON(kr.Value)
-		if err != nil {
+		// SetJSON remembers the bytes, so a value no step changes goes to
+		// the sink as it arrived (encodeValue). On error rec keeps Raw and a
+		// nil Value: the dead letter carries the bytes as received.
+		if err := rec.SetJSON(kr.Value); err != nil {
 			r.deadLetter(rec, operators.ReasonDecode, err, "source", tk)
 			return
 		}
-		rec.Value = v
 	}
 	rec.EventTime = rec.Timestamp
 	if et := r.def.Source.EventTime; et != nil {
@@ -205,7 +206,16 @@ func sourceRef(rec *operators.Record) []byte {
 	return strconv.AppendInt(b, rec.Offset, 10)
 }
 
+// encodeValue is the sink value of rec. A value decoded from JSON that no
+// step changed (filters, joins, drop_duplicates) is forwarded as the bytes
+// the producer sent, without encoding; a window row, or a value set or map
+// changed, is encoded as canonical JSON.
 func (r *route) encodeValue(rec *operators.Record) ([]byte, error) {
+	if rec.Window == nil {
+		if raw, ok := rec.ValueBytes(); ok {
+			return raw, nil
+		}
+	}
 	switch v := rec.Value.(type) {
 	case string:
 		if r.def.Source.Format == "raw" && rec.Window == nil {
