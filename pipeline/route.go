@@ -40,6 +40,13 @@ type route struct {
 	done   chan struct{} // closed when the route has fully stopped
 	halt   chan struct{} // closed once dispatch stopped for good
 
+	// sourceWasMissing is set once setup found no source topic. A route
+	// with start: latest that waited for its topic then starts at the
+	// topic's beginning: everything in it was written after the route
+	// began, and "latest" at the retry would skip what arrived since the
+	// topic was created. Only the start goroutine touches it.
+	sourceWasMissing bool
+
 	cl      *kgo.Client // source consumer and sink/DLQ producer
 	tables  []*topicTable
 	tracker *offsets.Tracker
@@ -155,6 +162,7 @@ func (r *route) start(parent context.Context) {
 			}
 			wait := backoff
 			if errors.Is(err, errSourceMissing) {
+				r.sourceWasMissing = true
 				// Not a fault: routes are often written before anyone
 				// produced to their topic. Said once, then checked quietly.
 				wait = r.m.cfg.SourceRetry
@@ -279,7 +287,7 @@ func (r *route) setup() error {
 	}
 	if len(missing) > 0 {
 		var lo kadm.ListedOffsets
-		if d.Source.Start == "latest" {
+		if d.Source.Start == "latest" && !r.sourceWasMissing {
 			lo, err = adm.ListEndOffsets(ctx, d.Source.Topic)
 		} else {
 			lo, err = adm.ListStartOffsets(ctx, d.Source.Topic)

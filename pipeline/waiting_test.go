@@ -106,3 +106,51 @@ func TestRouteWaitsForMissingSourceTopic(t *testing.T) {
 		t.Errorf("waiting message logged %d times in all, want once", n)
 	}
 }
+
+// A start: latest route that waited for its topic starts at the topic's
+// beginning: records written between the topic's creation and the next
+// retry arrived after the route began, so "latest" must not skip them.
+func TestLatestRouteThatWaitedKeepsEarlyRecords(t *testing.T) {
+	b := startBroker(t, nil)
+	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 1, SourceRetry: 2 * time.Second,
+		Registerer: prometheus.NewRegistry(),
+		Logger:     slog.New(slog.NewTextHandler(&lockedBuffer{}, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := newRouteDef("late-topic", "v1", "late.in", "late.out", filterStep(t, 0, "value.n > 0"))
+	def.Source.Start = "latest"
+	m.Apply([]*rules.Route{def})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitFor(t, 10*time.Second, "the route is waiting", func() bool {
+		st := m.Routes()
+		return len(st) == 1 && st[0].State == "waiting"
+	})
+
+	cl := b.client(t)
+	resp, err := kadm.NewClient(cl).CreateTopic(context.Background(), 2, -1, nil, "late.in")
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("create late.in: %v", err)
+	}
+	// Written before the route's next look at the topic (up to 2s away).
+	b.produce(t, jsonRecord("late.in", "a", map[string]any{"n": 1}), jsonRecord("late.in", "b", map[string]any{"n": 2}))
+	got := b.consume(t, "late.out", 2, 20*time.Second, 300*time.Millisecond)
+	keys := map[string]bool{}
+	for _, r := range got {
+		keys[string(r.Key)] = true
+	}
+	if len(got) != 2 || !keys["a"] || !keys["b"] {
+		t.Errorf("sink holds %d records with keys %v, want a and b", len(got), keys)
+	}
+}
