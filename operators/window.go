@@ -106,6 +106,9 @@ type WindowSpec struct {
 //
 // State is held in memory, bounded by the open windows, and goes into a
 // checkpoint through Snapshot / Restore (layout at the top of this file).
+// Windows that close after a checkpoint would open again on a restore;
+// the pipeline's close journal (ClosesAt before each Advance, Resume after
+// Restore) keeps them closed across a crash.
 type window struct {
 	spec        WindowSpec
 	size, slide int64 // millis; tumbling: slide == size
@@ -116,6 +119,12 @@ type window struct {
 	hasWM     bool
 
 	invalid error // from spec.Validate: every record is dead-lettered with it
+
+	// applied is, after Resume, the highest source offset per partition
+	// that this instance applied before a crash: a record at or below it
+	// whose windows are all closed was already counted (or dead-lettered)
+	// and is skipped silently on replay.
+	applied map[int32]int64
 
 	args []any // scratch: aggregate arguments of the current record
 	wins []int64
@@ -243,6 +252,9 @@ func (w *window) Process(r *Record, out Emitter) {
 		}
 	}
 	if len(w.wins) == 0 {
+		if a, ok := w.applied[r.Partition]; ok && r.Partition >= 0 && r.Offset >= 0 && r.Offset <= a {
+			return // replayed after a crash: its windows were emitted with it
+		}
 		out.DeadLetter(r, ReasonLate, fmt.Errorf("window: event time %d is late: its last window [%d, %d) closed at watermark %d",
 			t, last, last+w.size, w.watermark))
 		return
@@ -495,6 +507,44 @@ func (w *window) Advance(watermark int64, out Emitter) {
 	w.ends = slices.Delete(w.ends, 0, n)
 }
 
+// ClosesAt reports whether Advance(watermark) would close a window. The
+// pipeline asks before each Advance, to write its close journal (the
+// watermark and the source positions applied so far) only when windows
+// really close.
+func (w *window) ClosesAt(watermark int64) bool {
+	if w.hasWM && watermark <= w.watermark {
+		return false
+	}
+	return len(w.ends) > 0 && w.ends[0] <= watermark
+}
+
+// Resume applies a close journal after Restore: the watermark becomes
+// max(restored, watermark), so windows closed before a crash stay closed;
+// restored windows with end <= watermark are dropped without a row (they
+// were emitted before the crash); and applied (the highest source offset
+// per partition this instance had applied when that watermark closed
+// windows) decides what a record whose windows are all closed is: at or
+// below applied it was already counted and is skipped, above it is late.
+func (w *window) Resume(watermark int64, applied map[int32]int64) {
+	w.applied = make(map[int32]int64, len(applied))
+	for p, o := range applied {
+		w.applied[p] = o
+	}
+	if w.hasWM && watermark <= w.watermark {
+		return
+	}
+	w.watermark, w.hasWM = watermark, true
+	n := 0
+	for _, end := range w.ends {
+		if end > watermark {
+			break
+		}
+		n++
+		delete(w.byEnd, end)
+	}
+	w.ends = slices.Delete(w.ends, 0, n)
+}
+
 // Snapshot implements Stateful; the layout is at the top of this file.
 func (w *window) Snapshot(sw state.Writer) error {
 	meta := []byte{1, 0}
@@ -591,6 +641,7 @@ func (w *window) Restore(sr state.Reader) error {
 	w.byEnd = make(map[int64]map[string]*winState)
 	w.ends = w.ends[:0]
 	w.watermark, w.hasWM = 0, false
+	w.applied = nil
 	sawMeta := false
 	err := sr.Each(func(k, v []byte) error {
 		switch {

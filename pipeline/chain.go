@@ -190,6 +190,11 @@ type worker struct {
 	chain *chain
 	ups   []int64 // last watermark from each upstream sender
 	wm    int64
+
+	// Close journal (journal.go); journal is "" when the worker keeps none.
+	journal string
+	closer  closer
+	applied map[int32]int64 // highest source offset applied, per partition
 }
 
 // send hands rec to the worker owning its key, without waiting for it to be
@@ -239,6 +244,11 @@ func (w *worker) loop() {
 	for m := range w.ch {
 		switch m.kind {
 		case msgRecord:
+			if w.applied != nil && m.rec.Partition >= 0 && m.rec.Offset >= 0 {
+				if a, ok := w.applied[m.rec.Partition]; !ok || m.rec.Offset > a {
+					w.applied[m.rec.Partition] = m.rec.Offset
+				}
+			}
 			w.chain.cur = m.tk
 			w.chain.run(0, m.rec)
 			w.chain.cur = nil
@@ -264,6 +274,11 @@ func (w *worker) loop() {
 				continue
 			}
 			w.wm = wm
+			if w.closer != nil && w.closer.ClosesAt(wm) {
+				if err := w.writeJournal(wm); err != nil {
+					w.chain.r.noteError(fmt.Errorf("close journal: %w", err))
+				}
+			}
 			w.chain.advance(wm)
 			if w.chain.next != nil {
 				w.chain.next.watermark(wm, w.idx)
@@ -327,6 +342,9 @@ func (r *route) buildStages(tables map[string]operators.Table, nparts int) error
 				return err
 			}
 			wk := &worker{idx: w, st: st, ch: make(chan msg, 1024), chain: c, ups: make([]int64, ups), wm: minWatermark}
+			if cl, ok := c.steps[0].(closer); ok && bi == 0 && c.names[0] != "" {
+				wk.journal, wk.closer, wk.applied = c.names[0], cl, map[int32]int64{}
+			}
 			for i := range wk.ups {
 				wk.ups[i] = minWatermark
 			}

@@ -279,6 +279,17 @@ func (r *route) setup() error {
 		r.st.Unlock()
 		r.log.Info("route restored from checkpoint", "seq", cp.Seq, "offsets", formatOffsets(cp.Offsets))
 	}
+	// Windows closed after that checkpoint stay closed (journal.go).
+	if len(r.stages) > 0 {
+		for _, w := range r.stages[0].workers {
+			if w.closer == nil {
+				continue
+			}
+			if err := w.loadJournal(); err != nil {
+				return fmt.Errorf("route %q: close journal: %w", d.Name, err)
+			}
+		}
+	}
 	var missing []int32
 	for p := int32(0); p < int32(nparts); p++ {
 		if _, ok := from[p]; !ok {

@@ -407,6 +407,38 @@ func (db *DB) stepsWithState(route string, t byte) ([]string, error) {
 	return steps, it.Error()
 }
 
+// PutDurable replaces step's durable record of route with val, in a synced
+// pebble write of its own: durable when it returns, whatever happens to
+// checkpoints later (a crash does not roll it back, Discard keeps it).
+// It is for small records written rarely (a sync costs milliseconds);
+// keyed state belongs in a KV. DropRoute and DropStepsExcept delete it.
+func (db *DB) PutDurable(route, step string, val []byte) error {
+	if db.closed.Load() {
+		return ErrClosed
+	}
+	if err := db.pdb.Set(stepPrefix(route, tagDurable, step), val, pebble.Sync); err != nil {
+		return fmt.Errorf("state: route %q step %q: put durable: %w", route, step, err)
+	}
+	return nil
+}
+
+// GetDurable returns step's durable record of route (a copy), ok false
+// when there is none.
+func (db *DB) GetDurable(route, step string) (val []byte, ok bool, err error) {
+	if db.closed.Load() {
+		return nil, false, ErrClosed
+	}
+	v, closer, err := db.pdb.Get(stepPrefix(route, tagDurable, step))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("state: route %q step %q: get durable: %w", route, step, err)
+	}
+	defer closer.Close()
+	return append([]byte(nil), v...), true, nil
+}
+
 // DropRoute deletes all of a route's state, durably, and detaches its
 // namespaces (their KVs return ErrDropped from then on). It fails with
 // ErrFrozenPending while a Frozen cut of the route is uncommitted.
@@ -466,7 +498,7 @@ func (db *DB) DropStepsExcept(route string, keep []string) error {
 	defer b.Close()
 	var dropped []string
 	seen := make(map[string]bool)
-	for _, t := range []byte{tagMeta, tagKV, tagSnapshot} {
+	for _, t := range []byte{tagMeta, tagKV, tagSnapshot, tagDurable} {
 		steps, err := db.stepsWithState(route, t)
 		if err != nil {
 			return fmt.Errorf("state: drop steps of route %q: %w", route, err)

@@ -19,6 +19,7 @@ import (
 //	step meta      route prefix | 'm' | step id             → step meta record
 //	keyed state    route prefix | 'k' | step id | user key  → user value
 //	snapshot       route prefix | 's' | step id | snap key  → snapshot value
+//	durable        route prefix | 'j' | step id             → caller's bytes
 //
 //	step id        uvarint len(step) | step
 //
@@ -46,7 +47,13 @@ import (
 // A checkpoint writes the checkpoint record, the offsets, the meta of every
 // step it touched, every pending keyed-state write and every snapshot in
 // one synced pebble batch; nothing else writes a route's keys except
-// DropRoute and DropStepsExcept.
+// DropRoute, DropStepsExcept and PutDurable.
+//
+// A durable record ('j', PutDurable) is outside the checkpoint: one value
+// per step, written alone in its own synced pebble write, never rolled
+// back by a crash or by Discard. The pipeline keeps a window worker's
+// close journal there (its layout is the pipeline's). DropRoute and
+// DropStepsExcept delete it with the step's other keys.
 
 const (
 	formatVersion     = 1
@@ -59,6 +66,7 @@ const (
 	tagMeta       = 'm'
 	tagKV         = 'k'
 	tagSnapshot   = 's'
+	tagDurable    = 'j'
 )
 
 var formatKey = []byte{0x00, 'f'}

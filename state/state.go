@@ -18,6 +18,10 @@
 // committed (pending cuts and overlays), for a route that stopped without
 // its final checkpoint and will replay from the last one.
 //
+// Outside the checkpoints, DB.PutDurable keeps one small record per step
+// in a synced write of its own, which no crash rolls back (the pipeline's
+// window close journal).
+//
 // The byte layout of every key and record is at the top of layout.go.
 //
 // It imports pebble and offsets/ (for the offsets encoding) and must never

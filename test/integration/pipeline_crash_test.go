@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"regexp"
 	"sort"
 	"strconv"
@@ -692,22 +691,18 @@ steps:
 		got, len(dlq), len(got[winKey{"a", 1000}]) > 1)
 }
 
-// TestPipelineWindowLateAcrossPartitionsAfterKill reproduces a known gap
-// (it runs only with RTPROXY_KNOWN_GAPS=1 until fixed). The route's
-// watermark is not persisted and starts over after a kill; a window closed
-// after the last checkpoint is open again in the restored state. A record
-// written while the proxy was down, on a partition whose replay is short,
-// is then judged against a watermark that the other partitions' replay has
-// not raised yet: it joins a window that was already emitted before the
-// kill, and the replay emits that window again with other content (here
-// a@1000 n=2 then n=3), instead of dead-lettering the record as late.
-// A fix needs the pre-kill progress durably (e.g. the watermark and the
-// partition positions it was reached at, written when a window closes) and
-// holding records past those positions until the replay has caught up.
+// TestPipelineWindowLateAcrossPartitionsAfterKill: the route's watermark
+// starts over after a kill, and a window closed after the last checkpoint
+// is open again in the restored state. A record written while the proxy was
+// down, on a partition whose replay is short, would then be judged against
+// a watermark that the other partitions' replay has not raised yet: it
+// would join a window already emitted before the kill, and the replay
+// would emit that window again with other content (a@1000 n=2 then n=3).
+// The window workers' close journal (pipeline/journal.go: the watermark and
+// the source positions applied, written durably when windows close) keeps
+// those windows closed: replayed records already counted are skipped, and
+// the new record is dead-lettered as late.
 func TestPipelineWindowLateAcrossPartitionsAfterKill(t *testing.T) {
-	if os.Getenv("RTPROXY_KNOWN_GAPS") != "1" {
-		t.Skip("known gap: a record written while the proxy was down can join a window closed before the kill (set RTPROXY_KNOWN_GAPS=1 to run)")
-	}
 	const topic = "wl"
 	k := StartKfake(t, KfakeOpts{Topics: map[string]int{topic: 2}})
 	rulesDir := t.TempDir()

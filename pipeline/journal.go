@@ -1,0 +1,122 @@
+package pipeline
+
+// Close journal. A checkpoint holds a window step's open windows and its
+// watermark as of the cut; a window that closes (and is emitted) after the
+// cut is open again when a crash restores the checkpoint. Replay then
+// judges records against a watermark that starts over and rises only as
+// fast as the slowest partition replays, so a record written while the
+// proxy was down could join a window emitted before the crash, and the
+// window would be emitted again with other content.
+//
+// So each worker of the first worker stage, when its window step is about
+// to close windows (closer.ClosesAt), first writes a journal record with
+// state.DB.PutDurable (synced, outside the checkpoint, never rolled back):
+// the watermark and, per source partition, the highest source offset the
+// worker has applied. On restore the step gets it through closer.Resume:
+// its watermark becomes max(checkpointed, journal), and a replayed record
+// whose windows are all closed is skipped if its offset is at or below the
+// journal's for its partition (it is in the rows already emitted), and
+// dead-lettered as late otherwise. Each write replaces the previous one,
+// so the journal is one small record per worker; the synced write happens
+// only when windows close, never per record.
+//
+// Only the first stage journals: its worker sees each partition's records
+// in offset order, which "applied up to offset o" needs. A later stage is
+// fed by several workers and sees them interleaved.
+//
+// Journal record (the value under the worker's step name):
+//
+//	[0]      version = 1
+//	[1:9]    watermark, int64 big-endian (epoch millis)
+//	uvarint  number of partitions, then per partition in ascending order:
+//	         uvarint partition, uvarint applied offset
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+)
+
+// closer is a window step that the close journal covers (operators'
+// window step).
+type closer interface {
+	ClosesAt(watermark int64) bool
+	Resume(watermark int64, applied map[int32]int64)
+}
+
+const journalVersion = 1
+
+func encodeJournal(wm int64, applied map[int32]int64) []byte {
+	parts := make([]int32, 0, len(applied))
+	for p := range applied {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	b := make([]byte, 0, 10+len(parts)*12)
+	b = append(b, journalVersion)
+	b = binary.BigEndian.AppendUint64(b, uint64(wm))
+	b = binary.AppendUvarint(b, uint64(len(parts)))
+	for _, p := range parts {
+		b = binary.AppendUvarint(b, uint64(p))
+		b = binary.AppendUvarint(b, uint64(applied[p]))
+	}
+	return b
+}
+
+func decodeJournal(b []byte) (wm int64, applied map[int32]int64, err error) {
+	if len(b) < 10 || b[0] != journalVersion {
+		return 0, nil, fmt.Errorf("close journal %x: bad version or length", b)
+	}
+	wm = int64(binary.BigEndian.Uint64(b[1:9]))
+	b = b[9:]
+	n, k := binary.Uvarint(b)
+	if k <= 0 || n > uint64(len(b)) {
+		return 0, nil, fmt.Errorf("close journal: bad partition count")
+	}
+	b = b[k:]
+	applied = make(map[int32]int64, n)
+	for range n {
+		p, k1 := binary.Uvarint(b)
+		if k1 <= 0 || p > 1<<31-1 {
+			return 0, nil, fmt.Errorf("close journal: bad partition")
+		}
+		b = b[k1:]
+		o, k2 := binary.Uvarint(b)
+		if k2 <= 0 || o > 1<<62 {
+			return 0, nil, fmt.Errorf("close journal: bad offset")
+		}
+		b = b[k2:]
+		applied[int32(p)] = int64(o)
+	}
+	if len(b) != 0 {
+		return 0, nil, fmt.Errorf("close journal: %d trailing bytes", len(b))
+	}
+	return wm, applied, nil
+}
+
+// writeJournal records, durably, that w's window closes windows at wm with
+// what it has applied so far.
+func (w *worker) writeJournal(wm int64) error {
+	r := w.chain.r
+	return r.m.db.PutDurable(r.name, w.journal, encodeJournal(wm, w.applied))
+}
+
+// loadJournal hands w's journal, if any, to its window step after the
+// checkpoint was restored, and seeds what w has applied with it so that a
+// later journal record still covers the records applied before the crash.
+func (w *worker) loadJournal() error {
+	r := w.chain.r
+	b, ok, err := r.m.db.GetDurable(r.name, w.journal)
+	if err != nil || !ok {
+		return err
+	}
+	wm, applied, err := decodeJournal(b)
+	if err != nil {
+		return fmt.Errorf("step %s: %w", w.journal, err)
+	}
+	w.closer.Resume(wm, applied)
+	for p, o := range applied {
+		w.applied[p] = max(w.applied[p], o)
+	}
+	return nil
+}
