@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -195,6 +196,8 @@ type worker struct {
 	journal string
 	closer  closer
 	applied map[int32]int64 // highest source offset applied, per partition
+	jmu     sync.Mutex      // serialises journal writes (journalAfterAck)
+	jwm     int64           // under jmu: watermark of the last journal written
 }
 
 // send hands rec to the worker owning its key, without waiting for it to be
@@ -274,12 +277,11 @@ func (w *worker) loop() {
 				continue
 			}
 			w.wm = wm
-			if w.closer != nil && w.closer.ClosesAt(wm) {
-				if err := w.writeJournal(wm); err != nil {
-					w.chain.r.noteError(fmt.Errorf("close journal: %w", err))
-				}
-			}
+			closing := w.closer != nil && w.closer.ClosesAt(wm)
 			w.chain.advance(wm)
+			if closing {
+				w.journalAfterAck(wm)
+			}
 			if w.chain.next != nil {
 				w.chain.next.watermark(wm, w.idx)
 			}
@@ -342,8 +344,11 @@ func (r *route) buildStages(tables map[string]operators.Table, nparts int) error
 				return err
 			}
 			wk := &worker{idx: w, st: st, ch: make(chan msg, 1024), chain: c, ups: make([]int64, ups), wm: minWatermark}
-			if cl, ok := c.steps[0].(closer); ok && bi == 0 && c.names[0] != "" {
-				wk.journal, wk.closer, wk.applied = c.names[0], cl, map[int32]int64{}
+			// Journal only where the window's rows leave this worker's chain
+			// for the sink: rows handed to a later stage are produced by
+			// other workers, after the acknowledgement the journal waits for.
+			if cl, ok := c.steps[0].(closer); ok && bi == 0 && next == nil && c.names[0] != "" {
+				wk.journal, wk.closer, wk.applied, wk.jwm = c.names[0], cl, map[int32]int64{}, minWatermark
 			}
 			for i := range wk.ups {
 				wk.ups[i] = minWatermark

@@ -8,11 +8,12 @@ package pipeline
 // proxy was down could join a window emitted before the crash, and the
 // window would be emitted again with other content.
 //
-// So each worker of the first worker stage, when its window step is about
-// to close windows (closer.ClosesAt), first writes a journal record with
-// state.DB.PutDurable (synced, outside the checkpoint, never rolled back):
-// the watermark and, per source partition, the highest source offset the
-// worker has applied. On restore the step gets it through closer.Resume:
+// So each worker of the first worker stage, when its window step closes
+// windows (closer.ClosesAt), writes a journal record with
+// state.DB.PutDurable (synced, outside the checkpoint, never rolled back)
+// once the closed windows' rows are acknowledged (journalAfterAck): the
+// watermark and, per source partition, the highest source offset the
+// worker had applied when they closed. On restore the step gets it through closer.Resume:
 // its watermark becomes max(checkpointed, journal), and a replayed record
 // whose windows are all closed is skipped if its offset is at or below the
 // journal's for its partition (it is in the rows already emitted), and
@@ -20,9 +21,11 @@ package pipeline
 // so the journal is one small record per worker; the synced write happens
 // only when windows close, never per record.
 //
-// Only the first stage journals: its worker sees each partition's records
-// in offset order, which "applied up to offset o" needs. A later stage is
-// fed by several workers and sees them interleaved.
+// Only the first stage journals, and only when it is also the last: its
+// worker sees each partition's records in offset order, which "applied up
+// to offset o" needs (a later stage is fed by several workers and sees
+// them interleaved), and the rows it closes go straight to the sink, so
+// waiting for acknowledgements covers them.
 //
 // Journal record (the value under the worker's step name):
 //
@@ -94,11 +97,42 @@ func decodeJournal(b []byte) (wm int64, applied map[int32]int64, err error) {
 	return wm, applied, nil
 }
 
-// writeJournal records, durably, that w's window closes windows at wm with
-// what it has applied so far.
-func (w *worker) writeJournal(wm int64) error {
+// journalAfterAck records, durably, that w's window closed its windows at
+// wm with what it had applied so far — but only once every output produced
+// so far, the rows of those windows among them, is acknowledged. Written
+// before the acknowledgement, a crash in between would restore the windows
+// as closed while their rows never reached the sink: lost. Written after,
+// a crash in between leaves the windows open, so replay emits them again (a
+// recognisable repeat, as without a journal).
+//
+// The wait runs off the worker: the epoch is closed here, so outputs that
+// follow belong to the next one and cannot keep the wait going under load.
+// Writes of one worker can finish out of order; w.jmu keeps the journal
+// moving forward only.
+func (w *worker) journalAfterAck(wm int64) {
 	r := w.chain.r
-	return r.m.db.PutDurable(r.name, w.journal, encodeJournal(wm, w.applied))
+	val := encodeJournal(wm, w.applied)
+	r.inflight.Lock()
+	e := r.inflight.epoch
+	r.inflight.epoch++
+	r.inflight.Unlock()
+	go func() {
+		if err := r.waitEpoch(e, 0, r.ctx.Done()); err != nil || r.abandoned.Load() {
+			// Stopping, or outputs dropped unacknowledged: the windows
+			// stay open in the journal's eyes, so replay emits them.
+			return
+		}
+		w.jmu.Lock()
+		defer w.jmu.Unlock()
+		if wm <= w.jwm {
+			return
+		}
+		if err := r.m.db.PutDurable(r.name, w.journal, val); err != nil {
+			r.noteError(fmt.Errorf("close journal: %w", err))
+			return
+		}
+		w.jwm = wm
+	}()
 }
 
 // loadJournal hands w's journal, if any, to its window step after the
@@ -115,6 +149,7 @@ func (w *worker) loadJournal() error {
 		return fmt.Errorf("step %s: %w", w.journal, err)
 	}
 	w.closer.Resume(wm, applied)
+	w.jwm = wm
 	for p, o := range applied {
 		w.applied[p] = max(w.applied[p], o)
 	}
