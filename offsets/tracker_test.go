@@ -23,10 +23,12 @@ import (
 //
 // `reset` starts over with a new tracker.
 func TestTrackerDataDriven(t *testing.T) {
+	ran := 0
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		if !strings.Contains(path, "tracker") || strings.Contains(path, "/fuzz/") {
 			t.Skip()
 		}
+		ran++
 		tr := NewTracker()
 		datadriven.RunTest(t, path, func(t *testing.T, d *datadriven.TestData) string {
 			switch d.Cmd {
@@ -46,6 +48,9 @@ func TestTrackerDataDriven(t *testing.T) {
 			}
 		})
 	})
+	if ran == 0 {
+		t.Fatal("no data-driven test files ran: testdata is missing them or the name filter matches none")
+	}
 }
 
 func applyOp(tr *Tracker, line string) error {
