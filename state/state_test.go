@@ -28,10 +28,12 @@ import (
 //	routes                    pending
 //	forget                    → drop held KV handles (as a restarted step would)
 func TestDataDriven(t *testing.T) {
+	ran := 0
 	datadriven.Walk(t, "testdata", func(t *testing.T, path string) {
 		if !strings.HasPrefix(pathBase(path), "kv_") || strings.Contains(path, "/fuzz/") {
 			t.Skip()
 		}
+		ran++
 		h := &ddHarness{t: t, dir: t.TempDir(), route: "r", frozen: map[string]*Frozen{}}
 		h.open()
 		defer func() { h.db.Close() }()
@@ -49,6 +51,9 @@ func TestDataDriven(t *testing.T) {
 			return out.String()
 		})
 	})
+	if ran == 0 {
+		t.Fatal("no data-driven test files ran: testdata is missing them or the name filter matches none")
+	}
 }
 
 func pathBase(p string) string { return p[strings.LastIndex(p, "/")+1:] }
