@@ -251,18 +251,41 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	if _, err := lc.Write(rawRequest(f, 42)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond) // the fetch is now parked at the broker
+	// Wait until the proxy has read the fetch and queued it (it is then
+	// parked at the broker for MaxWaitMillis, within the 2s ShutdownGrace),
+	// rather than sleeping a fixed time that a loaded machine may not honour.
+	fetches := tp.m.api(int16(kmsg.Fetch)).requests
+	for deadline := time.Now().Add(10 * time.Second); metricValue(t, fetches) < 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy did not read the fetch within 10s")
+		}
+	}
+	parked := time.Now()
 
 	stopped := make(chan struct{})
 	go func() { tp.stop(); close(stopped) }()
-	time.Sleep(100 * time.Millisecond)
-	if c2, err := net.DialTimeout("tcp", tp.Addr(), time.Second); err == nil {
-		c2.SetReadDeadline(time.Now().Add(time.Second))
-		_, rerr := c2.Read(make([]byte, 1))
-		c2.Close()
-		if rerr == nil {
-			t.Fatal("proxy still serving new connections during shutdown")
+	// While the fetch is still parked, a new connection must not be served:
+	// either the dial is refused, or the connection is closed without an
+	// answer to a request sent on it. (Reading without sending anything
+	// could never succeed, so a request is sent.) Poll, since stop may take
+	// a moment to close the listener; give up well before the fetch returns.
+	served := false
+	for end := parked.Add(800 * time.Millisecond); ; time.Sleep(20 * time.Millisecond) {
+		c2, err := net.DialTimeout("tcp", tp.Addr(), 200*time.Millisecond)
+		if err != nil {
+			break // refused: not served
 		}
+		c2.SetDeadline(time.Now().Add(300 * time.Millisecond))
+		c2.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 7))
+		_, rerr := c2.Read(make([]byte, 4))
+		c2.Close()
+		served = rerr == nil
+		if !served || time.Now().After(end) {
+			break
+		}
+	}
+	if served {
+		t.Fatal("proxy still serving new connections during shutdown")
 	}
 	corr, _ := readResponse(t, lc)
 	if corr != 42 {
@@ -270,7 +293,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	}
 	select {
 	case <-stopped:
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after the in-flight request finished")
 	}
 	tp.waitLog(t, "proxy stopped")
