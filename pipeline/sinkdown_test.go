@@ -242,10 +242,14 @@ func stopGivesUp(t *testing.T, removeRestore bool) {
 	}
 	b.produce(t, batch(0, 50)...)
 	b.consume(t, "sg.out", 50, 20*time.Second, 0)
-	// A checkpoint past the first batch: the committed recovery point.
-	waitFor(t, 10*time.Second, "a checkpoint covers the first batch", func() bool {
+	// A checkpoint past the first batch: the committed recovery point. First
+	// wait until all of the first batch is done, then for a checkpoint taken
+	// after that moment (rather than requiring a poll to land within 100ms
+	// of a checkpoint, which a loaded machine may miss every time).
+	var allDone time.Time
+	waitFor(t, 30*time.Second, "the first batch is done", func() bool {
 		st := m.Routes()
-		if len(st) != 1 || st[0].LastCheckpoint == nil || time.Since(*st[0].LastCheckpoint) > 100*time.Millisecond {
+		if len(st) != 1 || len(st[0].Partitions) == 0 {
 			return false
 		}
 		for _, p := range st[0].Partitions {
@@ -253,7 +257,12 @@ func stopGivesUp(t *testing.T, removeRestore bool) {
 				return false
 			}
 		}
+		allDone = time.Now()
 		return true
+	})
+	waitFor(t, 30*time.Second, "a checkpoint covers the first batch", func() bool {
+		st := m.Routes()
+		return len(st) == 1 && st[0].LastCheckpoint != nil && st[0].LastCheckpoint.After(allDone)
 	})
 
 	// The second batch is being processed when the brokers go: its outputs
