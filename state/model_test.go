@@ -313,6 +313,14 @@ func TestCrashSIGKILL(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	// The child writes forever until killed: kill it on every path out of
+	// the test, including a t.Fatal before the SIGKILL below (a no-op after).
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
 	buf := make([]byte, 64)
 	var got []byte
 	for !slices.Contains(got, '\n') {
