@@ -90,7 +90,7 @@ func TestEmbeddedAutoCreatesForOldMetadata(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	fs := cl.PollFetches(ctx)
 	if err := fs.Err0(); err != nil {
