@@ -526,10 +526,21 @@ func TestProxySIGTERMDuringTraffic(t *testing.T) {
 		}
 	}()
 
-	time.Sleep(1500 * time.Millisecond)
-	mu.Lock()
-	n := len(acked)
-	mu.Unlock()
+	// Let traffic run for at least 1.5s, and until some records are
+	// acknowledged (a loaded machine can take longer than 1.5s for a fresh
+	// client's first round trips), but not forever.
+	ackedCount := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+	busySince := time.Now()
+	for deadline := busySince.Add(30 * time.Second); time.Since(busySince) < 1500*time.Millisecond || ackedCount() < 10; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	n := ackedCount()
 	if n == 0 {
 		t.Fatalf("no records acknowledged through the proxy before SIGTERM")
 	}
