@@ -757,8 +757,32 @@ steps:
 	// Window [1s,2s) of user a opens on both partitions; [0,1s) closes.
 	produce(rec(0, "a", 1, 100), rec(1, "a", 2, 200), rec(0, "a", 3, 1100), rec(1, "a", 4, 1200))
 	waitRow("window a@0 closes", "a@0")
-	// A checkpoint while a@1000 is open.
-	time.Sleep(4500 * time.Millisecond)
+	// A checkpoint while a@1000 is open: wait for one taken after all input
+	// so far is done (polling /routes, rather than sleeping one 4s interval
+	// and hoping a loaded machine has taken it by then).
+	var since time.Time
+	Eventually(t, 30*time.Second, "a checkpoint while a@1000 is open", func() error {
+		var routes []struct {
+			Name           string     `json:"name"`
+			LastCheckpoint *time.Time `json:"last_checkpoint"`
+			Partitions     []struct {
+				Lag int64 `json:"lag"`
+			} `json:"partitions"`
+		}
+		p.GetJSON(t, "/routes", &routes)
+		for _, r := range routes {
+			if r.Name != "wl" || len(r.Partitions) != 2 || r.Partitions[0].Lag != 0 || r.Partitions[1].Lag != 0 {
+				continue
+			}
+			if since.IsZero() {
+				since = time.Now()
+			}
+			if r.LastCheckpoint != nil && r.LastCheckpoint.After(since) {
+				return nil
+			}
+		}
+		return fmt.Errorf("not yet")
+	})
 	// Partition 1 gets a long run before the event time that closes
 	// a@1000, so that its replay after the kill takes a while.
 	var long []*kgo.Record
