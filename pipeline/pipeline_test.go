@@ -215,7 +215,7 @@ func TestRouteStatelessOutputsAndDeadLetters(t *testing.T) {
 	// record.
 	b.produce(t, jsonRecord("merchants", "m3", map[string]any{"name": "late-shop"}))
 	var live *kgo.Record
-	waitFor(t, 10*time.Second, "a record joins the row added to the table topic", func() bool {
+	waitFor(t, 30*time.Second, "a record joins the row added to the table topic", func() bool {
 		r := jsonRecord("in", "live", map[string]any{"n": 1, "m": "m3"})
 		b.produce(t, r)
 		live = r
@@ -228,7 +228,7 @@ func TestRouteStatelessOutputsAndDeadLetters(t *testing.T) {
 	})
 
 	// Status shows the route running with all of its input done.
-	waitFor(t, 10*time.Second, "done offsets reach the high watermarks", func() bool {
+	waitFor(t, 30*time.Second, "done offsets reach the high watermarks", func() bool {
 		st := m.Routes()
 		if len(st) != 1 || st[0].State != "running" || len(st[0].Partitions) != 3 {
 			return false
@@ -438,7 +438,22 @@ func TestApplySwapAtRecordBoundary(t *testing.T) {
 		return n%3 == 0
 	}
 	// Expected count is only known after finding the switch points, so read
-	// until quiet.
+	// until quiet; but first wait until the route has done every produced
+	// record, so a loaded machine's 2s pause cannot cut the read short.
+	waitFor(t, 60*time.Second, "the route is done with all produced records", func() bool {
+		st := m.Routes()
+		if len(st) != 1 {
+			return false
+		}
+		var hwm int64
+		for _, p := range st[0].Partitions {
+			if p.Lag != 0 {
+				return false
+			}
+			hwm += p.HighWatermark
+		}
+		return hwm == total
+	})
 	out := b.consume(t, "s.out", 1, 20*time.Second, 2*time.Second)
 	type rec struct {
 		n   int
