@@ -143,7 +143,8 @@ func TestReloadUnderLoad(t *testing.T) {
 		for n := 0; ; n++ {
 			select {
 			case <-steadyStop:
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				// Generous: the loop ends as soon as every sent record is read.
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				for int64(len(lats)) < steadySent.Load() && ctx.Err() == nil {
 					cc.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
 						var v struct{ Sent int64 }
@@ -218,7 +219,36 @@ func TestReloadUnderLoad(t *testing.T) {
 		t.Logf("untouched route during the 5 reloads: %d records, end-to-end p50 %v, p99 %v, max %v", len(steady),
 			steady[len(steady)/2].Round(10*time.Microsecond), steady[len(steady)*99/100].Round(10*time.Microsecond), steady[len(steady)-1].Round(10*time.Microsecond))
 	}
-	// Drain: read until the sink is quiet.
+	// Drain: first wait until the route is done with every produced record
+	// (a loaded machine may pause longer than the quiet period below), then
+	// read until the sink is quiet.
+	Eventually(t, 60*time.Second, "the reload route is done with all produced records", func() error {
+		var routes []struct {
+			Name       string `json:"name"`
+			Partitions []struct {
+				HighWatermark int64 `json:"high_watermark"`
+				Lag           int64 `json:"lag"`
+			} `json:"partitions"`
+		}
+		p.GetJSON(t, "/routes", &routes)
+		for _, r := range routes {
+			if r.Name != "reload" {
+				continue
+			}
+			var hwm int64
+			for _, pt := range r.Partitions {
+				if pt.Lag != 0 {
+					return fmt.Errorf("partition lag %d", pt.Lag)
+				}
+				hwm += pt.HighWatermark
+			}
+			if hwm < int64(len(produced2)) {
+				return fmt.Errorf("high watermarks sum to %d of %d produced", hwm, len(produced2))
+			}
+			return nil
+		}
+		return fmt.Errorf("no reload route in /routes")
+	})
 	for {
 		n := len(out)
 		poll(1500 * time.Millisecond)
