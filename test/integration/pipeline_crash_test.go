@@ -452,7 +452,15 @@ func TestPipelineBrokerRestart(t *testing.T) {
 		// connections riding out the restart.
 		produceThrough(t, k.Addrs, topic, n, rate, &produced)
 	}()
-	time.Sleep(2 * time.Second)
+	// Restart mid-stream: once about 2s worth of records are acked (polled,
+	// so a loaded machine that produces slower still restarts mid-stream
+	// rather than before the flow has begun).
+	Eventually(t, 30*time.Second, "2s worth of records produced before the restart", func() error {
+		if got := produced.Load(); got < 2*rate {
+			return fmt.Errorf("%d records produced", got)
+		}
+		return nil
+	})
 	t.Logf("restarting kfake at %d records produced", produced.Load())
 	k.Restart()
 	select {
