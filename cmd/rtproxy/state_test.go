@@ -34,14 +34,14 @@ func TestBinaryStateListDrop(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // the route must start, read and checkpoint: generous for a loaded machine
 	for {
 		_, body, _ := httpGet(p.admin + "/routes")
 		if strings.Contains(body, `"last_checkpoint"`) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no checkpoint in /routes after 10s:\n%s", body)
+			t.Fatalf("no checkpoint in /routes after 30s:\n%s", body)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
