@@ -13,6 +13,7 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 /usr/bin/python3 -c 'import kafka' >/dev/null 2>&1 || missing+=(python3-kafka)
 /usr/bin/python3 -c 'import confluent_kafka' >/dev/null 2>&1 || missing+=(python3-confluent-kafka)
 command -v file >/dev/null 2>&1 || missing+=(file)
+command -v curl >/dev/null 2>&1 || missing+=(curl)   # the README examples the docs tests run
 if [ -f test/integration/package-lock.json ] && ! command -v npm >/dev/null 2>&1; then
 	missing+=(nodejs npm)
 fi
@@ -42,7 +43,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 		"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 	fi
 else
-	echo "deps: kcat, python3-kafka, python3-confluent-kafka, file: present"
+	echo "deps: kcat, python3-kafka, python3-confluent-kafka, file, curl: present"
 fi
 
 # kafkajs for the client matrix, pinned by the committed lockfile. npm ci
