@@ -464,7 +464,7 @@ func TestProxyMalformedFrames(t *testing.T) {
 				t.Fatalf("send: %v", err)
 			}
 			took := expectClosed(t, c, 5*time.Second, tc.name)
-			lines := waitLogLine(s.Proxy, client, tc.reasons, 3*time.Second)
+			lines := waitLogLine(s.Proxy, client, tc.reasons, 10*time.Second) // returns as soon as the line is there
 			if len(lines) != 1 {
 				t.Errorf("want exactly one log line naming client %s and a reason (%v); got %d:\n%s\nfull log:\n%s",
 					client, tc.reasons, len(lines), strings.Join(lines, "\n"), s.Proxy.Logs())
