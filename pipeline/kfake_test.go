@@ -66,6 +66,7 @@ func startBroker(t *testing.T, topics map[string]int, extra ...string) *broker {
 	}
 	args = append(args, extra...)
 	cmd := exec.Command(kfakeBin, args...)
+	cmd.SysProcAttr = childAttr()
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
