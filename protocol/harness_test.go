@@ -71,6 +71,7 @@ func startKfakeProc(t testing.TB, args ...string) ([]string, *exec.Cmd) {
 	t.Helper()
 	bin := buildKfake(t)
 	cmd := exec.Command(bin, append([]string{"-brokers", "3"}, args...)...)
+	cmd.SysProcAttr = childAttr()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
