@@ -73,6 +73,7 @@ func runBinary(t *testing.T, env []string, args ...string) (code int, stdout, st
 	cmd.Dir = t.TempDir()
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
+	cmd.SysProcAttr = childAttr()
 	err := cmd.Run()
 	if err != nil {
 		if _, ok := err.(*exec.ExitError); !ok {
@@ -269,6 +270,7 @@ func startRun(t *testing.T, rulesDir string, extra ...string) *proc {
 		p.cmd.Args = p.cmd.Args[:len(p.cmd.Args)-1]
 	}
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	p.cmd.SysProcAttr = childAttr()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
