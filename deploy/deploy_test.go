@@ -365,6 +365,7 @@ func TestDashboardMetricsExported(t *testing.T) {
 	cmd.Env = append(os.Environ(), fmt.Sprintf("RTPROXY_BROKER_PORT_COUNT=%d", brokerPortCount))
 	logs := &syncBuf{}
 	cmd.Stdout, cmd.Stderr = logs, logs
+	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
