@@ -306,6 +306,7 @@ func TestCrashSIGKILL(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashSIGKILL$")
 	cmd.Env = append(os.Environ(), "RTPROXY_STATE_CRASH_CHILD="+dir)
+	cmd.SysProcAttr = childAttr()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
