@@ -219,6 +219,11 @@ func TestConcurrentWritersAndCheckpoints(t *testing.T) {
 	// corresponds to a known prefix of every worker's writes.
 	var progMu sync.Mutex
 	progress := make([]int, workers)
+	// Workers pause halfway until a checkpoint has committed, so that on a
+	// fast machine the writes cannot all finish before the first synced
+	// commit, and cuts really do fall in the middle of the writes.
+	firstCommit := make(chan struct{})
+	var firstOnce sync.Once
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -249,6 +254,7 @@ func TestConcurrentWritersAndCheckpoints(t *testing.T) {
 			ckMu.Lock()
 			lastCommitted = want
 			ckMu.Unlock()
+			firstOnce.Do(func() { close(firstCommit) })
 		}
 	}()
 	var wwg sync.WaitGroup
@@ -259,6 +265,14 @@ func TestConcurrentWritersAndCheckpoints(t *testing.T) {
 			// Two workers share each namespace, on disjoint keys.
 			kv := db.Namespace("r", fmt.Sprintf("step%d", w%2))
 			for i := 0; i < perWorker; i++ {
+				if i == perWorker/2 {
+					select {
+					case <-firstCommit:
+					case <-time.After(30 * time.Second):
+						t.Errorf("worker %d: no checkpoint committed within 30s", w)
+						return
+					}
+				}
 				k := []byte(fmt.Sprintf("w%d-%05d", w%2, i*2+w/2))
 				progMu.Lock()
 				err := kv.Set(k, []byte(strconv.Itoa(i)))
