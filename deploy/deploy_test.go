@@ -26,6 +26,8 @@ import (
 	"github.com/prometheus/common/model"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
 const dashboardPath = "grafana/rtproxy.json"
@@ -365,7 +367,7 @@ func TestDashboardMetricsExported(t *testing.T) {
 	cmd.Env = append(os.Environ(), fmt.Sprintf("RTPROXY_BROKER_PORT_COUNT=%d", brokerPortCount))
 	logs := &syncBuf{}
 	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = childAttr()
+	cmd.SysProcAttr = testkit.ChildAttr()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

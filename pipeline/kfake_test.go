@@ -1,33 +1,23 @@
 package pipeline
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-)
 
-var (
-	kfakeBin     string
-	kfakeBinOnce sync.Once
-	kfakeBinErr  error
-	kfakeBinDir  string
+	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if kfakeBinDir != "" {
-		os.RemoveAll(kfakeBinDir)
-	}
+	testkit.Cleanup()
 	os.Exit(code)
 }
 
@@ -37,61 +27,21 @@ type broker struct {
 	cmd   *exec.Cmd
 }
 
-// startBroker builds (once) and starts kfake with the given topics
-// (name → partitions), killing it when the test ends.
+// startBroker starts kfake with the given topics (name → partitions) and
+// extra kfakebroker flags; it is stopped when the test ends.
 func startBroker(t *testing.T, topics map[string]int, extra ...string) *broker {
 	t.Helper()
-	kfakeBinOnce.Do(func() {
-		kfakeBinDir, kfakeBinErr = os.MkdirTemp("", "pipeline-kfake-")
-		if kfakeBinErr != nil {
-			return
-		}
-		kfakeBin = filepath.Join(kfakeBinDir, "kfakebroker")
-		out, err := exec.Command("go", "build", "-o", kfakeBin, "../test/kfakebroker").CombinedOutput()
-		if err != nil {
-			kfakeBinErr = fmt.Errorf("build kfakebroker: %v\n%s", err, out)
-		}
-	})
-	if kfakeBinErr != nil {
-		t.Fatal(kfakeBinErr)
-	}
 	var ts []string
 	for n, p := range topics {
 		ts = append(ts, fmt.Sprintf("%s:%d", n, p))
 	}
 	sort.Strings(ts)
-	args := []string{"-brokers", "3"}
+	var args []string
 	if len(ts) > 0 {
 		args = append(args, "-topics", strings.Join(ts, ","))
 	}
-	args = append(args, extra...)
-	cmd := exec.Command(kfakeBin, args...)
-	cmd.SysProcAttr = childAttr()
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if l := sc.Text(); strings.HasPrefix(l, "ready ") {
-				ready <- strings.TrimPrefix(l, "ready ")
-			}
-		}
-	}()
-	select {
-	case a := <-ready:
-		return &broker{addrs: strings.Split(a, ","), cmd: cmd}
-	case <-time.After(20 * time.Second):
-		t.Fatal("kfake not ready after 20s")
-	}
-	return nil
+	addrs, cmd := testkit.StartKfake(t, append(args, extra...)...)
+	return &broker{addrs: addrs, cmd: cmd}
 }
 
 func (b *broker) client(t *testing.T, opts ...kgo.Opt) *kgo.Client {

@@ -1,7 +1,6 @@
 package protocol
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -10,58 +9,28 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-)
 
-var (
-	kfakeOnce sync.Once
-	kfakeBin  string
-	kfakeErr  error
-	kfakeDir  string
+	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if kfakeDir != "" {
-		os.RemoveAll(kfakeDir)
-	}
+	testkit.Cleanup()
 	os.Exit(code)
-}
-
-// buildKfake builds test/kfakebroker once per test binary.
-func buildKfake(t testing.TB) string {
-	t.Helper()
-	kfakeOnce.Do(func() {
-		kfakeDir, kfakeErr = os.MkdirTemp("", "protocol-kfake")
-		if kfakeErr != nil {
-			return
-		}
-		kfakeBin = filepath.Join(kfakeDir, "kfakebroker")
-		cmd := exec.Command("go", "build", "-o", kfakeBin, "github.com/rtproxy/rtproxy/test/kfakebroker")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			kfakeErr = fmt.Errorf("go build kfakebroker: %v\n%s", err, out)
-		}
-	})
-	if kfakeErr != nil {
-		t.Fatal(kfakeErr)
-	}
-	return kfakeBin
 }
 
 // startKfake runs a 3-broker kfake in its own process and returns its
 // broker addresses.
 func startKfake(t testing.TB, args ...string) []string {
 	t.Helper()
-	addrs, _ := startKfakeProc(t, args...)
+	addrs, _ := testkit.StartKfake(t, args...)
 	return addrs
 }
 
@@ -69,44 +38,7 @@ func startKfake(t testing.TB, args ...string) []string {
 // that kill the broker.
 func startKfakeProc(t testing.TB, args ...string) ([]string, *exec.Cmd) {
 	t.Helper()
-	bin := buildKfake(t)
-	cmd := exec.Command(bin, append([]string{"-brokers", "3"}, args...)...)
-	cmd.SysProcAttr = childAttr()
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if strings.HasPrefix(sc.Text(), "ready ") {
-				lines <- strings.TrimPrefix(sc.Text(), "ready ")
-			}
-		}
-	}()
-	select {
-	case l := <-lines:
-		return strings.Split(l, ","), cmd
-	case <-time.After(20 * time.Second):
-		t.Fatal("kfakebroker did not print ready")
-	}
-	return nil, nil
+	return testkit.StartKfake(t, args...)
 }
 
 // syncBuffer is a log sink tests can read while the proxy writes to it.

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
 // model is what a namespace must look like: live is every write so far,
@@ -320,7 +322,7 @@ func TestCrashSIGKILL(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashSIGKILL$")
 	cmd.Env = append(os.Environ(), "RTPROXY_STATE_CRASH_CHILD="+dir)
-	cmd.SysProcAttr = childAttr()
+	cmd.SysProcAttr = testkit.ChildAttr()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

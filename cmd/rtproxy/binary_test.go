@@ -24,6 +24,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/rtproxy/rtproxy/config"
+	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
 const testVersion = "v0.0.0-cmdtest"
@@ -73,7 +74,7 @@ func runBinary(t *testing.T, env []string, args ...string) (code int, stdout, st
 	cmd.Dir = t.TempDir()
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e
-	cmd.SysProcAttr = childAttr()
+	cmd.SysProcAttr = testkit.ChildAttr()
 	err := cmd.Run()
 	if err != nil {
 		if _, ok := err.(*exec.ExitError); !ok {
@@ -270,7 +271,7 @@ func startRun(t *testing.T, rulesDir string, extra ...string) *proc {
 		p.cmd.Args = p.cmd.Args[:len(p.cmd.Args)-1]
 	}
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-	p.cmd.SysProcAttr = childAttr()
+	p.cmd.SysProcAttr = testkit.ChildAttr()
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

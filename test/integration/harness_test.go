@@ -35,6 +35,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
 // BrokerPortCount is the size of the per-broker port range the proxy owns
@@ -100,7 +102,7 @@ func buildBinaries(t testing.TB) {
 				defer wg.Done()
 				cmd := exec.Command(goBin, "build", "-o", filepath.Join(dir, name), pkg)
 				cmd.Dir = root
-				cmd.SysProcAttr = childAttr()
+				cmd.SysProcAttr = testkit.ChildAttr()
 				out, err := cmd.CombinedOutput()
 				if err != nil {
 					err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
@@ -134,12 +136,6 @@ func binPath(t testing.TB, name string) string {
 		t.Fatalf("binary %s unavailable: %v", name, err)
 	}
 	return filepath.Join(binDir, name)
-}
-
-// childAttr makes a child die with the test binary: when `go test -timeout`
-// kills a hung run, no broker or proxy may outlive it and hold its ports.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
 
 // --- ports -----------------------------------------------------------------
@@ -304,7 +300,7 @@ func (k *Kfake) start() {
 	// A restart can race the kernel releasing the old listeners; retry briefly.
 	for attempt := 0; attempt < 20; attempt++ {
 		cmd := exec.Command(k.bin, k.args()...)
-		cmd.SysProcAttr = childAttr()
+		cmd.SysProcAttr = testkit.ChildAttr()
 		cmd.Stderr = k.logs
 		stdout, err := cmd.StdoutPipe()
 		if err != nil {
@@ -475,7 +471,7 @@ var errPortTaken = errors.New("address already in use")
 func (p *Proxy) start() error {
 	mark := len(p.logs.String())
 	cmd := exec.Command(p.bin, p.args()...)
-	cmd.SysProcAttr = childAttr()
+	cmd.SysProcAttr = testkit.ChildAttr()
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
 	cmd.Env = append(os.Environ(), p.Opts.Env...)
 	if err := cmd.Start(); err != nil {

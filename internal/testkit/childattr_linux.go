@@ -1,12 +1,12 @@
 //go:build linux
 
-package pipeline
+package testkit
 
 import "syscall"
 
-// childAttr makes a child process (broker, proxy) die with the test binary:
+// ChildAttr makes a child process (broker, proxy) die with the test binary:
 // when `go test -timeout` kills a hung run, nothing may outlive it and hold
 // its ports.
-func childAttr() *syscall.SysProcAttr {
+func ChildAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
