@@ -38,7 +38,7 @@ const (
 // with the closest known key as a suggestion.
 var (
 	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps"}
-	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start"}
+	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group"}
 	sinkKeys   = []string{"topic", "key"}
 	tableKeys  = []string{"file", "key", "topic"}
 	stepKinds  = []string{"filter", "drop_duplicates", "join", "set", "map", "window"}
@@ -476,6 +476,17 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 	if x := f["start"]; x != nil {
 		if s, ok := l.oneOf(x, "source.start", "earliest", "latest"); ok {
 			r.Source.Start = s
+		}
+	}
+	if x := f["group"]; x != nil {
+		// A group id has the topic name's alphabet: it names the group in
+		// ACLs and in kafka-consumer-groups output.
+		if name, ok := l.scalar(x, "source.group"); ok {
+			if !topicNameRe.MatchString(name) || name == "." || name == ".." {
+				l.errAt(x.val, name, "`source.group` is not a valid consumer group id here: use letters, digits, `.`, `_` and `-` (at most 249)")
+			} else {
+				r.Source.Group = name
+			}
 		}
 	}
 	if x := f["event_time"]; x != nil {

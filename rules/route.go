@@ -36,6 +36,18 @@ type Source struct {
 	Watermark   time.Duration   // allowed lateness
 	IdleTimeout time.Duration
 	Start       string // "earliest" or "latest"
+	// Group is the consumer group every instance running the route joins;
+	// "" means "rtproxy.<route>" (GroupID).
+	Group string
+}
+
+// GroupID is the consumer group of the route: source.group, or
+// "rtproxy.<route>".
+func (r *Route) GroupID() string {
+	if r.Source.Group != "" {
+		return r.Source.Group
+	}
+	return "rtproxy." + r.Name
 }
 
 // Sink is the `sink:` block.
