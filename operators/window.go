@@ -34,6 +34,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rtproxy/rtproxy/state"
@@ -118,7 +119,7 @@ type window struct {
 	watermark int64
 	hasWM     bool
 
-	invalid error // from spec.Validate: every record is dead-lettered with it
+	invalid error // from ValidateWindow: every record is dead-lettered with it
 
 	// applied is, after Resume, the highest source offset per partition
 	// that this instance applied before a crash: a record at or below it
@@ -152,36 +153,124 @@ const (
 	kindString = 2
 )
 
+// WindowKinds are the kinds of window, as a rule file writes them.
+var WindowKinds = []string{"tumbling", "sliding"}
+
 // MaxWindowsPerRecord bounds how many sliding windows one record may fall
-// in (size / slide, rounded up): each is updated per record, so a window
-// of 1h sliding by 1ms would cost 3.6M updates per record.
+// in (size / slide in whole milliseconds, rounded up): each is updated per
+// record, so a window of 1h sliding by 1ms would cost 3.6M updates per
+// record.
 const MaxWindowsPerRecord = 10000
 
-// Validate reports what NewWindow cannot run: a non-positive size, a
-// sliding window without a slide in (0, size], or more than
-// MaxWindowsPerRecord windows per record. The analyzer calls it; a step
-// built from an invalid spec dead-letters every record with this error.
-func (s WindowSpec) Validate() error {
-	size, slide := s.Size.Milliseconds(), s.Slide.Milliseconds()
-	switch {
-	case size <= 0:
-		return fmt.Errorf("window size %v must be at least 1ms", s.Size)
-	case s.Kind != "tumbling" && s.Kind != "sliding":
-		return fmt.Errorf("window kind %q must be tumbling or sliding", s.Kind)
-	case s.Kind == "tumbling":
+// WindowsPerRecord is the most windows of the given size and slide that
+// one record falls in, as the step counts them: sliding windows start at
+// multiples of slide in whole milliseconds, so a record is in
+// ceil(size / slide) of them (or one fewer). Both must be at least 1ms.
+func WindowsPerRecord(size, slide time.Duration) int64 {
+	sz, sl := size.Milliseconds(), slide.Milliseconds()
+	return (sz + sl - 1) / sl
+}
+
+// WindowError is one reason ValidateWindow refuses a window.
+type WindowError struct {
+	// Key is the rule-file key of the window step the problem is about:
+	// "kind", "size" or "slide". The analyzer reports it at that key's
+	// value, or at the step when the key is not written.
+	Key string
+	// Rule says it in the terms of a rule file, as `rtproxy check` shows it.
+	Rule string
+	// msg says it in the terms of a WindowSpec: a step built from the
+	// spec dead-letters every record with it.
+	msg string
+}
+
+func (e *WindowError) Error() string { return e.msg }
+
+// WindowErrors is every problem ValidateWindow found, in a fixed order.
+type WindowErrors []*WindowError
+
+func (l WindowErrors) Error() string {
+	parts := make([]string, len(l))
+	for i, e := range l {
+		parts[i] = e.Error()
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Unwrap exposes the single problems to errors.As.
+func (l WindowErrors) Unwrap() []error {
+	out := make([]error, len(l))
+	for i, e := range l {
+		out[i] = e
+	}
+	return out
+}
+
+// ValidateWindow is the one check of a window's kind, size and slide:
+// the analyzer runs it on every window of a rule file (attaching each
+// problem to the file position of its key), and a step built by NewWindow
+// runs it too, dead-lettering every record when it fails. So a rule that
+// passes `rtproxy check` cannot fail it at run time.
+//
+// It returns nil or WindowErrors. The size must be at least 1ms, the kind
+// tumbling or sliding, and a slide given (non-zero) at least 1ms; only
+// when those hold is a sliding window checked further: it needs a slide,
+// at most the size, and at most MaxWindowsPerRecord windows per record
+// (WindowsPerRecord). A tumbling window ignores its slide.
+func ValidateWindow(kind string, size, slide time.Duration) error {
+	var errs WindowErrors
+	if size < time.Millisecond {
+		errs = append(errs, &WindowError{Key: "size",
+			Rule: "`window.size` must be at least 1ms: windows are aligned to epoch milliseconds",
+			msg:  fmt.Sprintf("window size %v must be at least 1ms", size)})
+	}
+	if !slices.Contains(WindowKinds, kind) {
+		errs = append(errs, &WindowError{Key: "kind",
+			Rule: "`window.kind` must be one of " + strings.Join(WindowKinds, ", "),
+			msg:  fmt.Sprintf("window kind %q must be tumbling or sliding", kind)})
+	}
+	if slide != 0 && slide < time.Millisecond {
+		msg := fmt.Sprintf("window slide %v must be at least 1ms", slide)
+		if kind == "sliding" {
+			msg = fmt.Sprintf("sliding window slide %v must be between 1ms and the size %v", slide, size)
+		}
+		errs = append(errs, &WindowError{Key: "slide",
+			Rule: "`window.slide` must be at least 1ms: windows are aligned to epoch milliseconds",
+			msg:  msg})
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	if kind == "tumbling" {
 		return nil
-	case slide <= 0 || slide > size:
-		return fmt.Errorf("sliding window slide %v must be between 1ms and the size %v", s.Slide, s.Size)
-	case (size+slide-1)/slide > MaxWindowsPerRecord:
-		return fmt.Errorf("sliding window of size %v and slide %v puts each record in %d windows, more than %d: use a larger slide",
-			s.Size, s.Slide, (size+slide-1)/slide, MaxWindowsPerRecord)
+	}
+	switch {
+	case slide == 0 || slide > size:
+		rule := "a sliding window needs `slide`: how far apart windows start, e.g. `slide: 1m` (at most `size`)"
+		if slide != 0 {
+			rule = fmt.Sprintf("`slide` (%s) is larger than `size` (%s), so some records would fall in no window; make slide at most size", slide, size)
+		}
+		return WindowErrors{{Key: "slide", Rule: rule,
+			msg: fmt.Sprintf("sliding window slide %v must be between 1ms and the size %v", slide, size)}}
+	case WindowsPerRecord(size, slide) > MaxWindowsPerRecord:
+		n := WindowsPerRecord(size, slide)
+		return WindowErrors{{Key: "slide",
+			Rule: fmt.Sprintf("a `size` of %s sliding by %s puts every record in %d windows, more than %d; use a larger slide",
+				size, slide, n, MaxWindowsPerRecord),
+			msg: fmt.Sprintf("sliding window of size %v and slide %v puts each record in %d windows, more than %d: use a larger slide",
+				size, slide, n, MaxWindowsPerRecord)}}
 	}
 	return nil
 }
 
-// NewWindow returns the `window:` step. Spec problems are the analyzer's
-// job (WindowSpec.Validate); a step built from an invalid spec never
-// hangs or panics, it dead-letters every record with the reason.
+// Validate is ValidateWindow of the spec's kind, size and slide.
+func (s WindowSpec) Validate() error {
+	return ValidateWindow(s.Kind, s.Size, s.Slide)
+}
+
+// NewWindow returns the `window:` step. It runs ValidateWindow, the
+// analyzer's own check of the spec; a step built from an invalid spec
+// never hangs or panics, it dead-letters every record with the reason.
 func NewWindow(spec WindowSpec) Keyed {
 	w := &window{
 		spec:  spec,

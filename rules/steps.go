@@ -555,54 +555,57 @@ func (l *loader) windowStep(kv *keyVal, sc *scope, spec *StepSpec) string {
 	f := l.fields(kv.val, windowKeys, "window")
 	ws := operators.WindowSpec{}
 	ok := true
+	// refused: the keys refused while parsing (missing where required, or
+	// not a kind or a duration), whose values ValidateWindow then sees as
+	// empty. Its problems with them are already reported.
+	refused := map[string]bool{}
 	if k := f["kind"]; k == nil {
 		l.errAt(kv.key, "window", "window needs `kind`: tumbling or sliding")
-		ok = false
-	} else if s, good := l.oneOf(k, "window.kind", "tumbling", "sliding"); good {
+		refused["kind"] = true
+	} else if s, good := l.oneOf(k, "window.kind", operators.WindowKinds...); good {
 		ws.Kind = s
 	} else {
-		ok = false
+		refused["kind"] = true
 	}
 	if s := f["size"]; s == nil {
 		l.errAt(kv.key, "window", "window needs `size`: how long each window is, e.g. `size: 5m`")
-		ok = false
-	} else if d, good := l.duration(s, "window.size", false); good && d >= time.Millisecond {
+		refused["size"] = true
+	} else if d, good := l.duration(s, "window.size", false); good {
 		ws.Size = d
-	} else if good {
-		l.errAt(s.val, s.val.Value, "`window.size` must be at least 1ms: windows are aligned to epoch milliseconds")
-		ok = false
 	} else {
-		ok = false
+		refused["size"] = true
 	}
 	slide := f["slide"]
 	if slide != nil {
-		if d, good := l.duration(slide, "window.slide", false); good && d >= time.Millisecond {
+		if d, good := l.duration(slide, "window.slide", false); good {
 			ws.Slide = d
-		} else if good {
-			l.errAt(slide.val, slide.val.Value, "`window.slide` must be at least 1ms: windows are aligned to epoch milliseconds")
-			ok = false
 		} else {
-			ok = false
+			refused["slide"] = true
 		}
 	}
-	if ok {
-		switch {
-		case ws.Kind == "tumbling" && slide != nil:
-			l.errAt(slide.key, "slide", "`slide` only applies to sliding windows; remove it or use `kind: sliding`")
-			ok = false
-		case ws.Kind == "sliding" && slide == nil:
-			l.errAt(kv.key, "window", "a sliding window needs `slide`: how far apart windows start, e.g. `slide: 1m` (at most `size`)")
-			ok = false
-		case ws.Kind == "sliding" && ws.Slide > ws.Size:
-			l.errAt(slide.val, slide.val.Value, "`slide` (%s) is larger than `size` (%s), so some records would fall in no window; make slide at most size", ws.Slide, ws.Size)
-			ok = false
-		case ws.Kind == "sliding" && ws.Size/ws.Slide > operators.MaxWindowsPerRecord:
-			// Each record updates size/slide windows: refuse a plan that
-			// would cost millions of updates per record at load time.
-			l.errAt(slide.val, slide.val.Value, "a `size` of %s sliding by %s puts every record in %d windows, more than %d; use a larger slide",
-				ws.Size, ws.Slide, (ws.Size+ws.Slide-1)/ws.Slide, operators.MaxWindowsPerRecord)
-			ok = false
+	// The values are checked by operators.ValidateWindow, the check the
+	// step runs itself: what passes here cannot fail it at run time.
+	var problems operators.WindowErrors
+	errors.As(operators.ValidateWindow(ws.Kind, ws.Size, ws.Slide), &problems)
+	for _, p := range problems {
+		ok = false
+		if refused[p.Key] {
+			continue
 		}
+		if x := f[p.Key]; x != nil {
+			l.errAt(x.val, x.val.Value, "%s", p.Rule)
+		} else {
+			l.errAt(kv.key, "window", "%s", p.Rule)
+		}
+	}
+	if len(refused) > 0 {
+		ok = false
+	}
+	// Which keys a kind takes is the rule file's business: the step
+	// ignores a tumbling window's slide, a rule file may not write one.
+	if ok && ws.Kind == "tumbling" && slide != nil {
+		l.errAt(slide.key, "slide", "`slide` only applies to sliding windows; remove it or use `kind: sliding`")
+		ok = false
 	}
 	emit := DefaultWindowEmit
 	if e := f["emit"]; e != nil {
