@@ -40,30 +40,6 @@ import (
 	"github.com/rtproxy/rtproxy/state"
 )
 
-// AggFunc is an aggregate function of window.aggregate.
-type AggFunc string
-
-const (
-	AggCount         AggFunc = "count"          // records: int64
-	AggSum           AggFunc = "sum"            // float64; 0 for none
-	AggMin           AggFunc = "min"            // float64 or string; null for none
-	AggMax           AggFunc = "max"            // float64 or string; null for none
-	AggAvg           AggFunc = "avg"            // float64; null for none
-	AggFirst         AggFunc = "first"          // value at the smallest event time
-	AggLast          AggFunc = "last"           // value at the largest event time
-	AggCountDistinct AggFunc = "count_distinct" // exact: int64
-)
-
-// IsAggregate reports whether name is an aggregate function (for the
-// analyzer, which refuses aggregates outside window.aggregate).
-func IsAggregate(name string) bool {
-	switch AggFunc(name) {
-	case AggCount, AggSum, AggMin, AggMax, AggAvg, AggFirst, AggLast, AggCountDistinct:
-		return true
-	}
-	return false
-}
-
 // Aggregate is one `name: func(arg)` entry of window.aggregate. Arg is nil
 // for count().
 type Aggregate struct {

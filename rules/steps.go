@@ -26,12 +26,6 @@ func compileExpr(src string, bound []string, opts ...expr.Option) (*operators.Ex
 	return operators.CompileExpr(src, bound, opts...)
 }
 
-// aggregateNames are the aggregate functions of window.aggregate, with the
-// number of arguments each takes.
-var aggregateNames = map[string]int{
-	"count": 0, "sum": 1, "min": 1, "max": 1, "avg": 1, "first": 1, "last": 1, "count_distinct": 1,
-}
-
 // exprKeywords cannot be bound as a join name: the expression parser reads
 // them as operators or literals.
 var exprKeywords = []string{"in", "and", "or", "not", "matches", "contains", "startsWith", "endsWith",
@@ -173,26 +167,27 @@ func (l *loader) indent(line int) int {
 // expr-lang builtins.
 func aggConfig() *conf.Config {
 	c := conf.New(map[string]any{})
-	for name := range aggregateNames {
-		c.Functions[name] = &builtin.Function{Name: name}
+	for _, fn := range operators.AggregateFuncs() {
+		c.Functions[string(fn)] = &builtin.Function{Name: string(fn)}
 	}
 	return c
 }
 
-// isAggregateCall reports whether a call has the shape of an aggregate:
-// count(), avg(...), count_distinct(...), or sum/min/max/first/last with one
-// argument. Other arities (max(a, b), sum(list, #)) stay expr-lang builtins.
+// isAggregateCall reports whether a call has the shape of an aggregate
+// (operators.AggregateFuncs): one that expr-lang does not have as a
+// builtin (avg, count_distinct) in any form, the others (count, sum, min,
+// max, first, last) with their own number of arguments. Other arities
+// (max(a, b), sum(list, #)) stay expr-lang builtins.
 func isAggregateCall(c *ast.CallNode) (string, bool) {
 	id, ok := c.Callee.(*ast.IdentifierNode)
 	if !ok {
 		return "", false
 	}
-	arity, ok := aggregateNames[id.Value]
-	if !ok {
+	arity := operators.AggFunc(id.Value).Arity()
+	if arity < 0 {
 		return "", false
 	}
-	switch id.Value {
-	case "avg", "count_distinct":
+	if _, isBuiltin := builtin.Index[id.Value]; !isBuiltin {
 		return id.Value, true
 	}
 	return id.Value, len(c.Arguments) == arity
@@ -677,11 +672,22 @@ func (l *loader) windowStep(kv *keyVal, sc *scope, spec *StepSpec) string {
 	return def.String()
 }
 
+// aggregateUsage lists the aggregate functions as a rule file writes
+// them: "count(), sum(x), … or count_distinct(x)".
+func aggregateUsage() string {
+	fns := operators.AggregateFuncs()
+	usage := make([]string, len(fns))
+	for i, fn := range fns {
+		usage[i] = fn.Usage()
+	}
+	return strings.Join(usage[:len(usage)-1], ", ") + " or " + usage[len(usage)-1]
+}
+
 // aggregate compiles one `name: func(arg)` entry of window.aggregate.
 func (l *loader) aggregate(nk, nv *yaml.Node, sc *scope) (operators.Aggregate, bool) {
 	what := "aggregate " + nk.Value
 	if nv.Kind != yaml.ScalarNode || strings.TrimSpace(nv.Value) == "" {
-		l.errAt(nv, nk.Value, "%s must be one aggregate call: count(), sum(x), min(x), max(x), avg(x), first(x), last(x) or count_distinct(x)", what)
+		l.errAt(nv, nk.Value, "%s must be one aggregate call: %s", what, aggregateUsage())
 		return operators.Aggregate{}, false
 	}
 	src := strings.TrimSpace(nv.Value)
@@ -704,8 +710,8 @@ func (l *loader) aggregate(nk, nv *yaml.Node, sc *scope) (operators.Aggregate, b
 			name = id.Value
 		}
 	}
-	arity, isAgg := aggregateNames[name]
-	if !isCall || !isAgg || !operators.IsAggregate(name) {
+	arity := operators.AggFunc(name).Arity()
+	if !isCall || arity < 0 {
 		l.errAt(nv, src, "%s must be exactly one aggregate call, such as `count()` or `sum(value.amount)`; compute around it in a later step (`set`/`map` after the window)", what)
 		return operators.Aggregate{}, false
 	}
