@@ -43,6 +43,10 @@ func FuzzLoad(f *testing.F) {
 			if r.Name == "" || r.Source.Topic == "" || r.Sink.Topic == "" || r.Sink.Topic == r.Source.Topic || !hex64.MatchString(r.Hash) {
 				t.Fatalf("incomplete route: %+v", r)
 			}
+			// Defaults are filled in here, never left to the pipeline.
+			if r.Source.IdleTimeout <= 0 || r.CheckpointInterval <= 0 || r.Source.Format == "" || r.Source.Start == "" || r.DeadLetter == "" {
+				t.Fatalf("route without its defaults: %+v", r)
+			}
 			for _, s := range r.Steps {
 				if s.Build == nil || !hex64.MatchString(s.Fingerprint) {
 					t.Fatalf("incomplete step %d: %+v", s.Index, s)

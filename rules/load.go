@@ -22,7 +22,9 @@ import (
 )
 
 // Defaults of a rule file. docs/RULES.md states the same values; the golden
-// test in defaults_test.go pins them.
+// test TestDefaultsGolden (load_test.go) pins them. The loader fills every
+// one in, so a loaded Route is complete: packages below rules/ (pipeline/)
+// must take these values and keep no default of their own.
 const (
 	DefaultFormat             = "json"
 	DefaultWatermark          = 0 * time.Second
