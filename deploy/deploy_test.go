@@ -57,6 +57,11 @@ var agreedMetrics = []string{
 	"rtproxy_checkpoint_last_timestamp_seconds",
 	"rtproxy_rules_reload_total",
 	"rtproxy_rules_routes",
+	// Shared routes (docs/ARCHITECTURE.md): group membership and state restore.
+	"rtproxy_route_partitions_owned",
+	"rtproxy_route_rebalances_total",
+	"rtproxy_state_restore_records_total",
+	"rtproxy_state_restore_seconds",
 }
 
 // histograms among agreedMetrics: queried through _bucket (and _sum/_count).
@@ -65,6 +70,7 @@ var histograms = []string{
 	"rtproxy_pipeline_processing_latency_seconds",
 	"rtproxy_pipeline_end_to_end_latency_seconds",
 	"rtproxy_checkpoint_duration_seconds",
+	"rtproxy_state_restore_seconds",
 }
 
 // query is one PromQL expression found in the dashboard.
@@ -227,6 +233,12 @@ func TestDashboardQueries(t *testing.T) {
 		"histogram_quantile(0.99, sum by (le, route) (rate(rtproxy_pipeline_end_to_end_latency_seconds_bucket",
 		"sum by (api) (rate(rtproxy_proxy_requests_total", // traffic by API key
 		`result="error"`, // reload errors
+		// Shared routes: who owns what, how often the group moves, restores.
+		"sum by (route, instance) (rtproxy_route_partitions_owned",
+		"sum by (route) (rtproxy_route_partitions_owned", // the total: every partition has one owner
+		"increase(rtproxy_route_rebalances_total",
+		"rate(rtproxy_state_restore_records_total",
+		"histogram_quantile(0.99, sum by (le, route) (rate(rtproxy_state_restore_seconds_bucket",
 	} {
 		found := false
 		for _, q := range qs {

@@ -262,6 +262,32 @@ func TestImageAgainstChart(t *testing.T) {
 	}
 }
 
+func TestManifestReplicas(t *testing.T) {
+	fixture := readFixture(t, "standalone.yaml")
+	m, err := ParseManifest([]byte(mutate(t, fixture, "replicas: 1\n", "replicas: 3\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.CheckReplicas(3); len(got) != 0 {
+		t.Errorf("3 replicas, want 3: %q", got)
+	}
+	if got := m.CheckReplicas(1); len(got) != 1 || !strings.Contains(got[0], "Deployment/rtp-rtproxy: replicas 3, want 1") {
+		t.Errorf("3 replicas, want 1: %q", got)
+	}
+	// No spec.replicas is Kubernetes' default of 1.
+	m, err = ParseManifest([]byte(mutate(t, fixture, "replicas: 1\n", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.CheckReplicas(1); len(got) != 0 {
+		t.Errorf("replicas unset, want 1: %q", got)
+	}
+	var out, errb bytes.Buffer
+	if code := run([]string{"manifest", "-rendered", "testdata/standalone.yaml", "-replicas", "3"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "replicas 1, want 3") {
+		t.Errorf("-replicas 3 on a 1-replica rendering: exit %d, stderr %s", code, errb.String())
+	}
+}
+
 func TestRunExitCodes(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := run([]string{"manifest", "-rendered", "testdata/standalone.yaml"}, &out, &errb); code != 0 {

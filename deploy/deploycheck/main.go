@@ -2,11 +2,13 @@
 // in deploy/scripts (there is no Kubernetes cluster and no Docker engine in
 // CI, so what can be checked is checked statically):
 //
-//	deploycheck manifest -rendered FILE [-rules-out DIR] [-workloads N]
+//	deploycheck manifest -rendered FILE [-rules-out DIR] [-workloads N] [-replicas N]
 //	    reads `helm template` output; loads the rendered rtproxy.yaml with
 //	    the proxy's own config loader (config.Resolve); checks that every
 //	    rtproxy container, its probes, mounts and Services agree with that
-//	    config; writes the rules ConfigMap's files to DIR for `rtproxy check`.
+//	    config, and with -replicas that every workload running the proxy
+//	    has N replicas; writes the rules ConfigMap's files to DIR for
+//	    `rtproxy check`.
 //	deploycheck image -dockerfile FILE -rendered FILE -image-config FILE [-build-out PATH]
 //	    parses the Dockerfile; checks its user, paths, ports and command
 //	    against the rendered chart and the image's default config; with
@@ -42,6 +44,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		rendered := fs.String("rendered", "", "helm template output")
 		rulesOut := fs.String("rules-out", "", "directory to write the rendered rule files to")
 		workloads := fs.Int("workloads", 1, "number of pods with an rtproxy container expected (0 for a sidecar-mode chart on its own)")
+		replicas := fs.Int("replicas", -1, "spec.replicas every workload with an rtproxy container must have (-1: not checked)")
 		if fs.Parse(args[1:]) != nil {
 			return 2
 		}
@@ -49,6 +52,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		m, err = LoadManifest(*rendered)
 		if err == nil {
 			problems = m.Check(*workloads)
+			if *replicas >= 0 {
+				problems = append(problems, m.CheckReplicas(*replicas)...)
+			}
 			if *rulesOut != "" {
 				var n int
 				n, err = m.WriteRules(*rulesOut)

@@ -285,6 +285,30 @@ func (m *Manifest) Check(wantPods int) []string {
 	return problems
 }
 
+// CheckReplicas returns a problem for every workload with the proxy
+// container whose spec.replicas is not want. Several replicas with rules are
+// normal since routes are shared through their consumer groups; the check
+// proves that a rendering asked for N replicas runs N proxies (and that the
+// chart no longer refuses them).
+func (m *Manifest) CheckReplicas(want int) []string {
+	var problems []string
+	for _, p := range m.pods() {
+		switch str(p.owner, "kind") {
+		case "Deployment", "StatefulSet", "ReplicaSet":
+		default:
+			continue
+		}
+		got, ok := num(p.owner, "spec", "replicas")
+		if !ok {
+			got = 1 // the Kubernetes default
+		}
+		if got != want {
+			problems = append(problems, fmt.Sprintf("%s: replicas %d, want %d", describe(p.owner), got, want))
+		}
+	}
+	return problems
+}
+
 func checkPod(p pod, exp expected, configCM, rulesCM string) []string {
 	var problems []string
 	where := describe(p.owner) + " container " + ContainerName

@@ -7,7 +7,10 @@
 #     load and validate with the proxy's own config code, and the container
 #     ports, probes, mounts and Service ports must match it;
 #  3. `rtproxy check` on the rule files extracted from each rules ConfigMap;
-#  4. every deploy/helm/tests/bad/*.yaml must make `helm template` fail with
+#  4. shared routes: three replicas with rules render, standalone and as the
+#     sidecar of a three-replica app, with 3 replicas and the rule files
+#     (every rendering's replicas are checked against its replicaCount);
+#  5. every deploy/helm/tests/bad/*.yaml must make `helm template` fail with
 #     the message named on its first line (`# expect: ...`).
 # Needs only Go; helm is built from the Go module proxy (deploy/scripts/lib.sh).
 set -euo pipefail
@@ -62,7 +65,29 @@ check_rules() {
 	fi
 }
 
+# has_rules NAME: fail unless the rendering NAME put rule files in its ConfigMap.
+has_rules() {
+	local n=0
+	if [ -d "$WORK/rules-$1" ]; then
+		n=$(find "$WORK/rules-$1" -maxdepth 1 \( -name '*.yaml' -o -name '*.yml' \) | wc -l)
+	fi
+	if [ "$n" -gt 0 ]; then
+		ok "$1: $n rule file(s) rendered beside $replicas replicas"
+	else
+		fail "$1: no rule files rendered; the shared-routes check needs rules"
+	fi
+}
+
+# replicas_of FILE: the replicaCount a values file sets (1 when it sets none).
+replicas_of() {
+	local n
+	n=$(sed -n 's/^replicaCount: *\([0-9][0-9]*\).*$/\1/p' "$1")
+	echo "${n:-1}"
+}
+
 # render NAME WORKLOADS CHART [helm args...]: lint, template, deploycheck, rules.
+# Every workload running the proxy must have $replicas replicas.
+replicas=1
 render() {
 	local name=$1 workloads=$2 chart=$3
 	shift 3
@@ -80,8 +105,8 @@ render() {
 		return
 	fi
 	ok "$name: helm template ($(grep -c '^kind:' "$WORK/$name.yaml") objects)"
-	if out=$("$WORK/deploycheck" manifest -rendered "$WORK/$name.yaml" -workloads "$workloads" -rules-out "$WORK/rules-$name" 2>&1); then
-		ok "$name: rendered ports, probes and mounts match the rendered config"
+	if out=$("$WORK/deploycheck" manifest -rendered "$WORK/$name.yaml" -workloads "$workloads" -replicas "$replicas" -rules-out "$WORK/rules-$name" 2>&1); then
+		ok "$name: rendered ports, probes, mounts and replicas ($replicas) match"
 	else
 		fail "$name: deploycheck manifest:"
 		sed 's/^/         /' <<<"$out" >&2
@@ -91,20 +116,35 @@ render() {
 }
 
 echo "helm-check: chart $CHART"
+replicas=1
 render default 1 "$CHART"
 for values in deploy/helm/examples/values/*.yaml; do
 	name=$(basename "$values" .yaml)
 	workloads=1
 	grep -q '^mode: *sidecar' "$values" && workloads=0
+	replicas=$(replicas_of "$values")
 	render "$name" "$workloads" "$CHART" -f "$values"
 done
+
+echo "helm-check: shared routes: 3 replicas with rules (standalone)"
+# Routes are shared through their consumer groups (docs/ARCHITECTURE.md):
+# the chart must render several replicas with rules, state on the emptyDir.
+replicas=3
+render shared-standalone 1 "$CHART" -f deploy/helm/examples/values/standalone.yaml \
+	--set replicaCount=3 --set state.type=emptyDir
+has_rules shared-standalone
 
 echo "helm-check: example app chart (sidecar templates)"
 # Work on a copy: `helm dependency build` writes charts/ and Chart.lock.
 cp -r deploy/helm "$WORK/helm"
 APP="$WORK/helm/examples/app"
 if out=$("$HELM" dependency build "$APP" 2>&1); then
+	replicas=$(replicas_of "$APP/values.yaml")
 	render app 1 "$APP"
+	echo "helm-check: shared routes: the sidecar beside a 3-replica app, with rules"
+	replicas=3
+	render shared-app 1 "$APP" --set replicaCount=3
+	has_rules shared-app
 	if "$HELM" template x "$APP" --set rtproxy.proxy.adminPort=not-a-port >/dev/null 2>"$WORK/app-bad.err" ; then
 		fail "app: --set rtproxy.proxy.adminPort=not-a-port rendered; the rtproxy schema must refuse it through the app chart too"
 	elif grep -q adminPort "$WORK/app-bad.err"; then
