@@ -61,6 +61,7 @@ var (
 	logLevel    = flag.String("log-level", "warn", "rtproxy --log-level")
 	keep        = flag.Bool("keep", false, "keep the temporary directory (logs, state, perf data)")
 	groupWait   = flag.Duration("group-wait", 60*time.Second, "how long to wait for a route's group to settle before the load starts anyway")
+	proxySrc    = flag.String("rtproxy-src", "", "build rtproxy from this module tree instead of the working tree (e.g. an older commit from git archive), for comparisons")
 	verbose     = flag.Bool("v", false, "print /routes of the restoring instance as it changes")
 )
 
@@ -89,7 +90,11 @@ func main() {
 	e.kfakeBin = filepath.Join(e.tmp, "kfakebroker")
 	e.proxyBin = filepath.Join(e.tmp, "rtproxy")
 	build(e.root, e.kfakeBin, "test/kfakebroker")
-	build(e.root, e.proxyBin, "cmd/rtproxy")
+	if *proxySrc != "" {
+		build(*proxySrc, e.proxyBin, "cmd/rtproxy")
+	} else {
+		build(e.root, e.proxyBin, "cmd/rtproxy")
+	}
 	rev, _ := exec.Command("git", "-C", e.root, "rev-parse", "--short", "HEAD").Output()
 	e.addrs, e.kfake = startBroker(e.kfakeBin, *partitions, *autoCreate)
 	defer func() { e.kfake.Process.Kill(); e.kfake.Wait() }()
@@ -330,6 +335,11 @@ type restoreResult struct {
 	routeSeconds  float64
 	restoring     time.Duration // B: start → restore state "restoring" first seen
 	dups          int64
+	logTasks      int
+	logRecords    int64
+	logKeys       int64
+	logLongest    time.Duration
+	logTotal      time.Duration
 	statusAtDone  string
 	profile       string
 	note          string
@@ -389,7 +399,7 @@ func (e *env) restorePhase() restoreResult {
 	log.Printf("restore: A stopped in %v; changelog %v holds %d records", res.stopA.Round(time.Millisecond), res.changelog, res.changelogN)
 
 	// Instance B, empty state dir.
-	b := e.startInstance("rs-b", rules, filepath.Join(e.tmp, "state-rs-b"))
+	b := e.startInstanceLog("rs-b", rules, filepath.Join(e.tmp, "state-rs-b"), "info")
 	defer b.stop()
 	prof := e.startPerf("restore", b.pid())
 	c0 := cpuTime(b.pid())
@@ -438,6 +448,7 @@ func (e *env) restorePhase() restoreResult {
 		time.Sleep(25 * time.Millisecond)
 	}
 	res.restoreCPU = cpuTime(b.pid()) - c0
+	res.logTasks, res.logRecords, res.logKeys, res.logLongest, res.logTotal = b.restoreLog()
 	res.profile = prof.stop("restore")
 	for _, l := range b.metrics("rtproxy_state_restore") {
 		if !strings.Contains(l, "_bucket") {
@@ -449,7 +460,7 @@ func (e *env) restorePhase() restoreResult {
 		res.metricSeconds = v
 	}
 	res.metricRecords, _ = metricSum(res.metricLines, "rtproxy_state_restore_records_total")
-	log.Printf("restore: B ready after %v, restore seen at %v, done at %v (seen %v); metrics %v",
+	log.Printf("restore: B ready after %v, first partition owned at %v, done at %v (seen %v); metrics %v",
 		res.ready.Round(time.Millisecond), res.assigned.Round(time.Millisecond), res.done.Round(time.Millisecond), res.doneSeen, res.metricLines)
 
 	// The keys must still be remembered: 1000 old ids are dropped, 1000 new
@@ -550,6 +561,8 @@ func (r restoreResult) table() string {
 	fmt.Fprintf(&b, "| rtproxy_state_restore_seconds (histogram sum over partitions) | %.2f s |\n", r.metricSeconds)
 	fmt.Fprintf(&b, "| rtproxy_state_restore_records_total | %.0f |\n", r.metricRecords)
 	fmt.Fprintf(&b, "| instance B CPU from start to restore done | %.2f s |\n", r.restoreCPU.Seconds())
+	fmt.Fprintf(&b, "| instance B log, \"state restored from changelog\": tasks / records read / keys rebuilt | %d / %d / %d |\n", r.logTasks, r.logRecords, r.logKeys)
+	fmt.Fprintf(&b, "| instance B log: longest task restore / sum over tasks | %v / %v |\n", r.logLongest.Round(time.Millisecond), r.logTotal.Round(time.Millisecond))
 	fmt.Fprintf(&b, "| after the restore: new keys passed (of 1000) | %d |\n", r.newPassed)
 	fmt.Fprintf(&b, "| after the restore: old keys re-sent that passed again (of 1000; want 0) | %d |\n", r.oldPassed)
 	fmt.Fprintf(&b, "| duplicate outputs over the whole phase (want 0) | %d |\n", r.dups)

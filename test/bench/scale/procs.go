@@ -128,6 +128,10 @@ type instance struct {
 // startInstance starts rtproxy with its own ports and state dir in front of
 // upstream; it does not wait for readiness.
 func (e *env) startInstance(name, rulesDir, stateDir string) *instance {
+	return e.startInstanceLog(name, rulesDir, stateDir, *logLevel)
+}
+
+func (e *env) startInstanceLog(name, rulesDir, stateDir, level string) *instance {
 	check(os.MkdirAll(stateDir, 0o755))
 	listen, admin := e.ports.free(), e.ports.free()
 	brokerBase := e.ports.block(10)
@@ -136,7 +140,7 @@ func (e *env) startInstance(name, rulesDir, stateDir string) *instance {
 	check(err)
 	cmd := exec.Command(e.proxyBin, "run", "--listen", listen, "--admin-listen", admin,
 		"--broker-ports", strconv.Itoa(brokerBase), "--upstream", strings.Join(e.addrs, ","),
-		"--rules-dir", rulesDir, "--state-dir", stateDir, "--log-level", *logLevel)
+		"--rules-dir", rulesDir, "--state-dir", stateDir, "--log-level", level)
 	cmd.Env = append(os.Environ(), "RTPROXY_BROKER_PORT_COUNT=10")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = childAttr()
@@ -403,4 +407,36 @@ func (p *profiler) stop(label string) string {
 	}
 	return fmt.Sprintf("perf profile %s (flat, self time):\n%s\n\nperf profile %s (cumulative, with callees):\n%s\n",
 		label, report("--no-children"), label, report("--children"))
+}
+
+// restoreLog sums what the instance logged of its restores from the
+// changelog (msg="state restored from changelog", level info): tasks,
+// records read, keys rebuilt, and the longest and summed task durations.
+func (in *instance) restoreLog() (tasks int, records, keys int64, longest, total time.Duration) {
+	b, _ := os.ReadFile(in.logPath)
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.Contains(l, `msg="state restored from changelog"`) {
+			continue
+		}
+		tasks++
+		for _, f := range strings.Fields(l) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok {
+				continue
+			}
+			switch k {
+			case "records":
+				n, _ := strconv.ParseInt(v, 10, 64)
+				records += n
+			case "keys":
+				n, _ := strconv.ParseInt(v, 10, 64)
+				keys += n
+			case "duration":
+				d, _ := time.ParseDuration(v)
+				total += d
+				longest = max(longest, d)
+			}
+		}
+	}
+	return
 }
