@@ -268,10 +268,14 @@ func srStartProxies(t *testing.T, k *Kfake, rulesDir string, n int, env ...strin
 // since conditions read topics) until it returns nil or timeout passes.
 func srWait(t *testing.T, timeout time.Duration, what string, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
 	for {
 		err := cond()
 		if err == nil {
+			if d := time.Since(start); d > 2*time.Second {
+				t.Logf("%s: took %v", what, d.Round(time.Millisecond))
+			}
 			return
 		}
 		if time.Now().After(deadline) {
@@ -856,7 +860,7 @@ func srCheckDedup(t *testing.T, outs []*kgo.Record, src map[string]srSrc) map[st
 		case n > 1:
 			var refs []string
 			for ref := range passed[dk] {
-				refs = append(refs, ref)
+				refs = append(refs, fmt.Sprintf("%s(id %d)", ref, src[ref].E.ID))
 			}
 			sort.Strings(refs)
 			twice = append(twice, fmt.Sprintf("%s by %v", dk, refs))

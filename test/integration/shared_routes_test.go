@@ -585,9 +585,16 @@ func TestSharedRoutesEmptyStateDirRestores(t *testing.T) {
 			t.Logf("restore: %s", strings.Join(got, "; "))
 			return nil
 		})
-		if _, ok := srMetric(srMustMetrics(t, np), "rtproxy_state_restore_seconds"); !ok {
-			t.Errorf("no rtproxy_state_restore_seconds metric")
-		}
+		// Restore seconds: a histogram (its _count) or a plain gauge.
+		srWait(t, 30*time.Second, "rtproxy_state_restore_seconds observed", func() error {
+			m := srMustMetrics(t, np)
+			for _, name := range []string{"rtproxy_state_restore_seconds_count", "rtproxy_state_restore_seconds"} {
+				if v, ok := srMetric(m, name); ok && v > 0 {
+					return nil
+				}
+			}
+			return fmt.Errorf("no rtproxy_state_restore_seconds sample > 0")
+		})
 		return np
 	})
 }
