@@ -1112,3 +1112,33 @@ func srCheckWindowRowsOnly(t *testing.T, outs []*kgo.Record) map[srWinKey][]stri
 	}
 	return rows
 }
+
+// srChangelogSummary describes the route's changelog topics for a failure
+// message: per topic, the records per partition and per key tag (the first
+// byte of the key: 'k' keyed state, 's' snapshot, 'i' inbox, 'j' journal,
+// 'r' fence, per pipeline/changelog.go).
+func srChangelogSummary(t *testing.T, seeds []string, r srRoute) string {
+	t.Helper()
+	cls, err := srTopicsLike(seeds, r.Name+".", ".changelog")
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, tp := range srTopicNames(cls) {
+		tags := map[string]int{}
+		parts := map[int32]int{}
+		for _, rec := range srRead(t, seeds, tp) {
+			tag := "none"
+			if len(rec.Key) > 0 {
+				tag = string(rec.Key[:1])
+			}
+			tags[tag]++
+			parts[rec.Partition]++
+		}
+		out = append(out, fmt.Sprintf("%s: records per partition %v, per key tag %v", tp, parts, tags))
+	}
+	if len(out) == 0 {
+		return "no changelog topic " + r.Name + ".<NN>-<kind>.changelog"
+	}
+	return strings.Join(out, "; ")
+}

@@ -412,7 +412,7 @@ func TestSharedRoutesDedupAcrossMove(t *testing.T) {
 	}
 	sort.Strings(leaked)
 	if len(leaked) > 0 {
-		t.Errorf("after the move the duplicates of %d keys passed: %v (keys on A: %v)", len(leaked), leaked, onA)
+		t.Errorf("after the move the duplicates of %d keys passed: %v (keys on A: %v); changelog: %s", len(leaked), leaked, onA, srChangelogSummary(t, k.Addrs, dd))
 	}
 	if r := srRepeats(count); r > 0 {
 		t.Errorf("%d outputs repeated across A's graceful leave", r)
@@ -521,6 +521,9 @@ func srWindowAcrossRestart(t *testing.T, source string, restart func(k *Kfake, r
 	rows := srCheckWindows(t, srRead(t, k.Addrs, win.Sink), wantWin)
 	t.Logf("windows after the restart: %v (want %v)", rows, wantWin)
 	count := srCheckDedup(t, srRead(t, k.Addrs, dd.Sink), src)
+	if t.Failed() {
+		t.Logf("changelogs: %s; %s", srChangelogSummary(t, k.Addrs, win), srChangelogSummary(t, k.Addrs, dd))
+	}
 	t.Logf("dedup: %d source records passed for %d keys (%d records in the source)", len(count), len(srWantDedup(src)), len(src))
 	srCheckNoDLQ(t, k.Addrs, win.DLQ, dd.DLQ)
 }
