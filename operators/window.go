@@ -13,7 +13,7 @@ package operators
 //
 //	key "w" <end: time> <window key bytes>   (one per open window, written
 //	                                          in key order: by end, then key)
-//	  per aggregate, in spec order:
+//	  per aggregate, in spec order (its encode / decode in aggregate.go):
 //	    count          uvarint n
 //	    sum            8 bytes float64 bits
 //	    avg            8 bytes float64 bits (sum), uvarint n
@@ -88,7 +88,8 @@ type WindowSpec struct {
 // Restore) keeps them closed across a crash.
 type window struct {
 	spec        WindowSpec
-	size, slide int64 // millis; tumbling: slide == size
+	aggs        []aggregator // of spec.Aggregates, in order
+	size, slide int64        // millis; tumbling: slide == size
 
 	byEnd     map[int64]map[string]*winState
 	ends      []int64 // the keys of byEnd, ascending
@@ -110,24 +111,6 @@ type window struct {
 type winState struct {
 	accs []acc
 }
-
-// acc is the accumulator of one aggregate in one window; which fields it
-// uses depends on the function.
-type acc struct {
-	n    int64   // count, avg
-	f    float64 // sum, avg, min/max of numbers
-	s    string  // min/max of strings
-	kind uint8   // min/max: 0 none, 1 number, 2 string; first/last: 0 none, 1 set
-	t    int64   // first/last: event time of the kept value
-	v    any     // first/last
-	set  map[string]struct{}
-}
-
-const (
-	kindNone   = 0
-	kindNumber = 1
-	kindString = 2
-)
 
 // WindowKinds are the kinds of window, as a rule file writes them.
 var WindowKinds = []string{"tumbling", "sliding"}
@@ -260,6 +243,9 @@ func NewWindow(spec WindowSpec) Keyed {
 	if spec.Kind != "sliding" || w.slide <= 0 || w.slide > w.size {
 		w.slide = w.size
 	}
+	for _, a := range spec.Aggregates {
+		w.aggs = append(w.aggs, aggregatorOf(a.Func))
+	}
 	w.invalid = spec.Validate()
 	return w
 }
@@ -329,7 +315,7 @@ func (w *window) Process(r *Record, out Emitter) {
 	// Evaluate and check every argument before any window changes, so a
 	// dead letter leaves the state as if the record had never come.
 	w.args = w.args[:0]
-	for _, a := range w.spec.Aggregates {
+	for i, a := range w.spec.Aggregates {
 		var v any
 		if a.Arg != nil {
 			v, err = a.Arg.Eval(r)
@@ -337,9 +323,11 @@ func (w *window) Process(r *Record, out Emitter) {
 				out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
 				return
 			}
-			if v, err = checkArg(a, v); err != nil {
-				out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
-				return
+			if v != nil {
+				if v, err = w.aggs[i].check(a, v); err != nil {
+					out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
+					return
+				}
 			}
 		}
 		w.args = append(w.args, v)
@@ -347,7 +335,10 @@ func (w *window) Process(r *Record, out Emitter) {
 	for _, end := range w.wins {
 		if ws := w.byEnd[end][key]; ws != nil {
 			for i, a := range w.spec.Aggregates {
-				if err := ws.accs[i].fits(a, w.args[i]); err != nil {
+				if w.args[i] == nil {
+					continue
+				}
+				if err := w.aggs[i].fits(a, &ws.accs[i], w.args[i]); err != nil {
 					out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
 					return
 				}
@@ -357,8 +348,12 @@ func (w *window) Process(r *Record, out Emitter) {
 
 	for _, end := range w.wins {
 		ws := w.get(end, key)
-		for i, a := range w.spec.Aggregates {
-			ws.accs[i].add(a.Func, w.args[i], t)
+		for i, agg := range w.aggs {
+			// A null argument (a missing field) is not added, as in SQL;
+			// count() has none and counts every record.
+			if w.args[i] != nil || agg.arity() == 0 {
+				agg.add(&ws.accs[i], w.args[i], t)
+			}
 		}
 		if w.spec.EmitOnUpdate {
 			out.Emit(w.row(end, key, ws))
@@ -383,138 +378,6 @@ func (w *window) get(end int64, key string) *winState {
 	return ws
 }
 
-// checkArg validates an aggregate argument and normalises numbers to
-// float64.
-func checkArg(a Aggregate, v any) (any, error) {
-	if v == nil {
-		return nil, nil
-	}
-	switch a.Func {
-	case AggSum, AggAvg:
-		f, ok := toFloat(v)
-		if !ok {
-			return nil, fmt.Errorf("%s(%s) got %s, want a number", a.Func, a.Arg.Source, jsonKind(v))
-		}
-		return f, nil
-	case AggMin, AggMax:
-		if f, ok := toFloat(v); ok {
-			return f, nil
-		}
-		if _, ok := v.(string); ok {
-			return v, nil
-		}
-		return nil, fmt.Errorf("%s(%s) got %s, want a number or a string", a.Func, a.Arg.Source, jsonKind(v))
-	case AggCountDistinct:
-		return distinctKey(v)
-	}
-	return v, nil
-}
-
-// distinctKey is the identity of a value for count_distinct: a kind letter
-// then the value, so 1 (int) and 1.0 are one member and "1" is another.
-func distinctKey(v any) (string, error) {
-	switch x := v.(type) {
-	case string:
-		return "s" + x, nil
-	case bool:
-		return "b" + strconv.FormatBool(x), nil
-	}
-	if f, ok := toFloat(v); ok {
-		return "n" + strconv.FormatFloat(f, 'g', -1, 64), nil
-	}
-	b, err := AppendJSON([]byte{'j'}, v)
-	if err != nil {
-		return "", err
-	}
-	return string(b), nil
-}
-
-// fits reports whether v can be added to c without mixing min/max kinds.
-func (c *acc) fits(a Aggregate, v any) error {
-	if (a.Func != AggMin && a.Func != AggMax) || v == nil || c.kind == kindNone {
-		return nil
-	}
-	_, isStr := v.(string)
-	if isStr != (c.kind == kindString) {
-		had := "numbers"
-		if c.kind == kindString {
-			had = "strings"
-		}
-		return fmt.Errorf("%s(%s) got %s after %s in the same window", a.Func, a.Arg.Source, jsonKind(v), had)
-	}
-	return nil
-}
-
-// add folds v (already checked by checkArg and fits) into c.
-func (c *acc) add(fn AggFunc, v any, t int64) {
-	if fn == AggCount {
-		c.n++
-		return
-	}
-	if v == nil {
-		return
-	}
-	switch fn {
-	case AggSum:
-		c.f += v.(float64)
-	case AggAvg:
-		c.f += v.(float64)
-		c.n++
-	case AggMin, AggMax:
-		if s, ok := v.(string); ok {
-			if c.kind == kindNone || (fn == AggMin && s < c.s) || (fn == AggMax && s > c.s) {
-				c.s, c.kind = s, kindString
-			}
-			return
-		}
-		f := v.(float64)
-		if c.kind == kindNone || (fn == AggMin && f < c.f) || (fn == AggMax && f > c.f) {
-			c.f, c.kind = f, kindNumber
-		}
-	case AggFirst:
-		if c.kind == kindNone || t < c.t {
-			c.v, c.t, c.kind = v, t, 1
-		}
-	case AggLast:
-		if c.kind == kindNone || t >= c.t {
-			c.v, c.t, c.kind = v, t, 1
-		}
-	case AggCountDistinct:
-		if c.set == nil {
-			c.set = make(map[string]struct{})
-		}
-		c.set[v.(string)] = struct{}{}
-	}
-}
-
-// value is the aggregate's output.
-func (c *acc) value(fn AggFunc) any {
-	switch fn {
-	case AggCount:
-		return c.n
-	case AggSum:
-		return c.f
-	case AggAvg:
-		if c.n == 0 {
-			return nil
-		}
-		return c.f / float64(c.n)
-	case AggMin, AggMax:
-		switch c.kind {
-		case kindNumber:
-			return c.f
-		case kindString:
-			return c.s
-		}
-		return nil
-	case AggFirst, AggLast:
-		return c.v
-	case AggCountDistinct:
-		return int64(len(c.set))
-	}
-	return nil
-}
-
 // WindowHeader is the header every window row carries: "<start>-<end>".
 const WindowHeader = "rtproxy-window"
 
@@ -526,7 +389,7 @@ func (w *window) row(end int64, key string, ws *winState) *Record {
 	v["window_start"] = start
 	v["window_end"] = end
 	for i, a := range w.spec.Aggregates {
-		v[a.Name] = ws.accs[i].value(a.Func)
+		v[a.Name] = w.aggs[i].value(&ws.accs[i])
 	}
 	hv := strconv.AppendInt(nil, start, 10)
 	hv = append(hv, '-')
@@ -638,7 +501,7 @@ func (w *window) Snapshot(sw state.Writer) error {
 			vb = vb[:0]
 			for i, a := range w.spec.Aggregates {
 				var err error
-				if vb, err = m[k].accs[i].appendTo(vb, a.Func); err != nil {
+				if vb, err = w.aggs[i].encode(vb, &m[k].accs[i]); err != nil {
 					return fmt.Errorf("window snapshot: %s: %w", a.Name, err)
 				}
 			}
@@ -648,53 +511,6 @@ func (w *window) Snapshot(sw state.Writer) error {
 		}
 	}
 	return nil
-}
-
-func (c *acc) appendTo(b []byte, fn AggFunc) ([]byte, error) {
-	switch fn {
-	case AggCount:
-		return binary.AppendUvarint(b, uint64(c.n)), nil
-	case AggSum:
-		return binary.BigEndian.AppendUint64(b, math.Float64bits(c.f)), nil
-	case AggAvg:
-		b = binary.BigEndian.AppendUint64(b, math.Float64bits(c.f))
-		return binary.AppendUvarint(b, uint64(c.n)), nil
-	case AggMin, AggMax:
-		b = append(b, c.kind)
-		switch c.kind {
-		case kindNumber:
-			b = binary.BigEndian.AppendUint64(b, math.Float64bits(c.f))
-		case kindString:
-			b = binary.AppendUvarint(b, uint64(len(c.s)))
-			b = append(b, c.s...)
-		}
-		return b, nil
-	case AggFirst, AggLast:
-		b = append(b, c.kind)
-		if c.kind == kindNone {
-			return b, nil
-		}
-		b = putTime(b, c.t)
-		j, err := AppendJSON(nil, c.v)
-		if err != nil {
-			return nil, err
-		}
-		b = binary.AppendUvarint(b, uint64(len(j)))
-		return append(b, j...), nil
-	case AggCountDistinct:
-		members := make([]string, 0, len(c.set))
-		for m := range c.set {
-			members = append(members, m)
-		}
-		slices.Sort(members)
-		b = binary.AppendUvarint(b, uint64(len(members)))
-		for _, m := range members {
-			b = binary.AppendUvarint(b, uint64(len(m)))
-			b = append(b, m...)
-		}
-		return b, nil
-	}
-	return nil, fmt.Errorf("unknown aggregate %q", fn)
 }
 
 // errSnapshot is wrapped by every Restore error about the bytes.
@@ -723,8 +539,8 @@ func (w *window) Restore(sr state.Reader) error {
 			end := getTime(k[1:9])
 			ws := w.get(end, string(k[9:]))
 			d := snapDec{b: v}
-			for i, a := range w.spec.Aggregates {
-				ws.accs[i].readFrom(&d, a.Func)
+			for i, agg := range w.aggs {
+				agg.decode(&d, &ws.accs[i])
 			}
 			if d.err != nil {
 				return fmt.Errorf("%w: window %d key %q: %v", errSnapshot, end, k[9:], d.err)
@@ -774,60 +590,6 @@ func (w *window) restoreMeta(v []byte) error {
 	}
 	w.watermark, w.hasWM = wm, has == 1
 	return nil
-}
-
-func (c *acc) readFrom(d *snapDec, fn AggFunc) {
-	switch fn {
-	case AggCount:
-		c.n = int64(d.uvarint())
-	case AggSum:
-		c.f = d.float()
-	case AggAvg:
-		c.f = d.float()
-		c.n = int64(d.uvarint())
-	case AggMin, AggMax:
-		c.kind = d.byte()
-		switch c.kind {
-		case kindNone:
-		case kindNumber:
-			c.f = d.float()
-		case kindString:
-			c.s = string(d.bytes())
-		default:
-			d.fail("kind %d", c.kind)
-		}
-	case AggFirst, AggLast:
-		c.kind = d.byte()
-		switch c.kind {
-		case kindNone:
-		case 1:
-			c.t = d.time()
-			j := d.bytes()
-			if d.err == nil {
-				v, err := DecodeJSON(j)
-				if err != nil {
-					d.fail("%v", err)
-				}
-				c.v = v
-			}
-		default:
-			d.fail("kind %d", c.kind)
-		}
-	case AggCountDistinct:
-		n := d.uvarint()
-		if n > uint64(len(d.b)) { // each member takes at least one byte
-			d.fail("count_distinct of %d members in %d bytes", n, len(d.b))
-			return
-		}
-		c.set = make(map[string]struct{}, n)
-		for range n {
-			m := d.bytes()
-			if d.err != nil {
-				return
-			}
-			c.set[string(m)] = struct{}{}
-		}
-	}
 }
 
 // snapDec reads a snapshot value and remembers its first error, so callers
