@@ -3,10 +3,8 @@ package pipeline
 import (
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
@@ -25,19 +23,18 @@ type ticket struct {
 	n       int32 // atomic
 }
 
-// chain is one instance of a run of consecutive steps: the steps a
-// partition goroutine runs before the first stateful step, or the steps a
-// worker runs from its stateful step to the next one. A chain is used by one
-// goroutine only.
+// chain is one task's instance of its segment's steps. A chain is used by
+// one goroutine only.
 type chain struct {
 	r     *route
+	t     *task
 	specs []*rules.StepSpec
 	steps []operators.Step
 	names []string // state/snapshot name of each step ("" when stateless)
 	ems   []emitter
 	drops []bool // count a Process that emits nothing as a drop
 	cur   *ticket
-	next  *stage // where records go after the last step; nil: the sink
+	next  *segment // where records go after the last step; nil: the sink
 }
 
 // emitter is what step i of a chain emits into.
@@ -62,7 +59,7 @@ func (e *emitter) DeadLetter(rec *operators.Record, reason operators.Reason, err
 func (c *chain) run(i int, rec *operators.Record) {
 	if i == len(c.steps) {
 		if c.next != nil {
-			c.next.send(c.r, rec, c.cur)
+			c.r.repartition(c.t, rec, c.cur)
 		} else {
 			c.r.output(rec, c.cur)
 		}
@@ -87,9 +84,12 @@ func (c *chain) process(i int, rec *operators.Record) {
 	c.steps[i].Process(rec, &c.ems[i])
 }
 
-// advance tells every Timed step of the chain that the watermark moved.
-func (c *chain) advance(wm int64) {
-	c.cur = nil
+// advance tells every Timed step of the chain that the watermark moved;
+// what they emit is held by tk (the marker or record that moved it; nil on
+// an idle tick).
+func (c *chain) advance(wm int64, tk *ticket) {
+	c.cur = tk
+	defer func() { c.cur = nil }()
 	for i, s := range c.steps {
 		if t, ok := s.(operators.Timed); ok {
 			func() {
@@ -104,16 +104,14 @@ func (c *chain) advance(wm int64) {
 	}
 }
 
-func (c *chain) restore(cp *stateCheckpoint) error {
+// restore hands every stateful step its snapshot as pebble holds it.
+func (c *chain) restore() error {
 	for i, s := range c.steps {
 		sf, ok := s.(operators.Stateful)
 		if !ok || c.names[i] == "" {
 			continue
 		}
-		rd := cp.Snapshot(c.names[i])
-		if rd == nil {
-			continue
-		}
+		rd := c.r.m.db.SnapshotReader(c.r.name, c.names[i])
 		if err := sf.Restore(rd); err != nil {
 			return fmt.Errorf("restore step %s: %w", c.names[i], err)
 		}
@@ -158,146 +156,6 @@ func (c *chain) snapshotInto(into map[string]*memSnapshot) error {
 	return nil
 }
 
-// stage is a stateful step and the steps after it up to the next stateful
-// one, run by cfg.Workers workers that each own the keys hashing to them.
-type stage struct {
-	first   int // index of the stateful step
-	label   string
-	keyed   operators.Keyed // worker 0's instance, for ShuffleKey
-	workers []*worker
-}
-
-type msgKind uint8
-
-const (
-	msgRecord msgKind = iota
-	msgBarrier
-	msgWatermark
-)
-
-type msg struct {
-	kind msgKind
-	rec  *operators.Record
-	tk   *ticket
-	wm   int64
-	from int
-	ack  chan struct{}
-}
-
-type worker struct {
-	idx   int
-	st    *stage
-	ch    chan msg
-	chain *chain
-	ups   []int64 // last watermark from each upstream sender
-	wm    int64
-
-	// Close journal (journal.go); journal is "" when the worker keeps none.
-	journal string
-	closer  closer
-	applied map[int32]int64 // highest source offset applied, per partition
-	jmu     sync.Mutex      // serialises journal writes (journalAfterAck)
-	jwm     int64           // under jmu: watermark of the last journal written
-}
-
-// send hands rec to the worker owning its key, without waiting for it to be
-// processed. The ticket gains a hold that the worker releases.
-func (s *stage) send(r *route, rec *operators.Record, tk *ticket) {
-	w := 0
-	if s.keyed != nil && len(s.workers) > 1 {
-		k, err := s.keyed.ShuffleKey(rec)
-		if err != nil {
-			r.deadLetter(rec, operators.ReasonError, err, s.label, tk)
-			return
-		}
-		w = int(fnv32(k) % uint32(len(s.workers)))
-	} else if s.keyed != nil {
-		if _, err := s.keyed.ShuffleKey(rec); err != nil {
-			r.deadLetter(rec, operators.ReasonError, err, s.label, tk)
-			return
-		}
-	}
-	if tk != nil {
-		tk.hold()
-	}
-	s.workers[w].ch <- msg{kind: msgRecord, rec: rec, tk: tk}
-}
-
-// barrier waits until every worker has processed what was queued before it.
-func (s *stage) barrier() {
-	acks := make([]chan struct{}, len(s.workers))
-	for i, w := range s.workers {
-		acks[i] = make(chan struct{})
-		w.ch <- msg{kind: msgBarrier, ack: acks[i]}
-	}
-	for _, a := range acks {
-		<-a
-	}
-}
-
-// watermark sends a new watermark to every worker, behind the records
-// already queued, so windows close in order with the records.
-func (s *stage) watermark(wm int64, from int) {
-	for _, w := range s.workers {
-		w.ch <- msg{kind: msgWatermark, wm: wm, from: from}
-	}
-}
-
-func (w *worker) loop() {
-	for m := range w.ch {
-		switch m.kind {
-		case msgRecord:
-			if w.applied != nil && m.rec.Partition >= 0 && m.rec.Offset >= 0 {
-				if a, ok := w.applied[m.rec.Partition]; !ok || m.rec.Offset > a {
-					w.applied[m.rec.Partition] = m.rec.Offset
-				}
-			}
-			w.chain.cur = m.tk
-			w.chain.run(0, m.rec)
-			w.chain.cur = nil
-			if m.tk != nil {
-				m.tk.release()
-			}
-		case msgBarrier:
-			close(m.ack)
-		case msgWatermark:
-			// A stage fed by another stage advances at the minimum over its
-			// upstream workers.
-			if m.from >= 0 && m.from < len(w.ups) {
-				w.ups[m.from] = max(w.ups[m.from], m.wm)
-			}
-			wm := m.wm
-			if len(w.ups) > 1 {
-				wm = w.ups[0]
-				for _, u := range w.ups[1:] {
-					wm = min(wm, u)
-				}
-			}
-			if wm <= w.wm {
-				continue
-			}
-			w.wm = wm
-			closing := w.closer != nil && w.closer.ClosesAt(wm)
-			w.chain.advance(wm)
-			if closing {
-				w.journalAfterAck(wm)
-			}
-			if w.chain.next != nil {
-				w.chain.next.watermark(wm, w.idx)
-			}
-		}
-	}
-}
-
-func fnv32(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h ^= uint32(s[i])
-		h *= 16777619
-	}
-	return h
-}
-
 func (t *ticket) hold() { atomicAdd(&t.n, 1) }
 
 func (t *ticket) release() {
@@ -311,88 +169,23 @@ func (r *route) recordDone(t *ticket) {
 	r.mProc.Observe(time.Since(t.fetched).Seconds())
 }
 
-// buildStages builds the partition chains and the worker stages.
-func (r *route) buildStages(tables map[string]operators.Table, nparts int) error {
-	d := r.def
-	cfg := r.m.cfg
-	var bounds []int
-	for i := range d.Steps {
-		if isBoundary(d.Steps[i].Kind) {
-			bounds = append(bounds, i)
-		}
-	}
-	r.seg0End = len(d.Steps)
-	if len(bounds) > 0 {
-		r.seg0End = bounds[0]
-	}
-	// Build stages back to front so each chain knows its next stage.
-	var next *stage
-	stages := make([]*stage, len(bounds))
-	for bi := len(bounds) - 1; bi >= 0; bi-- {
-		from, to := bounds[bi], len(d.Steps)
-		if bi+1 < len(bounds) {
-			to = bounds[bi+1]
-		}
-		st := &stage{first: from, label: stepLabel(&d.Steps[from])}
-		ups := 1
-		if bi > 0 {
-			ups = cfg.Workers
-		}
-		for w := 0; w < cfg.Workers; w++ {
-			c, err := r.buildChain(from, to, tables, w, next)
-			if err != nil {
-				return err
-			}
-			wk := &worker{idx: w, st: st, ch: make(chan msg, 1024), chain: c, ups: make([]int64, ups), wm: minWatermark}
-			// Journal only where the window's rows leave this worker's chain
-			// for the sink: rows handed to a later stage are produced by
-			// other workers, after the acknowledgement the journal waits for.
-			if cl, ok := c.steps[0].(closer); ok && bi == 0 && next == nil && c.names[0] != "" {
-				wk.journal, wk.closer, wk.applied, wk.jwm = c.names[0], cl, map[int32]int64{}, minWatermark
-			}
-			for i := range wk.ups {
-				wk.ups[i] = minWatermark
-			}
-			st.workers = append(st.workers, wk)
-			for _, s := range c.steps {
-				if _, ok := s.(operators.Timed); ok {
-					r.timed = true
-				}
-			}
-		}
-		if k, ok := st.workers[0].chain.steps[0].(operators.Keyed); ok {
-			st.keyed = k
-		}
-		stages[bi] = st
-		next = st
-	}
-	r.stages = stages
-	r.parts = make([]*partition, nparts)
-	for p := range r.parts {
-		c, err := r.buildChain(0, r.seg0End, tables, -1, next)
-		if err != nil {
-			return err
-		}
-		r.parts[p] = &partition{id: int32(p), ch: make(chan []*kgo.Record, 16), chain: c, label: partLabel(int32(p))}
-		r.parts[p].mIn = r.m.met.recordsIn.WithLabelValues(r.name, r.parts[p].label)
-	}
-	return nil
-}
-
 // minWatermark is "no watermark yet".
 const minWatermark = int64(-1) << 62
 
 func stepLabel(s *rules.StepSpec) string { return fmt.Sprintf("%d:%s", s.Index, s.Kind) }
 
-func (r *route) buildChain(from, to int, tables map[string]operators.Table, w int, next *stage) (*chain, error) {
+// buildChain builds task t's instance of its segment's steps; a keyed step
+// gets the task's own state namespace.
+func (r *route) buildChain(t *task, tables map[string]operators.Table) (*chain, error) {
 	d := r.def
-	c := &chain{r: r, next: next}
-	for i := from; i < to; i++ {
+	seg := t.seg
+	c := &chain{r: r, t: t, next: seg.next}
+	for i := seg.from; i < seg.to; i++ {
 		spec := &d.Steps[i]
 		env := rules.BuildEnv{Tables: tables}
 		name := ""
-		if w >= 0 && isBoundary(spec.Kind) {
-			name = r.workerStepName(spec, w)
+		if i == seg.from && seg.idx > 0 {
+			name = t.stepName
 			env.KV = r.m.db.Namespace(d.Name, name)
 		}
 		if spec.Build == nil {

@@ -38,6 +38,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // closer is a window step that the close journal covers (operators'
@@ -109,8 +111,8 @@ func decodeJournal(b []byte) (wm int64, applied map[int32]int64, err error) {
 // follow belong to the next one and cannot keep the wait going under load.
 // Writes of one worker can finish out of order; w.jmu keeps the journal
 // moving forward only.
-func (w *worker) journalAfterAck(wm int64) {
-	r := w.chain.r
+func (w *task) journalAfterAck(wm int64) {
+	r := w.r
 	val := encodeJournal(wm, w.applied)
 	r.inflight.Lock()
 	e := r.inflight.epoch
@@ -132,14 +134,22 @@ func (w *worker) journalAfterAck(wm int64) {
 			return
 		}
 		w.jwm = wm
+		// And to the changelog, for the partition's next owner. Not
+		// waited for: a lost journal record costs a repeat of windows
+		// already emitted, as without a journal.
+		r.cl.Produce(r.prodCtx, r.clRecord(w, clJournal, nil, val), func(_ *kgo.Record, err error) {
+			if err != nil && r.prodCtx.Err() == nil {
+				r.log.Warn("close journal not written to the changelog", "task", w.label, "err", err)
+			}
+		})
 	}()
 }
 
 // loadJournal hands w's journal, if any, to its window step after the
 // checkpoint was restored, and seeds what w has applied with it so that a
 // later journal record still covers the records applied before the crash.
-func (w *worker) loadJournal() error {
-	r := w.chain.r
+func (w *task) loadJournal() error {
+	r := w.r
 	b, ok, err := r.m.db.GetDurable(r.name, w.journal)
 	if err != nil || !ok {
 		return err

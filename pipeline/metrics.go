@@ -22,6 +22,12 @@ type metrics struct {
 	stateBytes     *prometheus.GaugeVec     // route
 	checkpointDur  *prometheus.HistogramVec // route
 	checkpointLast *prometheus.GaugeVec     // route
+
+	partitionsOwned *prometheus.GaugeVec     // route
+	rebalances      *prometheus.CounterVec   // route
+	restoreRecords  *prometheus.CounterVec   // route
+	restoreSeconds  *prometheus.HistogramVec // route
+	repeatsSkipped  *prometheus.CounterVec   // route
 }
 
 // latencyBuckets span 100µs to ~10s: the pipeline aims at single-digit
@@ -72,8 +78,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		checkpointLast: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rtproxy_checkpoint_last_timestamp_seconds", Help: "When a route last wrote a checkpoint, epoch seconds.",
 		}, []string{"route"}),
+		partitionsOwned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rtproxy_route_partitions_owned", Help: "Partitions (source and repartition topics) this instance owns in a route's group.",
+		}, []string{"route"}),
+		rebalances: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_route_rebalances_total", Help: "Assignments this instance received from a route's group.",
+		}, []string{"route"}),
+		restoreRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_state_restore_records_total", Help: "Changelog records read to rebuild keyed state.",
+		}, []string{"route"}),
+		restoreSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rtproxy_state_restore_seconds", Help: "Time to rebuild one partition's keyed state from its changelog.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		}, []string{"route"}),
+		repeatsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_pipeline_repartition_repeats_skipped_total", Help: "Repartitioned records written again by a replaying writer and skipped.",
+		}, []string{"route"}),
 	}
-	for _, c := range []prometheus.Collector{m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing,
+	for _, c := range []prometheus.Collector{m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing,
 		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)

@@ -14,7 +14,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
 	"sort"
 	"sync"
 	"time"
@@ -38,10 +37,17 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the pipeline metrics; nil uses a private registry.
 	Registerer prometheus.Registerer
-	// Workers is the number of shuffle workers per stateful step. Default
-	// GOMAXPROCS. Keyed state is namespaced by worker, so changing it starts
-	// keyed steps empty.
+	// Workers is no longer used: a route runs one goroutine per partition
+	// it owns, and keyed state belongs to partitions. Kept so that
+	// configurations that set it still build.
 	Workers int
+	// SessionTimeout is how long the group waits for a silent instance
+	// before giving its partitions to others (Kafka's session.timeout.ms).
+	// Default 10s: a killed sidecar's partitions move within it.
+	SessionTimeout time.Duration
+	// MetadataMaxAge bounds how long partitions added to a source go
+	// unnoticed (Kafka's metadata.max.age.ms). Default 10s.
+	MetadataMaxAge time.Duration
 	// StopTimeout bounds how long stopping a route waits for outstanding
 	// outputs to be acknowledged before giving up on its final checkpoint
 	// (the previous checkpoint then stays the recovery point, and the state
@@ -87,8 +93,11 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
-	if cfg.Workers <= 0 {
-		cfg.Workers = runtime.GOMAXPROCS(0)
+	if cfg.SessionTimeout <= 0 {
+		cfg.SessionTimeout = 10 * time.Second
+	}
+	if cfg.MetadataMaxAge <= 0 {
+		cfg.MetadataMaxAge = 10 * time.Second
 	}
 	if cfg.SourceRetry <= 0 {
 		cfg.SourceRetry = 5 * time.Second
@@ -263,6 +272,13 @@ type RouteStatus struct {
 	Watermark      *time.Time        `json:"watermark,omitempty"`
 	LastCheckpoint *time.Time        `json:"last_checkpoint,omitempty"`
 	LastError      string            `json:"last_error,omitempty"`
+	// Group is the route's consumer group; Generation its generation as
+	// this instance last joined it; Owned every partition this instance
+	// owns in it (the source's and the repartition topics').
+	Group      string           `json:"group,omitempty"`
+	Generation int32            `json:"generation"`
+	Owned      []OwnedPartition `json:"owned"`
+	Restore    RestoreStatus    `json:"restore"`
 	// CheckpointPauseMs is how long the last checkpoint held dispatch at a
 	// record boundary; MaxCheckpointPauseMs the longest since the start.
 	CheckpointPauseMs    float64 `json:"checkpoint_pause_ms"`
@@ -270,7 +286,24 @@ type RouteStatus struct {
 	RuleError            string  `json:"rule_error,omitempty"`
 }
 
-// PartitionStatus is one source partition of a route.
+// OwnedPartition is one partition a route's instance owns in its group.
+type OwnedPartition struct {
+	Topic      string `json:"topic"`
+	Partition  int32  `json:"partition"`
+	DoneOffset int64  `json:"done_offset"`
+	Lag        int64  `json:"lag"`
+}
+
+// RestoreStatus says whether keyed state is being rebuilt from changelog
+// topics, and how much was since the route started.
+type RestoreStatus struct {
+	State   string  `json:"state"` // idle, restoring
+	Records int64   `json:"records"`
+	Seconds float64 `json:"seconds"`
+}
+
+// PartitionStatus is one source partition of a route that this instance
+// owns.
 type PartitionStatus struct {
 	Partition     int32 `json:"partition"`
 	DoneOffset    int64 `json:"done_offset"`

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,21 +48,27 @@ type route struct {
 	// topic was created. Only the start goroutine touches it.
 	sourceWasMissing bool
 
-	cl      *kgo.Client // source consumer and sink/DLQ producer
+	cl      *kgo.Client // group consumer, and producer of every output
 	tables  []*topicTable
+	tableOf map[string]operators.Table
 	tracker *offsets.Tracker
-	parts   []*partition
-	stages  []*stage // worker stages, in step order
-	seg0    []int    // step indices run in the partition goroutines: [0, seg0End)
-	seg0End int
+	segs    []*segment
 	timed   bool // some step reacts to the watermark
-	wm      watermark
+
+	// tasks are the owned partitions; the map changes under cut.Lock only
+	// (assignment, release), so holding cut.RLock reads it safely.
+	tasks map[int32]*task
+	tg    struct {
+		sync.Mutex
+		byTopic map[string]map[int32]*task // for the poll loop
+	}
+	grp groupState
 
 	cut    sync.RWMutex
 	halted bool        // under cut: set once by stop
 	ready  atomic.Bool // setup done: parts, stages, tracker and cl are set
 
-	cpMu        sync.Mutex  // one checkpoint (cut → commit) at a time
+	cpMu        sync.Mutex  // one checkpoint (cut → commit) at a time; also held by a release
 	pendingCuts []*cutPoint // under cpMu
 	stopping    chan struct{}
 
@@ -97,17 +104,6 @@ type route struct {
 	mOut  prometheus.Counter
 	mE2E  prometheus.Observer
 	mProc prometheus.Observer
-}
-
-// partition is one source partition's dispatch goroutine and position.
-type partition struct {
-	id    int32
-	ch    chan []*kgo.Record // fetched batches, in offset order
-	chain *chain
-	pos   int64 // next offset to dispatch; written under cut.RLock by its goroutine, read under cut.Lock
-	hwm   atomic.Int64
-	label string
-	mIn   prometheus.Counter
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
@@ -146,6 +142,10 @@ func (r *route) start(parent context.Context) {
 				// A zero series for the counter that moves only on trouble,
 				// so dashboards and alerts read 0 rather than "no data".
 				r.m.met.sinkErrors.WithLabelValues(r.name)
+				r.m.met.restoreRecords.WithLabelValues(r.name)
+				r.m.met.restoreSeconds.WithLabelValues(r.name)
+				r.m.met.rebalances.WithLabelValues(r.name)
+				r.m.met.partitionsOwned.WithLabelValues(r.name)
 				r.setState("running", "")
 				if waiting != "" {
 					r.clearError(waiting)
@@ -195,13 +195,18 @@ func stepName(s *rules.StepSpec) string {
 	return fmt.Sprintf("%02d-%s-%s", s.Index, s.Kind, s.Fingerprint)
 }
 
-// workerStepName names one worker's instance of a keyed step. The worker
-// count is part of the name: keys are owned by hash modulo the count.
-func (r *route) workerStepName(s *rules.StepSpec, w int) string {
-	return fmt.Sprintf("%s/w%dof%d", stepName(s), w, r.m.cfg.Workers)
+// taskStepName names the state of a keyed step in one partition of its
+// repartition topic: state belongs to the partition, never to a worker or
+// a process, so any instance that owns the partition can hold it.
+func taskStepName(s *rules.StepSpec, part int32) string {
+	return fmt.Sprintf("%s/p%d", stepName(s), part)
 }
 
-// isBoundary reports whether step kind needs its own worker stage.
+// inboxName names the snapshot of a keyed task's inbox (repartition.go).
+func inboxName(s *rules.StepSpec, part int32) string { return taskStepName(s, part) + "/in" }
+
+// isBoundary reports whether step kind opens a segment of its own (a keyed
+// step reads through a repartition topic).
 func isBoundary(kind string) bool { return kind == "window" || kind == "drop_duplicates" }
 
 func (r *route) setup() error {
@@ -217,10 +222,11 @@ func (r *route) setup() error {
 	ctx, cancel := context.WithTimeout(r.ctx, 15*time.Second)
 	defer cancel()
 
-	nparts, err := ensureTopics(ctx, adm, d)
+	parts, err := ensureTopics(ctx, adm, d)
 	if err != nil {
 		return err
 	}
+	nparts := parts[d.Source.Topic]
 
 	// Topic tables are read to their end before the first source record, so
 	// a join is right from the start.
@@ -237,96 +243,62 @@ func (r *route) setup() error {
 		r.tables = append(r.tables, tt)
 		tables[name] = tt.table
 	}
+	r.tableOf = tables
+	if err := r.buildSegments(parts); err != nil {
+		return err
+	}
 
-	// Step instances. Changed steps (new fingerprint) start empty: their old
-	// namespaces are dropped.
+	// Changed steps (new fingerprint) start empty: their old namespaces are
+	// dropped. Every partition's namespaces of an unchanged step stay, the
+	// ones this instance does not own among them: it may own them again.
 	var keep []string
-	for i := range d.Steps {
-		s := &d.Steps[i]
-		if isBoundary(s.Kind) {
-			for w := 0; w < cfg.Workers; w++ {
-				keep = append(keep, r.workerStepName(s, w))
-			}
+	for _, seg := range r.segs[1:] {
+		for q := int32(0); q < int32(max(seg.nparts, nparts)); q++ {
+			keep = append(keep, taskStepName(seg.keyStep, q), inboxName(seg.keyStep, q))
 		}
 	}
 	if err := r.m.db.DropStepsExcept(d.Name, keep); err != nil {
 		return fmt.Errorf("route %q: drop changed steps: %w", d.Name, err)
 	}
-	if err := r.buildStages(tables, nparts); err != nil {
-		return err
-	}
-
-	// Recovery: restore the steps' snapshots and the offsets of the last
-	// checkpoint; partitions it does not cover start at source.start.
-	from := map[int32]int64{}
 	cp, ok, err := r.m.db.LoadCheckpoint(d.Name)
 	if err != nil {
 		return fmt.Errorf("route %q: load checkpoint: %w", d.Name, err)
 	}
 	if ok {
-		for _, st := range r.stages {
-			for _, w := range st.workers {
-				if err := w.chain.restore(cp); err != nil {
-					return fmt.Errorf("route %q: %w", d.Name, err)
-				}
-			}
-		}
-		for p, off := range cp.Offsets {
-			from[p] = off
-		}
+		r.grp.local = cp
 		r.st.Lock()
 		r.st.lastCheckpoint = cp.Time
 		r.st.Unlock()
-		r.log.Info("route restored from checkpoint", "seq", cp.Seq, "offsets", formatOffsets(cp.Offsets))
 	}
-	// Windows closed after that checkpoint stay closed (journal.go).
-	if len(r.stages) > 0 {
-		for _, w := range r.stages[0].workers {
-			if w.closer == nil {
-				continue
-			}
-			if err := w.loadJournal(); err != nil {
-				return fmt.Errorf("route %q: close journal: %w", d.Name, err)
-			}
-		}
-	}
-	var missing []int32
-	for p := int32(0); p < int32(nparts); p++ {
-		if _, ok := from[p]; !ok {
-			missing = append(missing, p)
-		}
-	}
-	if len(missing) > 0 {
-		var lo kadm.ListedOffsets
-		if d.Source.Start == "latest" && !r.sourceWasMissing {
-			lo, err = adm.ListEndOffsets(ctx, d.Source.Topic)
-		} else {
-			lo, err = adm.ListStartOffsets(ctx, d.Source.Topic)
-		}
-		if err == nil {
-			err = lo.Error()
-		}
-		if err != nil {
-			return fmt.Errorf("route %q: list offsets of %s: %w", d.Name, d.Source.Topic, err)
-		}
-		for _, p := range missing {
-			o, ok := lo.Lookup(d.Source.Topic, p)
-			if !ok {
-				return fmt.Errorf("route %q: no offset for %s[%d]", d.Name, d.Source.Topic, p)
-			}
-			from[p] = o.Offset
-		}
-	}
-
 	r.tracker = offsets.NewTracker()
-	consume := map[int32]kgo.Offset{}
-	for _, p := range r.parts {
-		p.pos = from[p.id]
-		r.tracker.Start(p.id, p.pos)
-		consume[p.id] = kgo.NewOffset().At(p.pos)
+	r.tasks = map[int32]*task{}
+	r.tg.byTopic = map[string]map[int32]*task{}
+
+	topics := []string{d.Source.Topic}
+	manual := map[string]bool{}
+	hashed := map[string]bool{}
+	for _, seg := range r.segs[1:] {
+		topics = append(topics, seg.topic)
+		hashed[seg.topic] = true
+		manual[seg.changelog] = true
 	}
 	opts := append(base,
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{d.Source.Topic: consume}),
+		kgo.ConsumerGroup(d.GroupID()),
+		kgo.ConsumeTopics(topics...),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.SessionTimeout(cfg.SessionTimeout),
+		kgo.OnOffsetsFetched(r.onOffsetsFetched),
+		kgo.AdjustFetchOffsetsFn(r.adjustOffsets),
+		kgo.OnPartitionsAssigned(r.onAssigned),
+		kgo.OnPartitionsRevoked(r.onRevoked),
+		kgo.OnPartitionsLost(r.onLost),
+		// Partitions added to the source are seen within this.
+		kgo.MetadataMaxAge(cfg.MetadataMaxAge),
+		kgo.RecordPartitioner(routePartitioner{
+			manual: func(t string) bool { return manual[t] },
+			hashed: func(t string) bool { return hashed[t] },
+		}),
 		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.FetchMinBytes(1),
 		kgo.ProducerLinger(0),
@@ -338,7 +310,45 @@ func (r *route) setup() error {
 	if err != nil {
 		return fmt.Errorf("route %q: client: %w", d.Name, err)
 	}
-	r.wm.init(d.Source, nparts, time.Now())
+	r.grp.adm = kadm.NewClient(r.cl)
+	return nil
+}
+
+// buildSegments cuts the route's steps at each keyed step (ARCHITECTURE.md).
+func (r *route) buildSegments(parts map[string]int) error {
+	d := r.def
+	seg := &segment{idx: 0, topic: d.Source.Topic, from: 0, nparts: parts[d.Source.Topic]}
+	r.segs = []*segment{seg}
+	for i := range d.Steps {
+		s := &d.Steps[i]
+		if !isBoundary(s.Kind) {
+			continue
+		}
+		seg.to = i
+		next := &segment{idx: len(r.segs), topic: repartitionTopic(d.Name, s), from: i, keyStep: s,
+			changelog: changelogTopic(d.Name, s)}
+		next.nparts = parts[next.topic]
+		if next.nparts >= maxTaskPartitions {
+			return fmt.Errorf("route %q: %s has %d partitions; at most %d are supported", d.Name, next.topic, next.nparts, maxTaskPartitions-1)
+		}
+		seg.next = next
+		seg = next
+		r.segs = append(r.segs, seg)
+	}
+	seg.to = len(d.Steps)
+	// Which segments react to the watermark: ask a throwaway instance of
+	// each step (state is never touched by Build).
+	for _, sg := range r.segs {
+		for i := sg.from; i < sg.to; i++ {
+			st, err := d.Steps[i].Build(rules.BuildEnv{Tables: r.tableOf})
+			if err != nil {
+				return fmt.Errorf("route %q step %d (%s): %w", d.Name, d.Steps[i].Index, d.Steps[i].Kind, err)
+			}
+			if _, ok := st.(operators.Timed); ok {
+				sg.timed, r.timed = true, true
+			}
+		}
+	}
 	return nil
 }
 
@@ -352,38 +362,62 @@ func (r *route) teardown() {
 		r.cl.Close()
 		r.cl = nil
 	}
-	r.parts, r.stages = nil, nil
+	r.segs, r.tasks = nil, nil
 }
 
-// ensureTopics checks the source and creates a missing sink or dead-letter
-// topic with the source's partition count. It returns that count.
-func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (int, error) {
+// ensureTopics checks the source and creates what is missing of the sink,
+// the dead-letter topic, and each keyed step's repartition topic and
+// compacted changelog topic, each with the source's partition count. It
+// returns every topic's partition count.
+func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, error) {
 	dlq := deadLetterTopic(d)
-	md, err := adm.Metadata(ctx, d.Source.Topic, d.Sink.Topic, dlq)
+	want := []string{d.Sink.Topic, dlq}
+	compact := map[string]bool{}
+	for i := range d.Steps {
+		if s := &d.Steps[i]; isBoundary(s.Kind) {
+			want = append(want, repartitionTopic(d.Name, s), changelogTopic(d.Name, s))
+			compact[changelogTopic(d.Name, s)] = true
+		}
+	}
+	md, err := adm.Metadata(ctx, append([]string{d.Source.Topic}, want...)...)
 	if err != nil {
-		return 0, fmt.Errorf("route %q: metadata: %w", d.Name, err)
+		return nil, fmt.Errorf("route %q: metadata: %w", d.Name, err)
 	}
 	src, ok := md.Topics[d.Source.Topic]
 	if !ok || errors.Is(src.Err, kerr.UnknownTopicOrPartition) || (src.Err == nil && len(src.Partitions) == 0) {
-		return 0, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, errSourceMissing)
+		return nil, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, errSourceMissing)
 	}
 	if src.Err != nil {
-		return 0, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, src.Err)
+		return nil, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, src.Err)
 	}
 	n := len(src.Partitions)
-	for _, t := range []string{d.Sink.Topic, dlq} {
+	parts := map[string]int{d.Source.Topic: n}
+	for _, t := range want {
 		if td, ok := md.Topics[t]; ok && td.Err == nil && len(td.Partitions) > 0 {
+			parts[t] = len(td.Partitions)
 			continue
 		}
-		resp, err := adm.CreateTopic(ctx, int32(n), -1, nil, t)
+		var cfgs map[string]*string
+		if compact[t] {
+			pol := "compact"
+			cfgs = map[string]*string{"cleanup.policy": &pol}
+		}
+		resp, err := adm.CreateTopic(ctx, int32(n), -1, cfgs, t)
 		if err == nil {
 			err = resp.Err
 		}
 		if err != nil && !errors.Is(err, kerrTopicExists) {
-			return 0, fmt.Errorf("route %q: create topic %s: %w", d.Name, t, err)
+			return nil, fmt.Errorf("route %q: create topic %s: %w", d.Name, t, err)
+		}
+		parts[t] = n
+		if errors.Is(err, kerrTopicExists) {
+			// Created by another instance a moment ago: ask its real size.
+			if md2, err := adm.Metadata(ctx, t); err == nil && len(md2.Topics[t].Partitions) > 0 {
+				parts[t] = len(md2.Topics[t].Partitions)
+			}
 		}
 	}
-	return n, nil
+	return parts, nil
 }
 
 // errSourceMissing is a setup failure because the source topic does not
@@ -397,23 +431,11 @@ func deadLetterTopic(d *rules.Route) string {
 	return d.Source.Topic + ".dlq"
 }
 
-// run is the route's life after setup: the poll loop, the partition
-// goroutines, the workers, the checkpoint and idle tickers. It returns when
-// the route is stopped.
+// run is the route's life after setup: the poll loop, the checkpoint, idle
+// and lag tickers; the tasks come and go with the group's assignments. It
+// returns when the route is stopped.
 func (r *route) run() {
 	defer close(r.done)
-	var wwg sync.WaitGroup
-	for _, st := range r.stages {
-		for _, w := range st.workers {
-			wwg.Add(1)
-			go func() { defer wwg.Done(); w.loop() }()
-		}
-	}
-	var pwg sync.WaitGroup
-	for _, p := range r.parts {
-		pwg.Add(1)
-		go func() { defer pwg.Done(); r.dispatchLoop(p) }()
-	}
 	var twg sync.WaitGroup
 	twg.Add(1)
 	go func() { defer twg.Done(); r.pollLoop() }()
@@ -427,21 +449,18 @@ func (r *route) run() {
 	go func() { defer twg.Done(); r.lagLoop() }()
 
 	<-r.halt
-	pwg.Wait()
-	twg.Wait()
-	for _, st := range r.stages {
-		for _, w := range st.workers {
-			close(w.ch)
-		}
+	for _, t := range r.tasksSnapshot() {
+		<-t.done
 	}
+	twg.Wait()
 	for _, t := range r.tables {
 		t.close()
 	}
+	// Leaves the group: the final checkpoint (stop) committed the offsets
+	// already, so the partitions' next owners repeat nothing.
 	r.cl.Close()
 	r.prodCancel()
-	// No worker may touch state after done: a stop that gave up discards
-	// the uncommitted state right after.
-	wwg.Wait()
+	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(0)
 	r.setState("stopped", "")
 }
 
@@ -514,10 +533,6 @@ func (r *route) discardUncommitted() {
 }
 
 func (r *route) pollLoop() {
-	byPart := make(map[int32]*partition, len(r.parts))
-	for _, p := range r.parts {
-		byPart[p.id] = p
-	}
 	for {
 		fs := r.cl.PollRecords(r.ctx, 4096)
 		if fs.IsClientClosed() || r.ctx.Err() != nil {
@@ -530,14 +545,14 @@ func (r *route) pollLoop() {
 			r.noteError(fmt.Errorf("fetch %s[%d]: %w", t, p, err))
 		})
 		fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
-			p := byPart[ftp.Partition]
-			if p == nil {
-				return
+			t := r.taskAt(ftp.Topic, ftp.Partition)
+			if t == nil {
+				return // released since the fetch
 			}
 			if ftp.HighWatermark > 0 {
-				p.hwm.Store(ftp.HighWatermark)
-				lag := max(ftp.HighWatermark-r.tracker.DoneOffset(p.id), 0)
-				r.m.met.lag.WithLabelValues(r.name, p.label).Set(float64(lag))
+				t.hwm.Store(ftp.HighWatermark)
+				lag := max(ftp.HighWatermark-r.tracker.DoneOffset(t.id), 0)
+				r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
 			}
 			if len(ftp.Records) == 0 {
 				return
@@ -546,33 +561,11 @@ func (r *route) pollLoop() {
 			// the moment the fetch is decoded, without a channel operation
 			// per record.
 			select {
-			case p.ch <- ftp.Records:
+			case t.ch <- ftp.Records:
+			case <-t.stop:
 			case <-r.halt:
 			}
 		})
-	}
-}
-
-func (r *route) dispatchLoop(p *partition) {
-	for {
-		var recs []*kgo.Record
-		select {
-		case recs = <-p.ch:
-		case <-r.halt:
-			return
-		}
-		for _, rec := range recs {
-			// Each record is a boundary: a checkpoint or stop may take cut
-			// between any two.
-			r.cut.RLock()
-			if r.halted {
-				r.cut.RUnlock()
-				return
-			}
-			r.processSource(p, rec)
-			p.pos = rec.Offset + 1
-			r.cut.RUnlock()
-		}
 	}
 }
 
@@ -586,9 +579,9 @@ func (r *route) lagLoop() {
 		case <-r.halt:
 			return
 		case <-t.C:
-			for _, p := range r.parts {
-				lag := max(p.hwm.Load()-r.tracker.DoneOffset(p.id), 0)
-				r.m.met.lag.WithLabelValues(r.name, p.label).Set(float64(lag))
+			for _, t := range r.tasksSnapshot() {
+				lag := max(t.hwm.Load()-r.tracker.DoneOffset(t.id), 0)
+				r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
 			}
 		}
 	}
@@ -637,38 +630,40 @@ type cutPoint struct {
 	frozen *state.Frozen
 	offs   map[int32]int64
 	snaps  map[string]*memSnapshot
+	tasks  []*task
 	epoch  int64
 }
 
 var errStopping = errors.New("route stopping")
 
-// takeCutLocked takes a consistent cut; cut is held, so every partition
-// goroutine sits at a record boundary.
+// takeCutLocked takes a consistent cut; cut is held, so every task sits at
+// a record boundary.
 //
 // Invariants kept here:
-//  1. Workers are drained stage by stage before the cut, so the state and
-//     the snapshots reflect exactly the records below each partition's pos.
-//  2. Outputs produced before the cut carry an epoch <= cut.epoch; the cut
-//     is committed only once all of them are acknowledged (commitCuts).
-//  3. Cuts are committed in the order they were taken (state.Frozen's rule).
+//  1. Every task runs its steps in its own goroutine, which holds cut.RLock
+//     per record, so the state and the snapshots reflect exactly the
+//     records below each task's pos.
+//  2. Outputs produced before the cut (sink, dead letters, repartition
+//     records) carry an epoch <= cut.epoch; the cut is committed only once
+//     all of them are acknowledged (commitCuts).
+//  3. Cuts are committed in the order they were taken (state.Frozen's rule),
+//     and each cut's changelog is written before its offsets commit.
 //
-// Dispatch stays paused only for the drain, the in-memory snapshot copy
-// and the Freeze swap; the wait for acknowledgements and the pebble write
+// Dispatch stays paused only for the in-memory snapshot copy and the Freeze
+// swap; the wait for acknowledgements, the changelog and the pebble write
 // happen while records flow again.
 func (r *route) takeCutLocked() (*cutPoint, error) {
-	c := &cutPoint{t0: time.Now(), offs: make(map[int32]int64, len(r.parts)), snaps: map[string]*memSnapshot{}}
-	for _, st := range r.stages {
-		st.barrier()
-	}
-	for _, p := range r.parts {
-		c.offs[p.id] = p.pos
-	}
-	for _, st := range r.stages {
-		for _, w := range st.workers {
-			if err := w.chain.snapshotInto(c.snaps); err != nil {
-				return nil, err
-			}
+	c := &cutPoint{t0: time.Now(), offs: make(map[int32]int64, len(r.tasks)), snaps: map[string]*memSnapshot{}}
+	for _, t := range r.tasks {
+		c.offs[t.id] = t.pos
+		c.tasks = append(c.tasks, t)
+		if t.seg.idx == 0 {
+			continue
 		}
+		if err := t.chain.snapshotInto(c.snaps); err != nil {
+			return nil, err
+		}
+		c.snaps[t.inboxName] = t.inboxSnapshot()
 	}
 	f, err := r.m.db.Freeze(r.name)
 	if err != nil {
@@ -683,7 +678,8 @@ func (r *route) takeCutLocked() (*cutPoint, error) {
 }
 
 // commitCuts commits the pending cuts in order, each once its outputs are
-// acknowledged. limit bounds the wait (0: none); abort ends it early.
+// acknowledged: changelog, then pebble, then the group. limit bounds the
+// wait (0: none); abort ends it early.
 func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 	for len(r.pendingCuts) > 0 {
 		c := r.pendingCuts[0]
@@ -694,6 +690,9 @@ func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 			// Outputs were dropped unacknowledged: committing would skip them.
 			return errors.New("outputs abandoned at stop")
 		}
+		if err := r.logChanges(c); err != nil {
+			return err
+		}
 		snaps := make(map[string]func(state.Writer) error, len(c.snaps))
 		for name, ms := range c.snaps {
 			snaps[name] = ms.writeTo
@@ -701,6 +700,10 @@ func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 		if err := c.frozen.Commit(c.offs, snaps); err != nil {
 			return err
 		}
+		r.grp.mu.Lock()
+		r.grp.mu.lastOffs = c.offs
+		r.grp.mu.Unlock()
+		r.commitGroup(c)
 		r.pendingCuts = r.pendingCuts[1:]
 		r.checkpointed(c)
 	}
@@ -726,6 +729,10 @@ func (r *route) checkpointed(c *cutPoint) {
 	keysByStep := map[string]int64{}
 	var bytes int64
 	for _, si := range steps {
+		if strings.HasSuffix(si.Step, "/in") {
+			bytes += si.KVBytes + si.SnapBytes
+			continue // a task's inbox: bookkeeping, not the step's keys
+		}
 		keysByStep[stepOfWorkerName(si.Step)] += si.KVKeys + si.SnapKeys
 		bytes += si.KVBytes + si.SnapBytes
 	}
@@ -842,10 +849,14 @@ func (r *route) status() RouteStatus {
 		s.LastCheckpoint = &t
 	}
 	r.st.Unlock()
-	if wm, ok := r.wm.current(); ok {
-		t := time.UnixMilli(wm).UTC()
-		s.Watermark = &t
+	s.Group = d.GroupID()
+	s.Owned = []OwnedPartition{}
+	r.grp.mu.Lock()
+	s.Restore = RestoreStatus{State: "idle", Records: r.grp.mu.restored, Seconds: r.grp.mu.restoreS}
+	if r.grp.mu.restoring > 0 {
+		s.Restore.State = "restoring"
 	}
+	r.grp.mu.Unlock()
 	select {
 	case <-r.done:
 		return s
@@ -854,13 +865,31 @@ func (r *route) status() RouteStatus {
 	if !r.ready.Load() {
 		return s
 	}
+	if cl := r.cl; cl != nil {
+		_, s.Generation = cl.GroupMetadata()
+	}
 	tr := r.tracker
-	for _, p := range r.parts {
-		done := tr.DoneOffset(p.id)
-		hwm := p.hwm.Load()
+	ts := r.tasksSnapshot()
+	slices.SortFunc(ts, func(a, b *task) int { return int(a.id) - int(b.id) })
+	var low int64
+	hasWM := false
+	for _, t := range ts {
+		done := tr.DoneOffset(t.id)
+		hwm := t.hwm.Load()
 		lag := max(hwm-done, 0)
-		s.Partitions = append(s.Partitions, PartitionStatus{Partition: p.id, DoneOffset: done, HighWatermark: hwm, Lag: lag})
-		r.m.met.lag.WithLabelValues(r.name, p.label).Set(float64(lag))
+		s.Owned = append(s.Owned, OwnedPartition{Topic: t.seg.topic, Partition: t.part, DoneOffset: done, Lag: lag})
+		if t.seg.idx == 0 {
+			s.Partitions = append(s.Partitions, PartitionStatus{Partition: t.part, DoneOffset: done, HighWatermark: hwm, Lag: lag})
+		} else if wm, ok := t.wm.current(); ok && t.seg.timed {
+			if !hasWM || wm < low {
+				low, hasWM = wm, true
+			}
+		}
+		r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
+	}
+	if hasWM {
+		t := time.UnixMilli(low).UTC()
+		s.Watermark = &t
 	}
 	return s
 }

@@ -38,11 +38,12 @@ func atomicAdd(p *int32, d int32) int32 { return atomic.AddInt32(p, d) }
 
 // processSource turns one fetched record into a step record and runs the
 // partition's chain on it.
-func (r *route) processSource(p *partition, kr *kgo.Record) {
+func (r *route) processSource(t *task, kr *kgo.Record) {
 	now := time.Now()
-	p.mIn.Inc()
-	r.tracker.Begin(p.id, kr.Offset)
-	tk := &ticket{r: r, p: p.id, off: kr.Offset, fetched: now, n: 1}
+	t.mIn.Inc()
+	r.tracker.Begin(t.id, kr.Offset)
+	t.curOff, t.seq = kr.Offset, 0
+	tk := &ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1}
 	rec := &operators.Record{
 		Topic:     kr.Topic,
 		Partition: kr.Partition,
@@ -80,41 +81,47 @@ func (r *route) processSource(p *partition, kr *kgo.Record) {
 			return
 		}
 	}
-	c := p.chain
+	if r.timed {
+		// The record's own event time is in the frontier it carries: the
+		// reader applies the record before the frontier, so a watermark
+		// never overtakes the record that raised it.
+		t.observeEvent(rec.EventTime)
+	}
+	c := t.chain
 	c.cur = tk
 	c.run(0, rec)
 	c.cur = nil
 	if r.timed {
-		// After the record is queued to its worker: a watermark never
-		// overtakes the record that raised it.
-		if wm, moved := r.wm.observe(p.id, rec.EventTime, now); moved {
-			r.broadcastWatermark(wm)
-		}
+		t.sendMarkers(now, false)
 	}
 }
 
-func (r *route) broadcastWatermark(wm int64) {
-	r.m.met.watermark.WithLabelValues(r.name).Set(float64(wm) / 1000)
-	if len(r.stages) > 0 {
-		r.stages[0].watermark(wm, 0)
-	}
-}
-
-// idleLoop moves the watermark when partitions go idle.
+// idleLoop moves keyed tasks' watermarks when their writers go idle, and
+// has writers send the markers that say they are alive.
 func (r *route) idleLoop() {
-	iv := min(r.wm.idle/4, 200*time.Millisecond)
+	iv := min(r.def.Source.IdleTimeout/4, 200*time.Millisecond)
 	iv = max(iv, 10*time.Millisecond)
-	t := time.NewTicker(iv)
-	defer t.Stop()
+	tick := time.NewTicker(iv)
+	defer tick.Stop()
 	for {
 		select {
 		case <-r.halt:
 			return
-		case now := <-t.C:
+		case now := <-tick.C:
 			r.cut.RLock()
 			if !r.halted {
-				if wm, moved := r.wm.tick(now); moved {
-					r.broadcastWatermark(wm)
+				for _, t := range r.tasks {
+					if isClosed(t.stop) {
+						continue
+					}
+					if t.seg.idx > 0 && t.seg.timed {
+						if wm, moved := t.wm.tick(now); moved {
+							// An idle advance emits without a source
+							// record; its origin follows the last one.
+							r.advanceTask(t, wm, nil)
+						}
+					}
+					t.sendMarkers(now, true)
 				}
 			}
 			r.cut.RUnlock()
@@ -197,6 +204,56 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 	r.produce(kr, tk, true, rec.Timestamp)
 }
 
+// repartition writes a record that left task t's segment to the next
+// segment's repartition topic, keyed by the next keyed step's key.
+func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
+	key, err := t.keyer.ShuffleKey(rec)
+	if err != nil {
+		r.deadLetter(rec, operators.ReasonError, err, stepLabel(t.seg.next.keyStep), tk)
+		return
+	}
+	raw := false
+	var val []byte
+	switch v := rec.Value.(type) {
+	case string:
+		if r.def.Source.Format == "raw" && rec.Window == nil {
+			raw, val = true, []byte(v)
+		}
+	case nil:
+		if rec.Raw == nil {
+			break
+		}
+		if rec.Window == nil && r.def.Source.Format == "raw" {
+			raw, val = true, rec.Raw
+		}
+	}
+	if !raw && !(rec.Value == nil && rec.Raw == nil) {
+		if val, err = r.encodeValue(rec); err != nil {
+			r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)
+			return
+		}
+	}
+	f, _ := t.frontier()
+	env, err := encodeEnvelope(nil, rec, t.part, t.curOff, t.seq, f, raw)
+	if err != nil {
+		r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)
+		return
+	}
+	t.seq++
+	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+1)
+	for _, h := range rec.Headers {
+		if strings.HasPrefix(h.Key, "rtproxy-") {
+			continue
+		}
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	hs = append(hs, kgo.RecordHeader{Key: headerEnvelope, Value: env})
+	kr := &kgo.Record{Topic: t.seg.next.topic, Key: []byte(key), Value: val, Headers: hs}
+	r.produceTo(kr, tk, false, rec.Timestamp, func(got *kgo.Record) {
+		t.noteDelivered(got.Partition, f, time.Now())
+	})
+}
+
 func sourceRef(rec *operators.Record) []byte {
 	b := make([]byte, 0, len(rec.Topic)+24)
 	b = append(b, rec.Topic...)
@@ -276,6 +333,11 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 // failed write is retried with backoff for as long as the route runs: the
 // record's offset cannot become done before, so nothing is dropped.
 func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int64) {
+	r.produceTo(kr, tk, isOutput, srcMillis, nil)
+}
+
+// produceTo is produce with a hook called on acknowledgement.
+func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int64, acked func(*kgo.Record)) {
 	if tk != nil {
 		tk.hold()
 	}
@@ -301,6 +363,9 @@ func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int
 		if isOutput {
 			r.mOut.Inc()
 			r.mE2E.Observe(time.Since(time.UnixMilli(srcMillis)).Seconds())
+		}
+		if acked != nil {
+			acked(got)
 		}
 		r.inflightAdd(-1, ep)
 		if tk != nil {

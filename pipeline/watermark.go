@@ -8,11 +8,11 @@ import (
 	"github.com/rtproxy/rtproxy/rules"
 )
 
-// defaultIdleTimeout applies when a route sets no source.idle_timeout.
-const defaultIdleTimeout = 10 * time.Second
-
-// watermark is a route's event-time watermark: the minimum over active
-// partitions of (max event time seen − allowed lateness).
+// watermark is a task's event-time watermark: the minimum over the active
+// upstream partitions of (max event time seen − allowed lateness). A task
+// reading a repartition topic keeps one over the writers of that topic
+// (the source partitions, or the tasks of the keyed step before), fed by
+// their frontiers with lateness 0: the writers subtracted it already.
 //
 //  1. A partition that has seen no record holds the watermark back for
 //     idle_timeout after the route starts, then counts as idle.
@@ -42,7 +42,9 @@ func (w *watermark) init(src rules.Source, nparts int, now time.Time) {
 	w.lateness = src.Watermark.Milliseconds()
 	w.idle = src.IdleTimeout
 	if w.idle <= 0 {
-		w.idle = defaultIdleTimeout
+		// rules.Load always sets it; a Route built by hand gets the same
+		// default rather than one of our own.
+		w.idle = rules.DefaultIdleTimeout
 	}
 	w.started = now
 	w.maxEv = make([]int64, nparts)
@@ -56,8 +58,15 @@ func (w *watermark) init(src rules.Source, nparts int, now time.Time) {
 func (w *watermark) observe(p int32, ev int64, now time.Time) (int64, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if int(p) >= len(w.maxEv) {
+	if p < 0 {
 		return 0, false
+	}
+	for int(p) >= len(w.maxEv) {
+		// A writer beyond the count known at start: partitions were added
+		// upstream. It counts from now on.
+		w.maxEv = append(w.maxEv, 0)
+		w.seen = append(w.seen, false)
+		w.lastActive = append(w.lastActive, time.Time{})
 	}
 	if !w.seen[p] || ev > w.maxEv[p] {
 		w.maxEv[p] = ev

@@ -1,0 +1,428 @@
+package pipeline
+
+// Group membership. Every instance that runs a route is a member of its
+// consumer group (rules.Route.GroupID), subscribed to the source topic and
+// every repartition topic of the route; the group, not rtproxy, decides who
+// owns which partition (cooperative-sticky: a rebalance moves only the
+// partitions that must move).
+//
+// Assignment (adjustOffsets, called by franz-go after it fetched the
+// group's committed offsets and before it fetches records):
+//  1. A partition resumes at the group's committed offset; without one at
+//     the offset of this instance's last local checkpoint; without that at
+//     source.start (repartition topics: their start).
+//  2. A keyed task uses its local state only when the local checkpoint
+//     holds the same offset and changelog end as the group's commit;
+//     otherwise it rebuilds the state from its changelog (changelog.go).
+//  3. Before it processes anything, a keyed task writes a fence to its
+//     changelog, so what an earlier owner logged but never committed is
+//     never restored.
+//
+// Release (onRevoked, onLost, and a stop): dispatch pauses, a checkpoint of
+// everything owned is taken and committed (outputs acknowledged, changelog
+// written, pebble, group offsets), and only then are the partitions let go:
+// a graceful leave repeats nothing.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/rules"
+	"github.com/rtproxy/rtproxy/state"
+)
+
+// groupState is what the route knows of its group.
+type groupState struct {
+	adm   *kadm.Client
+	local *state.Checkpoint // the checkpoint found at setup
+
+	mu struct {
+		sync.Mutex
+		fetched   map[string]map[int32]committed // the group's offsets, as last fetched
+		lastOffs  map[int32]int64                // offsets of the last local checkpoint
+		restoring int                            // tasks being restored now
+		restored  int64                          // records restored since start
+		restoreS  float64                        // seconds spent restoring since start
+	}
+}
+
+type committed struct {
+	off  int64
+	meta string
+}
+
+// commitMeta is the metadata of a keyed task's group commit: the end offset
+// of its changelog as of the committed checkpoint.
+func commitMeta(clEnd int64) string { return "rtproxy:cl=" + strconv.FormatInt(clEnd, 10) }
+
+func parseCommitMeta(m string) (int64, bool) {
+	v, ok := strings.CutPrefix(m, "rtproxy:cl=")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	return n, err == nil && n >= 0
+}
+
+func (r *route) segmentOf(topic string) *segment {
+	for _, s := range r.segs {
+		if s.topic == topic {
+			return s
+		}
+	}
+	return nil
+}
+
+func (r *route) onOffsetsFetched(_ context.Context, _ *kgo.Client, resp *kmsg.OffsetFetchResponse) error {
+	got := map[string]map[int32]committed{}
+	add := func(topic string, p int32, off int64, meta *string) {
+		if got[topic] == nil {
+			got[topic] = map[int32]committed{}
+		}
+		c := committed{off: off}
+		if meta != nil {
+			c.meta = *meta
+		}
+		got[topic][p] = c
+	}
+	for _, g := range resp.Groups {
+		for _, t := range g.Topics {
+			for _, p := range t.Partitions {
+				add(t.Topic, p.Partition, p.Offset, p.Metadata)
+			}
+		}
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			add(t.Topic, p.Partition, p.Offset, p.Metadata)
+		}
+	}
+	r.grp.mu.Lock()
+	r.grp.mu.fetched = got
+	r.grp.mu.Unlock()
+	return nil
+}
+
+func (r *route) onAssigned(_ context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	r.m.met.rebalances.WithLabelValues(r.name).Inc()
+	n := 0
+	for _, ps := range assigned {
+		n += len(ps)
+	}
+	_, gen := cl.GroupMetadata()
+	r.log.Info("partitions assigned", "partitions", n, "generation", gen)
+}
+
+// adjustOffsets creates a task for each newly assigned partition: its
+// state made ready and its start offset chosen (the invariants at the top
+// of this file).
+func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	r.grp.mu.Lock()
+	fetched := r.grp.mu.fetched
+	last := r.grp.mu.lastOffs
+	r.grp.mu.Unlock()
+	if last == nil && r.grp.local != nil {
+		last = r.grp.local.Offsets
+	}
+	out := make(map[string]map[int32]kgo.Offset, len(offs))
+	var fresh []*task
+	for topic, ps := range offs {
+		seg := r.segmentOf(topic)
+		if seg == nil {
+			continue
+		}
+		need := map[int32]bool{}
+		for p := range ps {
+			need[p] = true
+		}
+		starts, err := r.startOffsets(ctx, seg, need)
+		if err != nil {
+			return nil, err
+		}
+		out[topic] = map[int32]kgo.Offset{}
+		for p := range ps {
+			if p >= maxTaskPartitions {
+				continue
+			}
+			id := taskID(seg.idx, p)
+			c, hasCommit := fetched[topic][p]
+			hasCommit = hasCommit && c.off >= 0
+			pos, hasLocal := last[id]
+			switch {
+			case hasCommit:
+				pos = c.off
+			case hasLocal:
+			default:
+				pos = starts[p]
+			}
+			t, err := r.newTask(seg, p, pos)
+			if err != nil {
+				return nil, err
+			}
+			if seg.idx > 0 {
+				if err := r.prepareState(ctx, t, c, hasCommit, last); err != nil {
+					return nil, fmt.Errorf("route %q: %s[%d]: %w", r.name, topic, p, err)
+				}
+			}
+			fresh = append(fresh, t)
+			out[topic][p] = kgo.NewOffset().At(pos)
+		}
+	}
+	r.cut.Lock()
+	if r.halted {
+		r.cut.Unlock()
+		return out, nil
+	}
+	for _, t := range fresh {
+		if old := r.tasks[t.id]; old != nil {
+			close(old.stop)
+		}
+		r.tasks[t.id] = t
+		r.tracker.Start(t.id, t.pos)
+		r.tg.Lock()
+		if r.tg.byTopic[t.seg.topic] == nil {
+			r.tg.byTopic[t.seg.topic] = map[int32]*task{}
+		}
+		r.tg.byTopic[t.seg.topic][t.part] = t
+		r.tg.Unlock()
+		go r.dispatchLoop(t)
+	}
+	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(float64(len(r.tasks)))
+	r.cut.Unlock()
+	return out, nil
+}
+
+// startOffsets is where partitions without any checkpoint start: the
+// source at source.start, a repartition topic at its start.
+func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]bool) (map[int32]int64, error) {
+	var lo kadm.ListedOffsets
+	var err error
+	if seg.idx == 0 && r.def.Source.Start == "latest" && !r.sourceWasMissing {
+		lo, err = r.grp.adm.ListEndOffsets(ctx, seg.topic)
+	} else {
+		lo, err = r.grp.adm.ListStartOffsets(ctx, seg.topic)
+	}
+	if err == nil {
+		err = lo.Error()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("route %q: list offsets of %s: %w", r.name, seg.topic, err)
+	}
+	out := map[int32]int64{}
+	for p := range ps {
+		o, ok := lo.Lookup(seg.topic, p)
+		if !ok {
+			return nil, fmt.Errorf("route %q: no offset for %s[%d]", r.name, seg.topic, p)
+		}
+		out[p] = o.Offset
+	}
+	return out, nil
+}
+
+// newTask builds the task for partition p of seg, starting at pos; a
+// keyed task's steps are built later by prepareState, once its state is
+// in place.
+func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
+	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos,
+		ch: make(chan []*kgo.Record, 16), stop: make(chan struct{}), done: make(chan struct{})}
+	if seg.idx == 0 {
+		t.label = partLabel(p)
+		t.mIn = r.m.met.recordsIn.WithLabelValues(r.name, t.label)
+	} else {
+		t.label = fmt.Sprintf("%d:%d", seg.idx, p)
+		t.stepName = taskStepName(seg.keyStep, p)
+		t.inboxName = inboxName(seg.keyStep, p)
+		t.wm.init(r.def.Source, r.segs[seg.idx-1].nparts, time.Now())
+		t.wm.lateness = 0 // writers subtract it (task.frontier)
+	}
+	if seg.next != nil {
+		// Build never touches state; this instance only evaluates the key.
+		k, err := seg.next.keyStep.Build(rules.BuildEnv{Tables: r.tableOf})
+		if err != nil {
+			return nil, err
+		}
+		kd, ok := k.(operators.Keyed)
+		if !ok {
+			return nil, fmt.Errorf("step %s is not keyed", stepLabel(seg.next.keyStep))
+		}
+		t.keyer = kd
+	}
+	if seg.idx == 0 {
+		if err := r.buildTaskChain(t); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+// buildTaskChain builds t's steps, and for a keyed task hands them the
+// state pebble holds for it.
+func (r *route) buildTaskChain(t *task) error {
+	c, err := r.buildChain(t, r.tableOf)
+	if err != nil {
+		return err
+	}
+	t.chain = c
+	if t.seg.idx == 0 {
+		return nil
+	}
+	if err := c.restore(); err != nil {
+		return err
+	}
+	t.inbox = map[int32]origin{}
+	err = r.m.db.SnapshotReader(r.name, t.inboxName).Each(func(k, v []byte) error {
+		p, o, err := decodeInboxEntry(k, v)
+		if err != nil {
+			return err
+		}
+		t.inbox[p] = o
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: %w", err)
+	}
+	t.jwm = minWatermark
+	if cl, ok := c.steps[0].(closer); ok && t.seg.next == nil {
+		t.journal, t.closer, t.applied = t.stepName, cl, map[int32]int64{}
+		if err := t.loadJournal(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// release takes and commits a checkpoint of everything owned, then lets
+// the given partitions go. commit says whether the group may still take
+// the offsets (a revoke) or not (lost: the checkpoint is local only).
+func (r *route) release(which map[string][]int32, why string) {
+	if isClosed(r.stopping) {
+		// stop writes the final checkpoint itself, then leaves the group,
+		// which revokes everything from inside its wait: nothing to do.
+		return
+	}
+	r.cpMu.Lock()
+	defer r.cpMu.Unlock()
+	r.cut.Lock()
+	if r.halted {
+		r.cut.Unlock()
+		return
+	}
+	var gone []*task
+	for topic, ps := range which {
+		for _, p := range ps {
+			if t := r.taskAt(topic, p); t != nil {
+				gone = append(gone, t)
+			}
+		}
+	}
+	if len(gone) == 0 {
+		r.cut.Unlock()
+		return
+	}
+	c, err := r.takeCutLocked()
+	if err == nil {
+		r.pendingCuts = append(r.pendingCuts, c)
+		err = r.commitCuts(r.m.cfg.StopTimeout, nil)
+	}
+	if err != nil {
+		r.log.Warn("checkpoint before releasing partitions not written; their next owner replays from the last one",
+			"why", why, "err", err)
+	}
+	for _, t := range gone {
+		close(t.stop)
+		delete(r.tasks, t.id)
+		r.tg.Lock()
+		delete(r.tg.byTopic[t.seg.topic], t.part)
+		r.tg.Unlock()
+		r.m.met.lag.DeleteLabelValues(r.name, t.label)
+	}
+	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(float64(len(r.tasks)))
+	r.cut.Unlock()
+	for _, t := range gone {
+		<-t.done
+	}
+	r.log.Info("partitions released", "why", why, "partitions", len(gone))
+}
+
+func (r *route) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	r.release(revoked, "revoked")
+}
+
+func (r *route) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	r.release(lost, "lost")
+}
+
+func (r *route) taskAt(topic string, p int32) *task {
+	r.tg.Lock()
+	defer r.tg.Unlock()
+	return r.tg.byTopic[topic][p]
+}
+
+// commitGroup commits a committed cut's offsets to the group, for the
+// partitions this instance still owns (a commit for a partition that moved
+// could rewind its new owner). Keyed tasks' commits carry their changelog
+// end in the metadata.
+func (r *route) commitGroup(c *cutPoint) {
+	offs := map[string]map[int32]kgo.EpochOffset{}
+	meta := map[string]map[int32]string{}
+	for _, t := range c.tasks {
+		if r.taskAt(t.seg.topic, t.part) != t {
+			continue
+		}
+		if offs[t.seg.topic] == nil {
+			offs[t.seg.topic] = map[int32]kgo.EpochOffset{}
+			meta[t.seg.topic] = map[int32]string{}
+		}
+		offs[t.seg.topic][t.part] = kgo.EpochOffset{Epoch: -1, Offset: c.offs[t.id]}
+		if t.seg.idx > 0 {
+			meta[t.seg.topic][t.part] = commitMeta(c.offs[changelogID(t.seg.idx, t.part)])
+		}
+	}
+	if len(offs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ctx = kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+		for i := range req.Topics {
+			rt := &req.Topics[i]
+			for j := range rt.Partitions {
+				if m, ok := meta[rt.Topic][rt.Partitions[j].Partition]; ok {
+					rt.Partitions[j].Metadata = &m
+				}
+			}
+		}
+		return nil
+	})
+	var cerr error
+	r.cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			cerr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if e := kerr.ErrorForCode(p.ErrorCode); e != nil && cerr == nil {
+					cerr = fmt.Errorf("%s[%d]: %w", t.Topic, p.Partition, e)
+				}
+			}
+		}
+	})
+	if cerr != nil && !errors.Is(cerr, context.Canceled) {
+		// The local checkpoint stands; the next one commits again. Until
+		// then a new owner of these partitions replays from the previous
+		// commit.
+		r.noteError(fmt.Errorf("commit offsets to group %s: %w", r.def.GroupID(), cerr))
+	}
+}

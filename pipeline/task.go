@@ -1,0 +1,336 @@
+package pipeline
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// segment is a run of a route's steps read from one topic: segment 0 reads
+// the source topic and runs the steps before the first keyed step; segment
+// k reads the repartition topic of the keyed step that opens it and runs it
+// and the steps up to the next keyed step. The last segment writes to the
+// sink; the others write to the next segment's repartition topic.
+type segment struct {
+	idx       int
+	topic     string // the topic its tasks read
+	from, to  int    // steps [from, to)
+	next      *segment
+	keyStep   *rules.StepSpec // steps[from] when idx > 0
+	changelog string          // when idx > 0
+	nparts    int             // partitions of topic (for markers sent to it)
+	timed     bool            // a step of the segment reacts to the watermark
+}
+
+// taskID numbers a task (segment, partition) for the offsets tracker and
+// the checkpoint: segment 0 keeps the source partition number, so the
+// checkpoint of a route without keyed steps reads as it always did.
+func taskID(seg int, part int32) int32 { return int32(seg)<<20 | part }
+
+// changelogID is where a keyed task's changelog end offset is kept in the
+// checkpoint's offsets.
+func changelogID(seg int, part int32) int32 { return 1<<30 | int32(seg)<<20 | part }
+
+// maxTaskPartitions bounds the partitions of a route's topics (taskID).
+const maxTaskPartitions = 1 << 20
+
+// repartitionTopic and changelogTopic name a keyed step's topics. The
+// fingerprint stays out of the name: an edited step keeps its topics, and
+// its changelog records carry their step's full name (headerStep).
+func repartitionTopic(route string, s *rules.StepSpec) string {
+	return fmt.Sprintf("%s.%02d-%s.repartition", route, s.Index, s.Kind)
+}
+
+func changelogTopic(route string, s *rules.StepSpec) string {
+	return fmt.Sprintf("%s.%02d-%s.changelog", route, s.Index, s.Kind)
+}
+
+// task is one owned (topic, partition) of a route: a goroutine that runs
+// its segment's steps on each record in offset order.
+type task struct {
+	r     *route
+	seg   *segment
+	id    int32
+	part  int32
+	ch    chan []*kgo.Record // fetched batches, in offset order
+	stop  chan struct{}      // closed when the partition is released
+	done  chan struct{}      // closed when the goroutine returned
+	chain *chain
+	pos   int64 // next offset to dispatch; written under cut.RLock by its goroutine, read under cut.Lock
+	hwm   atomic.Int64
+	label string
+	mIn   prometheus.Counter // source tasks only
+
+	// keyer evaluates the next segment's key (a private instance: an
+	// expression program is not shared between goroutines).
+	keyer operators.Keyed
+
+	// Writing to a repartition topic: the origin of what is written now.
+	curOff int64
+	seq    uint32
+
+	front struct {
+		sync.Mutex
+		has       bool
+		frontier  int64       // event-time frontier this task passes on
+		sent      []int64     // frontier last delivered to each next partition
+		sentAt    []time.Time // when
+		sinceSent int         // records processed since the last marker round
+	}
+
+	// Keyed tasks (segment > 0).
+	wm        watermark
+	inbox     map[int32]origin // highest origin applied per writer; checkpointed
+	stepName  string           // namespace of the keyed step
+	inboxName string           // namespace holding the inbox snapshot
+	clEnd     int64            // changelog end offset as of the last logged cut
+	prevSnap  map[string]uint64
+	journal   string // "" when the task keeps no close journal
+	closer    closer
+	applied   map[int32]int64 // highest source offset applied, per source partition
+	jmu       sync.Mutex      // serialises journal writes
+	jwm       int64           // under jmu
+}
+
+// frontier is the event-time frontier this task hands to the next segment:
+// a source task's max event time minus the allowed lateness, a keyed task's
+// watermark.
+func (t *task) frontier() (int64, bool) {
+	if t.seg.idx > 0 {
+		return t.wm.current()
+	}
+	t.front.Lock()
+	defer t.front.Unlock()
+	return t.front.frontier, t.front.has
+}
+
+// observeEvent notes a source record's event time.
+func (t *task) observeEvent(ev int64) {
+	f := ev - t.r.def.Source.Watermark.Milliseconds()
+	t.front.Lock()
+	if !t.front.has || f > t.front.frontier {
+		t.front.frontier, t.front.has = f, true
+	}
+	t.front.sinceSent++
+	t.front.Unlock()
+}
+
+// markerEvery bounds how often a task sends watermark markers while its
+// frontier moves: a window behind a repartition closes at most this late.
+const markerEvery = 20 * time.Millisecond
+
+// sendMarkers puts a watermark marker on every partition of the next
+// repartition topic whose last record or marker from this task carried an
+// older frontier; with force, also on those not written to for a quarter
+// of idle_timeout while records flowed (the reader counts this task active).
+func (t *task) sendMarkers(now time.Time, force bool) {
+	next := t.seg.next
+	if next == nil {
+		return
+	}
+	f, ok := t.frontier()
+	if !ok {
+		return
+	}
+	t.front.Lock()
+	if len(t.front.sent) < next.nparts {
+		for len(t.front.sent) < next.nparts {
+			t.front.sent = append(t.front.sent, minWatermark)
+			t.front.sentAt = append(t.front.sentAt, time.Time{})
+		}
+	}
+	active := t.front.sinceSent > 0
+	beat := t.r.def.Source.IdleTimeout / 4
+	var targets []int32
+	for q := range next.nparts {
+		stale := t.front.sent[q] < f
+		quiet := force && active && now.Sub(t.front.sentAt[q]) >= beat
+		if !stale && !quiet {
+			continue
+		}
+		if !force && now.Sub(t.front.sentAt[q]) < markerEvery {
+			continue
+		}
+		t.front.sent[q], t.front.sentAt[q] = f, now
+		targets = append(targets, int32(q))
+	}
+	if force {
+		t.front.sinceSent = 0
+	}
+	t.front.Unlock()
+	if len(targets) == 0 {
+		return
+	}
+	val := encodeMarker(t.part, f)
+	for _, q := range targets {
+		kr := &kgo.Record{Topic: next.topic, Partition: q, Headers: []kgo.RecordHeader{{Key: headerMarker, Value: val}}}
+		t.r.cl.Produce(t.r.prodCtx, kr, func(_ *kgo.Record, err error) {
+			if err != nil && t.r.prodCtx.Err() == nil {
+				// A later marker carries the same frontier or a newer one.
+				t.r.log.Debug("watermark marker not written", "topic", next.topic, "partition", q, "err", err)
+			}
+		})
+	}
+}
+
+// noteDelivered records that a repartition record carrying frontier f went
+// to partition q of the next topic.
+func (t *task) noteDelivered(q int32, f int64, now time.Time) {
+	t.front.Lock()
+	if int(q) < len(t.front.sent) && f > t.front.sent[q] {
+		t.front.sent[q], t.front.sentAt[q] = f, now
+	}
+	t.front.Unlock()
+}
+
+// dispatchLoop runs the task's records through its chain until the task
+// is released or the route halts.
+func (r *route) dispatchLoop(t *task) {
+	defer close(t.done)
+	for {
+		var recs []*kgo.Record
+		select {
+		case recs = <-t.ch:
+		case <-t.stop:
+			return
+		case <-r.halt:
+			return
+		}
+		for _, rec := range recs {
+			// Each record is a boundary: a checkpoint, a release or a stop
+			// may take cut between any two.
+			r.cut.RLock()
+			if r.halted || isClosed(t.stop) {
+				r.cut.RUnlock()
+				return
+			}
+			if rec.Offset >= t.pos {
+				if t.seg.idx == 0 {
+					r.processSource(t, rec)
+				} else {
+					r.processRepartitioned(t, rec)
+				}
+				t.pos = rec.Offset + 1
+			}
+			r.cut.RUnlock()
+		}
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// processRepartitioned handles one record of a repartition topic: a
+// watermark marker, or a record another task wrote for this keyed step.
+func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
+	now := time.Now()
+	r.tracker.Begin(t.id, kr.Offset)
+	tk := &ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1}
+	defer tk.release()
+	t.curOff, t.seq = kr.Offset, 0
+	var env []byte
+	for _, h := range kr.Headers {
+		switch h.Key {
+		case headerMarker:
+			wp, f, err := decodeMarker(h.Value)
+			if err != nil {
+				r.noteError(fmt.Errorf("%s[%d]@%d: bad watermark marker: %w", kr.Topic, kr.Partition, kr.Offset, err))
+				return
+			}
+			if wm, moved := t.wm.observe(wp, f, now); moved {
+				r.advanceTask(t, wm, tk)
+			}
+			return
+		case headerEnvelope:
+			env = h.Value
+		}
+	}
+	rec := &operators.Record{Topic: kr.Topic, Partition: kr.Partition, Offset: kr.Offset, Key: kr.Key, Raw: kr.Value,
+		Timestamp: kr.Timestamp.UnixMilli()}
+	e, err := decodeEnvelope(env)
+	if env == nil || err != nil {
+		if err == nil {
+			err = fmt.Errorf("%w: no %s header", errEnvelope, headerEnvelope)
+		}
+		r.deadLetter(rec, operators.ReasonDecode, err, stepLabel(t.seg.keyStep), tk)
+		return
+	}
+	if last, ok := t.inbox[e.wp]; ok && !e.org.after(last) {
+		// Written again by a writer replaying from its checkpoint: applied
+		// already.
+		r.m.met.repeatsSkipped.WithLabelValues(r.name).Inc()
+		return
+	}
+	t.inbox[e.wp] = e.org
+	rec.Topic, rec.Partition, rec.Offset, rec.Key = e.topic, e.part, e.off, e.key
+	rec.Timestamp, rec.EventTime, rec.Window = e.ts, e.ev, e.win
+	for _, h := range kr.Headers {
+		if h.Key != headerEnvelope {
+			rec.Headers = append(rec.Headers, operators.Header{Key: h.Key, Value: h.Value})
+		}
+	}
+	switch {
+	case e.flags&envNil != 0:
+		rec.Raw = nil
+	case e.flags&envRaw != 0:
+		rec.Value = string(kr.Value)
+	default:
+		if err := rec.SetJSON(kr.Value); err != nil {
+			r.deadLetter(rec, operators.ReasonDecode, err, stepLabel(t.seg.keyStep), tk)
+			return
+		}
+	}
+	if e.bound != nil {
+		v, err := operators.DecodeJSON(e.bound)
+		m, ok := v.(map[string]any)
+		if err != nil || !ok {
+			r.deadLetter(rec, operators.ReasonDecode, fmt.Errorf("join bindings: %v", err), stepLabel(t.seg.keyStep), tk)
+			return
+		}
+		rec.Bound = m
+	}
+	if t.applied != nil && rec.Partition >= 0 && rec.Offset >= 0 {
+		if a, ok := t.applied[rec.Partition]; !ok || rec.Offset > a {
+			t.applied[rec.Partition] = rec.Offset
+		}
+	}
+	c := t.chain
+	c.cur = tk
+	c.run(0, rec)
+	c.cur = nil
+	if t.seg.timed {
+		if wm, moved := t.wm.observe(e.wp, e.frontier, now); moved {
+			r.advanceTask(t, wm, tk)
+		}
+	}
+}
+
+// advanceTask hands a keyed task's new watermark to its steps, journals
+// closed windows, and passes the watermark on to the next segment.
+func (r *route) advanceTask(t *task, wm int64, tk *ticket) {
+	r.m.met.watermark.WithLabelValues(r.name).Set(float64(wm) / 1000)
+	closing := t.closer != nil && t.closer.ClosesAt(wm)
+	t.chain.advance(wm, tk)
+	if closing {
+		t.journalAfterAck(wm)
+	}
+	if t.seg.next != nil {
+		t.front.Lock()
+		t.front.sinceSent++
+		t.front.Unlock()
+		t.sendMarkers(time.Now(), false)
+	}
+}
