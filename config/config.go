@@ -57,6 +57,15 @@ type Config struct {
 	// gone is kept; past it the state is dropped and a restored file starts
 	// from source.start. Default 0: kept until `rtproxy state drop ROUTE`.
 	StateRetention time.Duration `yaml:"state_retention"`
+	// GroupProtocol is how a route's instances share its partitions:
+	// "auto" (KIP-848 when every broker speaks ConsumerGroupHeartbeat v1,
+	// else the classic protocol with cooperative-sticky), "consumer"
+	// (KIP-848 only) or "classic". Default auto.
+	GroupProtocol string `yaml:"group_protocol"`
+	// GroupSessionTimeout is how long a route's group waits for a silent
+	// instance before moving its partitions (session.timeout.ms of the
+	// classic protocol; KIP-848 brokers use their own setting). Default 10s.
+	GroupSessionTimeout time.Duration `yaml:"group_session_timeout"`
 
 	TLS  TLS  `yaml:"tls"`
 	SASL SASL `yaml:"sasl"`
@@ -108,18 +117,20 @@ const (
 // the only place defaults live.
 func Default() *Config {
 	return &Config{
-		Listen:          "127.0.0.1:9092",
-		AdvertiseHost:   "127.0.0.1",
-		BrokerPorts:     9093,
-		BrokerPortCount: 100,
-		Upstream:        nil,
-		RulesDir:        "./rules",
-		StateDir:        "./state",
-		AdminListen:     "127.0.0.1:9644",
-		LogLevel:        "info",
-		LogFormat:       "text",
-		MaxFrameBytes:   100 << 20,
-		ShutdownGrace:   10 * time.Second,
+		Listen:              "127.0.0.1:9092",
+		AdvertiseHost:       "127.0.0.1",
+		BrokerPorts:         9093,
+		BrokerPortCount:     100,
+		Upstream:            nil,
+		RulesDir:            "./rules",
+		StateDir:            "./state",
+		AdminListen:         "127.0.0.1:9644",
+		LogLevel:            "info",
+		LogFormat:           "text",
+		MaxFrameBytes:       100 << 20,
+		ShutdownGrace:       10 * time.Second,
+		GroupProtocol:       "auto",
+		GroupSessionTimeout: 10 * time.Second,
 	}
 }
 
@@ -205,6 +216,14 @@ func (c *Config) Validate() error {
 		// Zero would read as "the default" to the parts; a stop without a
 		// grace is better asked for as a small one, such as 100ms.
 		bad("shutdown_grace", "must be positive (e.g. 10s, or 100ms for an almost immediate stop), got %s", c.ShutdownGrace)
+	}
+	switch c.GroupProtocol {
+	case "auto", "consumer", "classic":
+	default:
+		bad("group_protocol", "%q is not one of auto, consumer, classic", c.GroupProtocol)
+	}
+	if c.GroupSessionTimeout < time.Second || c.GroupSessionTimeout > 30*time.Minute {
+		bad("group_session_timeout", "must be between 1s and 30m (e.g. 10s), got %s", c.GroupSessionTimeout)
 	}
 	if c.StateRetention < 0 {
 		bad("state_retention", "must be 0 (keep until `rtproxy state drop`) or positive (e.g. 24h), got %s", c.StateRetention)

@@ -119,8 +119,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 26 {
-		t.Errorf("%d keys, want 26 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 28 {
+		t.Errorf("%d keys, want 28 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 

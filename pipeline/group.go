@@ -44,7 +44,8 @@ import (
 
 // groupState is what the route knows of its group.
 type groupState struct {
-	adm   *kadm.Client
+	adm      *kadm.Client
+	protocol string // "consumer" (KIP-848) or "classic"
 	local *state.Checkpoint // the checkpoint found at setup
 
 	mu struct {
@@ -73,6 +74,31 @@ func parseCommitMeta(m string) (int64, bool) {
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	return n, err == nil && n >= 0
+}
+
+// groupProtocolOpts chooses the group protocol: KIP-848 ("consumer") when
+// asked for, or with "auto" when every broker speaks ConsumerGroupHeartbeat
+// v1 (Kafka 4.0+); else the classic protocol with the cooperative-sticky
+// balancer, so that a rebalance moves only the partitions that must move.
+func groupProtocolOpts(ctx context.Context, adm *kadm.Client, want string) ([]kgo.Opt, string, error) {
+	use848 := want == "consumer"
+	if want == "auto" {
+		vs, err := adm.ApiVersions(ctx)
+		if err != nil {
+			return nil, "", fmt.Errorf("api versions: %w", err)
+		}
+		use848 = len(vs) > 0
+		vs.Each(func(v kadm.BrokerApiVersions) {
+			if mx, ok := v.KeyMaxVersion(68); v.Err != nil || !ok || mx < 1 {
+				use848 = false
+			}
+		})
+	}
+	if use848 {
+		// The broker assigns ("uniform", incremental by design).
+		return []kgo.Opt{kgo.ServerSideBalancer(), kgo.Balancers(kgo.StickyBalancer())}, "consumer", nil
+	}
+	return []kgo.Opt{kgo.Balancers(kgo.CooperativeStickyBalancer())}, "classic", nil
 }
 
 func (r *route) segmentOf(topic string) *segment {
@@ -206,22 +232,31 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 // startOffsets is where partitions without any checkpoint start: the
 // source at source.start, a repartition topic at its start.
 func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]bool) (map[int32]int64, error) {
-	var lo kadm.ListedOffsets
-	var err error
-	if seg.idx == 0 && r.def.Source.Start == "latest" && !r.sourceWasMissing {
-		lo, err = r.grp.adm.ListEndOffsets(ctx, seg.topic)
-	} else {
-		lo, err = r.grp.adm.ListStartOffsets(ctx, seg.topic)
+	// A partition added to the source after the route started holds only
+	// records written since: it starts at its beginning whatever
+	// source.start says.
+	latest := seg.idx == 0 && r.def.Source.Start == "latest" && !r.sourceWasMissing
+	lo, err := r.grp.adm.ListStartOffsets(ctx, seg.topic)
+	var hi kadm.ListedOffsets
+	if err == nil && latest {
+		hi, err = r.grp.adm.ListEndOffsets(ctx, seg.topic)
 	}
 	if err == nil {
 		err = lo.Error()
+	}
+	if err == nil && latest {
+		err = hi.Error()
 	}
 	if err != nil {
 		return nil, fmt.Errorf("route %q: list offsets of %s: %w", r.name, seg.topic, err)
 	}
 	out := map[int32]int64{}
 	for p := range ps {
-		o, ok := lo.Lookup(seg.topic, p)
+		from := lo
+		if latest && int(p) < seg.nparts {
+			from = hi
+		}
+		o, ok := from.Lookup(seg.topic, p)
 		if !ok {
 			return nil, fmt.Errorf("route %q: no offset for %s[%d]", r.name, seg.topic, p)
 		}

@@ -45,6 +45,10 @@ type Config struct {
 	// before giving its partitions to others (Kafka's session.timeout.ms).
 	// Default 10s: a killed sidecar's partitions move within it.
 	SessionTimeout time.Duration
+	// GroupProtocol is "auto" (the default: KIP-848 when every broker
+	// speaks ConsumerGroupHeartbeat v1, else classic), "consumer" or
+	// "classic" (cooperative-sticky).
+	GroupProtocol string
 	// MetadataMaxAge bounds how long partitions added to a source go
 	// unnoticed (Kafka's metadata.max.age.ms). Default 10s.
 	MetadataMaxAge time.Duration
@@ -95,6 +99,13 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.SessionTimeout <= 0 {
 		cfg.SessionTimeout = 10 * time.Second
+	}
+	switch cfg.GroupProtocol {
+	case "":
+		cfg.GroupProtocol = "auto"
+	case "auto", "consumer", "classic":
+	default:
+		return nil, fmt.Errorf("pipeline: group protocol %q is not one of auto, consumer, classic", cfg.GroupProtocol)
 	}
 	if cfg.MetadataMaxAge <= 0 {
 		cfg.MetadataMaxAge = 10 * time.Second
@@ -276,6 +287,7 @@ type RouteStatus struct {
 	// this instance last joined it; Owned every partition this instance
 	// owns in it (the source's and the repartition topics').
 	Group      string           `json:"group,omitempty"`
+	Protocol   string           `json:"group_protocol,omitempty"` // consumer (KIP-848) or classic
 	Generation int32            `json:"generation"`
 	Owned      []OwnedPartition `json:"owned"`
 	Restore    RestoreStatus    `json:"restore"`

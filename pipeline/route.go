@@ -282,10 +282,15 @@ func (r *route) setup() error {
 		hashed[seg.topic] = true
 		manual[seg.changelog] = true
 	}
-	opts := append(base,
+	groupOpts, proto, err := groupProtocolOpts(ctx, adm, cfg.GroupProtocol)
+	if err != nil {
+		return fmt.Errorf("route %q: %w", d.Name, err)
+	}
+	r.grp.protocol = proto
+	opts := append(base, groupOpts...)
+	opts = append(opts,
 		kgo.ConsumerGroup(d.GroupID()),
 		kgo.ConsumeTopics(topics...),
-		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.DisableAutoCommit(),
 		kgo.SessionTimeout(cfg.SessionTimeout),
 		kgo.OnOffsetsFetched(r.onOffsetsFetched),
@@ -850,6 +855,7 @@ func (r *route) status() RouteStatus {
 	}
 	r.st.Unlock()
 	s.Group = d.GroupID()
+	s.Protocol = r.grp.protocol
 	s.Owned = []OwnedPartition{}
 	r.grp.mu.Lock()
 	s.Restore = RestoreStatus{State: "idle", Records: r.grp.mu.restored, Seconds: r.grp.mu.restoreS}

@@ -48,6 +48,8 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		// SIGTERM gives everything else. Zero keeps the pipeline default.
 		StopTimeout:    cfg.ShutdownGrace,
 		StateRetention: cfg.StateRetention,
+		GroupProtocol:  cfg.GroupProtocol,
+		SessionTimeout: cfg.GroupSessionTimeout,
 	})
 	if err != nil {
 		return nil, err
