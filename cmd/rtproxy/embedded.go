@@ -25,6 +25,12 @@ func startEmbedded(stateDir string, log *slog.Logger) (*embeddedBrokers, error) 
 		kfake.DefaultNumPartitions(3),
 		kfake.AllowAutoTopicCreation(),
 		kfake.DataDir(dir),
+		// Routes are KIP-848 groups here: a stopped instance's partitions
+		// move after 10s, as with the classic protocol's default in rtproxy.
+		kfake.BrokerConfigs(map[string]string{
+			"group.consumer.session.timeout.ms":    "10000",
+			"group.consumer.heartbeat.interval.ms": "500",
+		}),
 		kfake.WithLogger(kfakeLogger{log.With("component", "embedded-broker")}),
 	)
 	if err != nil {

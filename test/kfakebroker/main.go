@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -31,12 +32,19 @@ func main() {
 		sasl    = flag.String("sasl", "", "enable SASL with superuser MECH:USER:PASS (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
 		tlsCert = flag.String("tls-cert", "", "serve TLS with this PEM certificate (needs -tls-key)")
 		tlsKey  = flag.String("tls-key", "", "PEM private key for -tls-cert")
+		session = flag.Duration("group-session-timeout", 10*time.Second, "KIP-848 group session timeout (group.consumer.session.timeout.ms)")
 	)
 	flag.Parse()
 
 	opts := []kfake.Opt{
 		kfake.NumBrokers(*brokers),
 		kfake.DefaultNumPartitions(*parts),
+		// rtproxy's routes are KIP-848 groups on kfake: a killed member's
+		// partitions move after this, as with rtproxy's classic default.
+		kfake.BrokerConfigs(map[string]string{
+			"group.consumer.session.timeout.ms":    strconv.FormatInt(session.Milliseconds(), 10),
+			"group.consumer.heartbeat.interval.ms": "500",
+		}),
 	}
 	if *auto {
 		opts = append(opts, kfake.AllowAutoTopicCreation())
