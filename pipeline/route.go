@@ -584,9 +584,21 @@ func (r *route) lagLoop() {
 		case <-r.halt:
 			return
 		case <-t.C:
+			var low int64
+			has := false
 			for _, t := range r.tasksSnapshot() {
 				lag := max(t.hwm.Load()-r.tracker.DoneOffset(t.id), 0)
 				r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
+				if t.seg.idx > 0 && t.seg.timed {
+					if wm, ok := t.wm.current(); ok && (!has || wm < low) {
+						low, has = wm, true
+					}
+				}
+			}
+			if has {
+				// The lowest watermark of this instance's windows: the one
+				// that decides the next window to close.
+				r.m.met.watermark.WithLabelValues(r.name).Set(float64(low) / 1000)
 			}
 		}
 	}

@@ -321,7 +321,6 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 // advanceTask hands a keyed task's new watermark to its steps, journals
 // closed windows, and passes the watermark on to the next segment.
 func (r *route) advanceTask(t *task, wm int64, tk *ticket) {
-	r.m.met.watermark.WithLabelValues(r.name).Set(float64(wm) / 1000)
 	closing := t.closer != nil && t.closer.ClosesAt(wm)
 	t.chain.advance(wm, tk)
 	if closing {
