@@ -35,6 +35,7 @@ func TestParseFullFile(t *testing.T) {
 		Upstream: []string{"kafka-0.example:9092", "kafka-1.example:9092"}, RulesDir: "/etc/rtproxy/rules",
 		StateDir: "/var/lib/rtproxy", AdminListen: "0.0.0.0:19644", LogLevel: "debug", LogFormat: "json",
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
+		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second,
 		TLS: TLS{
 			Client:   ClientTLS{CertFile: "/tls/server.crt", KeyFile: "/tls/server.key", ClientCAFile: "/tls/clients-ca.crt", RequireClientCert: true},
 			Upstream: UpstreamTLS{Enabled: true, CAFile: "/tls/kafka-ca.crt", CertFile: "/tls/proxy.crt", KeyFile: "/tls/proxy.key", ServerName: "kafka.example"},
