@@ -45,8 +45,8 @@ import (
 // groupState is what the route knows of its group.
 type groupState struct {
 	adm      *kadm.Client
-	protocol string // "consumer" (KIP-848) or "classic"
-	local *state.Checkpoint // the checkpoint found at setup
+	protocol string            // "consumer" (KIP-848) or "classic"
+	local    *state.Checkpoint // the checkpoint found at setup
 
 	mu struct {
 		sync.Mutex
@@ -163,6 +163,8 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 	}
 	out := make(map[string]map[int32]kgo.Offset, len(offs))
 	var fresh []*task
+	resumed := map[int32]int64{} // source partitions that continue a checkpoint
+	from := ""
 	for topic, ps := range offs {
 		seg := r.segmentOf(topic)
 		if seg == nil {
@@ -188,9 +190,16 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 			switch {
 			case hasCommit:
 				pos = c.off
+				from = "group"
 			case hasLocal:
+				if from == "" {
+					from = "local checkpoint"
+				}
 			default:
 				pos = starts[p]
+			}
+			if seg.idx == 0 && (hasCommit || hasLocal) {
+				resumed[p] = pos
 			}
 			t, err := r.newTask(seg, p, pos)
 			if err != nil {
@@ -204,6 +213,13 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 			fresh = append(fresh, t)
 			out[topic][p] = kgo.NewOffset().At(pos)
 		}
+	}
+	if len(resumed) > 0 {
+		var seq uint64
+		if r.grp.local != nil {
+			seq = r.grp.local.Seq
+		}
+		r.log.Info("route restored from checkpoint", "from", from, "seq", seq, "offsets", formatOffsets(resumed))
 	}
 	r.cut.Lock()
 	if r.halted {

@@ -11,7 +11,10 @@ import (
 // state stays, so restoring the file resumes where it stopped. With
 // Config.StateRetention > 0 that state is dropped once the route has been
 // out of the rule set longer than the retention; a file restored later then
-// starts the route from source.start, like a new route.
+// starts the route from source.start, like a new route. Dropping resets
+// what the route keeps in Kafka as well (its consumer group's offsets, its
+// changelog and repartition topics: reset.go); while another instance
+// still runs the route, nothing is dropped and the drop is retried.
 //
 // The retention clock is the route's last checkpoint: a deleted route writes
 // its final checkpoint as it stops, so that is when it left the rule set,
@@ -103,7 +106,10 @@ func (m *Manager) dropExpired(now time.Time, d time.Duration, absentSince map[st
 				"route", info.Route, "file", orphanErr)
 			continue
 		}
-		if err := m.db.DropRoute(info.Route); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		err := m.dropRouteState(ctx, info.Route)
+		cancel()
+		if err != nil {
 			m.log.Warn("state retention: drop failed; will retry", "route", info.Route, "err", err)
 			continue
 		}

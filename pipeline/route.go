@@ -251,7 +251,7 @@ func (r *route) setup() error {
 	// Changed steps (new fingerprint) start empty: their old namespaces are
 	// dropped. Every partition's namespaces of an unchanged step stay, the
 	// ones this instance does not own among them: it may own them again.
-	var keep []string
+	keep := []string{kafkaStateStep}
 	for _, seg := range r.segs[1:] {
 		for q := int32(0); q < int32(max(seg.nparts, nparts)); q++ {
 			keep = append(keep, taskStepName(seg.keyStep, q), inboxName(seg.keyStep, q))
@@ -259,6 +259,9 @@ func (r *route) setup() error {
 	}
 	if err := r.m.db.DropStepsExcept(d.Name, keep); err != nil {
 		return fmt.Errorf("route %q: drop changed steps: %w", d.Name, err)
+	}
+	if err := r.recordKafkaState(); err != nil {
+		return err
 	}
 	cp, ok, err := r.m.db.LoadCheckpoint(d.Name)
 	if err != nil {

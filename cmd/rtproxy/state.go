@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,20 +10,26 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/rtproxy/rtproxy/config"
+	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/state"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 const stateUsage = `usage: rtproxy state list [--config FILE] [--state-dir DIR]
        rtproxy state drop ROUTE [--config FILE] [--state-dir DIR]
 
 The proxy keeps a route's state when its rule file is deleted, so that
-restoring the file resumes where it stopped. "drop" deletes it for good.
-Both work on a stopped proxy: a running one holds the state directory.
+restoring the file resumes where it stopped. "drop" deletes it for good:
+in the state directory, and in Kafka the route's consumer group and its
+changelog and repartition topics (refused while another instance still
+runs the route). Both work on a stopped proxy: a running one holds the
+state directory.
 `
 
 // cmdState inspects and drops pipeline state offline.
@@ -110,10 +117,57 @@ func cmdState(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "rtproxy state drop: no state for route %q in %s\n", route, dir)
 		return 1
 	}
+	// What the route keeps in Kafka (its group's offsets, its changelog and
+	// repartition topics) goes first: a restored rule file must start from
+	// source.start, not from the group's offsets.
+	ks, ok, err := pipeline.ReadKafkaState(db.GetDurable, route)
+	if err != nil {
+		fmt.Fprintf(stderr, "rtproxy state drop: %v\n", err)
+		return 1
+	}
+	if ok {
+		if err := resetKafkaState(cfg, ks); err != nil {
+			fmt.Fprintf(stderr, "rtproxy state drop: route %s: %v; nothing was dropped\n", route, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "deleted consumer group %s and topics %s\n", ks.Group, strings.Join(ks.Topics, ", "))
+	}
 	if err := db.DropRoute(route); err != nil {
 		fmt.Fprintf(stderr, "rtproxy state drop: %v\n", err)
 		return 1
 	}
 	fmt.Fprintf(stdout, "dropped the state of route %s\n", route)
 	return 0
+}
+
+// resetKafkaState deletes a route's group and internal topics on the
+// configured upstream, or on the embedded cluster kept in the state
+// directory (started for the purpose, as the proxy is stopped).
+func resetKafkaState(cfg *config.Config, ks pipeline.KafkaState) error {
+	seeds := cfg.Upstream
+	var opts []kgo.Opt
+	if cfg.Embedded() {
+		e, err := startEmbedded(cfg.StateDir, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return err
+		}
+		defer e.Close()
+		seeds = e.addrs
+	} else {
+		utls, err := upstreamTLS(cfg.TLS.Upstream)
+		if err != nil {
+			return err
+		}
+		if opts, err = pipelineClientOpts(cfg, utls); err != nil {
+			return err
+		}
+	}
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, opts...)...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return pipeline.ResetKafkaState(ctx, cl, ks)
 }

@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -68,9 +71,38 @@ func TestBinaryStateListDrop(t *testing.T) {
 	}
 
 	code, out, errOut = runBinary(t, nil, "state", "drop", "dedup", "--state-dir", p.stateDir)
-	if code != 0 || out != "dropped the state of route dedup\n" {
+	want := "deleted consumer group rtproxy.dedup and topics dedup.00-drop_duplicates.changelog, dedup.00-drop_duplicates.repartition\n" +
+		"dropped the state of route dedup\n"
+	if code != 0 || out != want {
 		t.Fatalf("state drop: exit %d, %q %q", code, out, errOut)
 	}
+	// The embedded cluster in the state directory no longer has the
+	// route's group or internal topics, and still has its source.
+	e, err := startEmbedded(p.stateDir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ecl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm := kadm.NewClient(ecl)
+	topics, err := adm.ListTopics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !topics.Has("events") || topics.Has("dedup.00-drop_duplicates.changelog") || topics.Has("dedup.00-drop_duplicates.repartition") {
+		t.Errorf("topics after the drop: %v", topics.Names())
+	}
+	groups, err := adm.ListGroups(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(groups.Groups(), "rtproxy.dedup") {
+		t.Errorf("group rtproxy.dedup is still there: %v", groups.Groups())
+	}
+	ecl.Close()
+	e.Close()
 	code, out, _ = runBinary(t, nil, "state", "list", "--state-dir", p.stateDir)
 	if code != 0 || strings.Contains(out, "dedup") {
 		t.Fatalf("after drop: exit %d\n%s", code, out)
