@@ -41,7 +41,18 @@ const (
 	clFence   = 'r'
 
 	headerStepName = "rtproxy-step-state"
+
+	// clLive leads every changelog value that is not a tombstone.
+	clLive = 1
 )
+
+// clValue decodes a changelog record's value: live false for a tombstone.
+func clValue(rec *kgo.Record) (val []byte, live bool) {
+	if len(rec.Value) == 0 || rec.Value[0] != clLive {
+		return nil, false
+	}
+	return rec.Value[1:], true
+}
 
 func encodeInboxEntry(p int32, o origin) (k, v []byte) {
 	k = binary.BigEndian.AppendUint32(nil, uint32(p))
@@ -82,10 +93,20 @@ func hashValue(v []byte) uint64 {
 	return h.Sum64() | 1 // never 0: 0 is "absent"
 }
 
+// clRecord is a changelog record for tag and key. A nil val is a
+// tombstone; any other value, empty included (a drop_duplicates key keeps
+// an empty value), is stored behind the byte clLive, so that a live empty
+// value never reads back as a tombstone (Kafka and its clients need not
+// tell a null value from an empty one).
 func (r *route) clRecord(t *task, tag byte, key, val []byte) *kgo.Record {
 	k := make([]byte, 0, 1+len(key))
 	k = append(append(k, tag), key...)
-	return &kgo.Record{Topic: t.seg.changelog, Partition: t.part, Key: k, Value: val,
+	var v []byte
+	if val != nil {
+		v = make([]byte, 0, 1+len(val))
+		v = append(append(v, clLive), val...)
+	}
+	return &kgo.Record{Topic: t.seg.changelog, Partition: t.part, Key: k, Value: v,
 		Headers: []kgo.RecordHeader{{Key: headerStepName, Value: []byte(t.stepName)}}}
 }
 
@@ -111,7 +132,7 @@ func (r *route) logChanges(c *cutPoint) error {
 		}
 		var v []byte
 		if !del {
-			v = append([]byte(nil), val...)
+			v = append([]byte{}, val...) // non-nil even when empty: live
 		}
 		recs = append(recs, r.clRecord(t, clKV, key, v))
 		return nil
@@ -135,6 +156,9 @@ func (r *route) logChanges(c *cutPoint) error {
 				h := hashValue(v)
 				cur[full] = h
 				if t.prevSnap[full] != h {
+					if v == nil {
+						v = []byte{} // live, not a tombstone
+					}
 					recs = append(recs, r.clRecord(t, part.tag, k, v))
 				}
 			}
@@ -231,7 +255,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 		return r.m.db.SnapshotReader(r.name, name).Each(func(k, v []byte) error {
 			prev[string(append([]byte{tag}, k...))] = hashValue(v)
 			if log {
-				recs = append(recs, r.clRecord(t, tag, bytes.Clone(k), bytes.Clone(v)))
+				recs = append(recs, r.clRecord(t, tag, bytes.Clone(k), append([]byte{}, v...)))
 			}
 			return nil
 		})
@@ -244,7 +268,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 	}
 	if dump {
 		err := r.m.db.Namespace(r.name, t.stepName).Scan(nil, nil, func(k, v []byte) bool {
-			recs = append(recs, r.clRecord(t, clKV, bytes.Clone(k), bytes.Clone(v)))
+			recs = append(recs, r.clRecord(t, clKV, bytes.Clone(k), append([]byte{}, v...)))
 			return true
 		})
 		if err != nil {
@@ -322,9 +346,10 @@ func (r *route) restoreFromChangelog(ctx context.Context, t *task, bound int64) 
 				if rec.Offset >= end || len(rec.Key) == 0 {
 					return
 				}
+				val, live := clValue(rec)
 				if rec.Key[0] == clFence {
-					if len(rec.Value) == 8 {
-						fences = append(fences, fence{int64(binary.BigEndian.Uint64(rec.Value)), rec.Offset})
+					if live && len(val) == 8 {
+						fences = append(fences, fence{int64(binary.BigEndian.Uint64(val)), rec.Offset})
 					}
 					return
 				}
@@ -332,13 +357,16 @@ func (r *route) restoreFromChangelog(ctx context.Context, t *task, bound int64) 
 					return
 				}
 				if rec.Key[0] == clJournal {
-					if rec.Value != nil {
-						journal = rec.Value
+					if live {
+						journal = val
 					}
 					return
 				}
 				if rec.Offset < bound {
-					entries = append(entries, clEntry{off: rec.Offset, key: rec.Key, val: rec.Value})
+					if !live {
+						val = nil
+					}
+					entries = append(entries, clEntry{off: rec.Offset, key: rec.Key, val: val})
 				}
 			})
 			r.m.met.restoreRecords.WithLabelValues(r.name).Add(float64(fs.NumRecords()))
@@ -371,7 +399,7 @@ func (r *route) restoreFromChangelog(ctx context.Context, t *task, bound int64) 
 		default:
 			continue
 		}
-		if e.val == nil {
+		if e.val == nil { // a tombstone (live values are never nil)
 			delete(m, string(e.key[1:]))
 		} else {
 			m[string(e.key[1:])] = e.val
