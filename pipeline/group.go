@@ -27,6 +27,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -87,12 +88,24 @@ func groupProtocolOpts(ctx context.Context, adm *kadm.Client, want string) ([]kg
 		if err != nil {
 			return nil, "", fmt.Errorf("api versions: %w", err)
 		}
+		// Every broker must answer: deciding on a partial view (a broker
+		// restarting) would put this instance in the group with the
+		// classic protocol beside instances that use KIP-848, a mixed
+		// group that not every broker serves. Setup retries instead.
 		use848 = len(vs) > 0
+		var verr error
 		vs.Each(func(v kadm.BrokerApiVersions) {
-			if mx, ok := v.KeyMaxVersion(68); v.Err != nil || !ok || mx < 1 {
+			if v.Err != nil {
+				verr = fmt.Errorf("api versions of broker %d: %w", v.NodeID, v.Err)
+				return
+			}
+			if mx, ok := v.KeyMaxVersion(68); !ok || mx < 1 {
 				use848 = false
 			}
 		})
+		if verr != nil {
+			return nil, "", verr
+		}
 	}
 	if use848 {
 		// The broker assigns ("uniform", incremental by design).
@@ -476,4 +489,15 @@ func (r *route) commitGroup(c *cutPoint) {
 		// commit.
 		r.noteError(fmt.Errorf("commit offsets to group %s: %w", r.def.GroupID(), cerr))
 	}
+}
+
+// kgoLogger hands franz-go's log lines to slog, all at debug: the client
+// logs a group's normal life (joins, assignments) at info, which is too
+// loud beside rtproxy's own summary lines.
+type kgoLogger struct{ log *slog.Logger }
+
+func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
+
+func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	l.log.Debug(msg, append(keyvals, "kgo_level", level.String())...)
 }

@@ -314,6 +314,11 @@ func (r *route) setup() error {
 		kgo.RecordDeliveryTimeout(10*time.Second),
 		kgo.WithHooks(&connHook{r: r}),
 	)
+	if r.log.Enabled(r.ctx, slog.LevelDebug) {
+		// The client's own account of the group (joins, heartbeats,
+		// assignments) at log_level debug.
+		opts = append(opts, kgo.WithLogger(kgoLogger{r.log.With("component", "kgo")}))
+	}
 	r.cl, err = kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("route %q: client: %w", d.Name, err)

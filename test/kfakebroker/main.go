@@ -77,6 +77,11 @@ func main() {
 		}
 		opts = append(opts, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{cert}}))
 	}
+	// KFAKE_LOG=1 logs every group join, leave and eviction to stderr (the
+	// integration harness prints it when a test fails).
+	if os.Getenv("KFAKE_LOG") != "" {
+		opts = append(opts, kfake.WithLogger(kfake.BasicLogger(os.Stderr, kfake.LogLevelInfo)))
+	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		log.Fatalf("kfake: %v", err)
