@@ -15,6 +15,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 func (e *env) client(opts ...kgo.Opt) *kgo.Client {
@@ -117,12 +118,35 @@ func (g groupView) String() string {
 func (e *env) describeGroup(group string) (groupView, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if cg, err := e.adm.DescribeConsumerGroups(ctx, group); err == nil {
-		if d, ok := cg[group]; ok && d.Err == nil && len(d.Members) > 0 {
+	// ConsumerGroupDescribe names assigned topics by id (kfake leaves the
+	// names empty, and kadm keys its sets by name), so resolve ids here.
+	req := kmsg.NewPtrConsumerGroupDescribeRequest()
+	req.Groups = []string{group}
+	if resp, err := req.RequestWith(ctx, e.cl); err == nil && len(resp.Groups) == 1 {
+		d := resp.Groups[0]
+		if d.ErrorCode == 0 && len(d.Members) > 0 {
+			names := map[[16]byte]string{}
+			if tds, err := e.adm.ListTopics(ctx); err == nil {
+				for _, td := range tds {
+					names[td.ID] = td.Topic
+				}
+			}
+			set := func(tps []kmsg.AssignmentTopicPartition) map[string][]int32 {
+				out := map[string][]int32{}
+				for _, tp := range tps {
+					name := tp.Topic
+					if name == "" {
+						name = names[tp.TopicID]
+					}
+					out[name] = append(out[name], tp.Partitions...)
+				}
+				return out
+			}
 			v := groupView{protocol: "consumer", state: d.State}
 			for _, m := range d.Members {
-				v.members = append(v.members, setMap(m.Assignment))
-				if !sameSet(m.Assignment, m.TargetAssignment) {
+				a, t := set(m.Assignment.TopicPartitions), set(m.TargetAssignment.TopicPartitions)
+				v.members = append(v.members, a)
+				if fmt.Sprint(tpMap(a).sorted()) != fmt.Sprint(tpMap(t).sorted()) {
 					v.pending = true
 				}
 			}
@@ -151,20 +175,6 @@ func (e *env) describeGroup(group string) (groupView, error) {
 		v.members = append(v.members, a)
 	}
 	return v, nil
-}
-
-func setMap(s kadm.TopicsSet) map[string][]int32 {
-	out := map[string][]int32{}
-	for t, ps := range s {
-		for p := range ps {
-			out[t] = append(out[t], p)
-		}
-	}
-	return out
-}
-
-func sameSet(a, b kadm.TopicsSet) bool {
-	return fmt.Sprint(tpMap(setMap(a)).sorted()) == fmt.Sprint(tpMap(setMap(b)).sorted())
 }
 
 type tpMap map[string][]int32
@@ -201,6 +211,9 @@ func (e *env) waitGroup(route, source string, n int, timeout time.Duration) (tim
 			}
 		} else {
 			okTimes = 0
+			if *verbose {
+				log.Printf("group %s: %v (err %v)", group, v, err)
+			}
 		}
 		time.Sleep(500 * time.Millisecond)
 	}

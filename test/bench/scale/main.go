@@ -43,6 +43,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 var (
@@ -72,6 +73,7 @@ type env struct {
 	addrs              []string
 	kfake              *exec.Cmd
 	adm                *kadm.Client
+	cl                 *kgo.Client // adm's client, for raw requests
 	ports              *ports
 }
 
@@ -98,7 +100,8 @@ func main() {
 	rev, _ := exec.Command("git", "-C", e.root, "rev-parse", "--short", "HEAD").Output()
 	e.addrs, e.kfake = startBroker(e.kfakeBin, *partitions, *autoCreate)
 	defer func() { e.kfake.Process.Kill(); e.kfake.Wait() }()
-	e.adm = kadm.NewClient(e.client())
+	e.cl = e.client()
+	e.adm = kadm.NewClient(e.cl)
 	defer e.adm.Close()
 
 	load, _ := os.ReadFile("/proc/loadavg")
