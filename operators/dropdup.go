@@ -52,8 +52,18 @@ func NewDropDuplicates(key *Expr, ttl time.Duration, kv state.KV) Keyed {
 	if kv == nil {
 		kv = NewMemKV()
 	}
-	return &dropDuplicates{key: key, ttl: ttl.Milliseconds(), kv: kv}
+	d := &dropDuplicates{key: key, ttl: ttl.Milliseconds(), kv: kv}
+	if d.ttl == 0 {
+		// Keys kept forever: the step never reads the watermark, so it is
+		// not Timed, and the pipeline sends it no watermark markers.
+		return d
+	}
+	return dropDuplicatesTTL{d}
 }
+
+// dropDuplicatesTTL is drop_duplicates with a ttl: Timed, its keys expire
+// as the watermark passes them.
+type dropDuplicatesTTL struct{ *dropDuplicates }
 
 func (d *dropDuplicates) Kind() string { return "drop_duplicates" }
 
@@ -141,10 +151,7 @@ func (d *dropDuplicates) Process(r *Record, out Emitter) {
 // A state error cannot be reported per record here; it leaves the keys for
 // the next Advance, which is safe: remembering longer only drops more
 // duplicates of a key whose ttl has passed (they pass anyway, see Process).
-func (d *dropDuplicates) Advance(watermark int64, _ Emitter) {
-	if d.ttl == 0 {
-		return
-	}
+func (d dropDuplicatesTTL) Advance(watermark int64, _ Emitter) {
 	if watermark < math.MinInt64+d.ttl {
 		return // nothing can be that old, and watermark-ttl would wrap
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/operators"
@@ -565,6 +566,17 @@ func TestDropDuplicatesAcrossPartitionsAndRestart(t *testing.T) {
 	_, stop := runManager(t, b, dir, 3, def())
 	out := b.consume(t, "dd.out", 50, 20*time.Second, 500*time.Millisecond)
 	stop()
+	// A drop_duplicates without ttl never reads the watermark: its
+	// repartition topic holds the 200 records and no watermark markers.
+	ends, err := kadm.NewClient(cl).ListEndOffsets(context.Background(), "dd.00-drop_duplicates.repartition")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inRepartition int64
+	ends.Each(func(o kadm.ListedOffset) { inRepartition += o.Offset })
+	if inRepartition != 200 {
+		t.Errorf("the repartition topic holds %d records, want the 200 source records (no markers)", inRepartition)
+	}
 	// After the restart the old txns are still known; only new ones pass.
 	produce(0, 60)
 	_, stop = runManager(t, b, dir, 3, def())

@@ -362,6 +362,13 @@ func (r *route) buildSegments(parts map[string]int) error {
 			}
 		}
 	}
+	// A segment's writers send watermark markers only when a segment after
+	// it reacts to the watermark: markers to untimed steps would only cost
+	// produce and fetch.
+	for i := len(r.segs) - 2; i >= 0; i-- {
+		next := r.segs[i+1]
+		r.segs[i].markers = next.timed || next.markers
+	}
 	return nil
 }
 

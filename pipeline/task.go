@@ -27,6 +27,7 @@ type segment struct {
 	changelog string          // when idx > 0
 	nparts    int             // partitions of topic (for markers sent to it)
 	timed     bool            // a step of the segment reacts to the watermark
+	markers   bool            // a later segment is timed: send it watermark markers
 }
 
 // taskID numbers a task (segment, partition) for the offsets tracker and
@@ -132,7 +133,7 @@ const markerEvery = 20 * time.Millisecond
 // of idle_timeout while records flowed (the reader counts this task active).
 func (t *task) sendMarkers(now time.Time, force bool) {
 	next := t.seg.next
-	if next == nil {
+	if next == nil || !t.seg.markers {
 		return
 	}
 	f, ok := t.frontier()
