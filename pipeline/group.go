@@ -48,6 +48,9 @@ type groupState struct {
 	adm      *kadm.Client
 	protocol string            // "consumer" (KIP-848) or "classic"
 	local    *state.Checkpoint // the checkpoint found at setup
+	// sourceChanged: the route last ran on another source topic, so the
+	// local checkpoint's source offsets do not apply.
+	sourceChanged bool
 
 	mu struct {
 		sync.Mutex
@@ -171,8 +174,10 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 	fetched := r.grp.mu.fetched
 	last := r.grp.mu.lastOffs
 	r.grp.mu.Unlock()
+	staleSource := false // last holds source offsets of another topic
 	if last == nil && r.grp.local != nil {
 		last = r.grp.local.Offsets
+		staleSource = r.grp.sourceChanged
 	}
 	out := make(map[string]map[int32]kgo.Offset, len(offs))
 	var fresh []*task
@@ -200,6 +205,9 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 			c, hasCommit := fetched[topic][p]
 			hasCommit = hasCommit && c.off >= 0
 			pos, hasLocal := last[id]
+			if seg.idx == 0 && staleSource {
+				hasLocal = false
+			}
 			switch {
 			case hasCommit:
 				pos = c.off

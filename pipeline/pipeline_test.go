@@ -399,6 +399,42 @@ func TestCheckpointRestartResumes(t *testing.T) {
 	}
 }
 
+// A rule edit that keeps the route's name but changes source.topic starts
+// the new topic at source.start: the local checkpoint's offsets are
+// positions in the old topic, and using them would skip the new topic's
+// first records (issue 10).
+func TestSourceTopicChangeStartsNewTopic(t *testing.T) {
+	b := startBroker(t, map[string]int{"old": 3, "new": 3})
+	dir := t.TempDir()
+	var old, fresh []*kgo.Record
+	for i := 0; i < 90; i++ {
+		old = append(old, jsonRecord("old", fmt.Sprint(i), map[string]any{"n": i}))
+	}
+	for i := 0; i < 30; i++ {
+		fresh = append(fresh, jsonRecord("new", fmt.Sprint(i), map[string]any{"n": 1000 + i}))
+	}
+	b.produce(t, old...)
+	b.produce(t, fresh...)
+	_, stop := runManager(t, b, dir, 2, newRouteDef("sw", "v1", "old", "sw.out"))
+	b.consume(t, "sw.out", 90, 20*time.Second, 0)
+	stop()
+
+	runManager(t, b, dir, 2, newRouteDef("sw", "v2", "new", "sw.out"))
+	out := b.consume(t, "sw.out", 120, 20*time.Second, 500*time.Millisecond)
+	seen := map[string]int{}
+	for _, r := range out {
+		seen[header(r, HeaderSource)]++
+	}
+	for _, r := range fresh {
+		if n := seen[srcRef(r)]; n != 1 {
+			t.Errorf("record %s of the new source topic is in the sink %d times, want once", srcRef(r), n)
+		}
+	}
+	if len(out) != 120 {
+		t.Errorf("sink holds %d records, want 120 (90 from the old topic, 30 from the new)", len(out))
+	}
+}
+
 // Apply with a changed filter swaps at a record boundary under load: per
 // partition, every record before the switch is judged by v1 and every
 // record after by v2, none lost, none doubled.

@@ -30,19 +30,26 @@ const kafkaStateStep = "kafka"
 type KafkaState struct {
 	Group  string   `json:"group"`
 	Topics []string `json:"topics"` // changelog and repartition topics
+	// Source is the source topic the route last ran on: the local
+	// checkpoint's source offsets belong to it.
+	Source string `json:"source,omitempty"`
 }
 
-// recordKafkaState stores the route's group and internal topics, adding to
-// the topics of earlier versions (an edit that removes a keyed step leaves
-// its topics behind, and a drop still deletes them).
-func (r *route) recordKafkaState() error {
-	ks := KafkaState{Group: r.def.GroupID()}
+// recordKafkaState stores the route's group, internal topics and source
+// topic, adding to the topics of earlier versions (an edit that removes a
+// keyed step leaves its topics behind, and a drop still deletes them). It
+// returns the source topic recorded before ("" when none was).
+func (r *route) recordKafkaState() (prevSource string, err error) {
+	ks := KafkaState{Group: r.def.GroupID(), Source: r.def.Source.Topic}
 	if old, ok, err := r.m.db.GetDurable(r.name, kafkaStateStep); err != nil {
-		return fmt.Errorf("route %q: %w", r.name, err)
+		return "", fmt.Errorf("route %q: %w", r.name, err)
 	} else if ok {
 		var prev KafkaState
-		if json.Unmarshal(old, &prev) == nil && prev.Group == ks.Group {
-			ks.Topics = prev.Topics
+		if json.Unmarshal(old, &prev) == nil {
+			prevSource = prev.Source
+			if prev.Group == ks.Group {
+				ks.Topics = prev.Topics
+			}
 		}
 	}
 	for _, seg := range r.segs[1:] {
@@ -55,9 +62,9 @@ func (r *route) recordKafkaState() error {
 	slices.Sort(ks.Topics)
 	b, _ := json.Marshal(ks)
 	if err := r.m.db.PutDurable(r.name, kafkaStateStep, b); err != nil {
-		return fmt.Errorf("route %q: %w", r.name, err)
+		return "", fmt.Errorf("route %q: %w", r.name, err)
 	}
-	return nil
+	return prevSource, nil
 }
 
 // ErrGroupActive is returned by ResetKafkaState while another instance

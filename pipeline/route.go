@@ -260,12 +260,21 @@ func (r *route) setup() error {
 	if err := r.m.db.DropStepsExcept(d.Name, keep); err != nil {
 		return fmt.Errorf("route %q: drop changed steps: %w", d.Name, err)
 	}
-	if err := r.recordKafkaState(); err != nil {
+	prevSource, err := r.recordKafkaState()
+	if err != nil {
 		return err
 	}
 	cp, ok, err := r.m.db.LoadCheckpoint(d.Name)
 	if err != nil {
 		return fmt.Errorf("route %q: load checkpoint: %w", d.Name, err)
+	}
+	if ok && prevSource != "" && prevSource != d.Source.Topic {
+		// The checkpoint's source offsets are positions in the old topic:
+		// the new one starts where the group has committed it (never, or
+		// when the route ran on it before), else at source.start.
+		r.grp.sourceChanged = true
+		r.log.Info("source topic changed; the checkpoint's offsets of the old topic are not used for the new one",
+			"from", prevSource, "to", d.Source.Topic, "start", d.Source.Start)
 	}
 	if ok {
 		r.grp.local = cp

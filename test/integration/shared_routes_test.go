@@ -368,14 +368,24 @@ func TestSharedRoutesDedupAcrossMove(t *testing.T) {
 	})
 	srWaitCaughtUp(t, k.Addrs, dd, 30*time.Second)
 	owned := srWaitOwned(t, dd, topics, ps, 30*time.Second)
-	var aKeyed []srTP
-	for _, tp := range owned[0] {
-		if tp.Topic != source {
-			aKeyed = append(aKeyed, tp)
+	// A is the instance that owns keyed (repartition) partitions: the one
+	// whose remembered keys must move. The group decides which that is.
+	keyedOf := func(i int) []srTP {
+		var out []srTP
+		for _, tp := range owned[i] {
+			if tp.Topic != source {
+				out = append(out, tp)
+			}
 		}
+		return out
 	}
+	if len(keyedOf(0)) < len(keyedOf(1)) {
+		a, b = b, a
+		owned[0], owned[1] = owned[1], owned[0]
+	}
+	aKeyed := keyedOf(0)
 	if len(aKeyed) == 0 {
-		t.Fatalf("A owns no repartition partition (%v), so it remembers no key: nothing would move", owned[0])
+		t.Fatalf("no instance owns a repartition partition (%v), so none remembers a key: nothing would move", owned)
 	}
 	onA := srKeysOn(t, k.Addrs, aKeyed)
 	t.Logf("A owns %v; keys on A's partitions (by the repartition records' keys): %v", aKeyed, onA)
