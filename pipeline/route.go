@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -294,6 +295,11 @@ func (r *route) setup() error {
 		hashed[seg.topic] = true
 		manual[seg.changelog] = true
 	}
+	// Batches never exceed a topic's max.message.bytes: a batch the broker
+	// refuses as too large would take its well-sized records down with the
+	// one that is too large, and a single record over the limit is then
+	// refused alone, as a poison (produceTo).
+	limits := batchLimits(ctx, adm, append([]string{d.Sink.Topic, deadLetterTopic(d)}, slices.Collect(maps.Keys(parts))...))
 	groupOpts, proto, err := groupProtocolOpts(ctx, adm, cfg.GroupProtocol)
 	if err != nil {
 		return fmt.Errorf("route %q: %w", d.Name, err)
@@ -315,6 +321,12 @@ func (r *route) setup() error {
 		kgo.RecordPartitioner(routePartitioner{
 			manual: func(t string) bool { return manual[t] },
 			hashed: func(t string) bool { return hashed[t] },
+		}),
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+			if v, ok := limits[topic]; ok {
+				return v
+			}
+			return defaultBatchMaxBytes
 		}),
 		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.FetchMinBytes(1),
@@ -447,6 +459,34 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 		}
 	}
 	return parts, nil
+}
+
+// defaultBatchMaxBytes is franz-go's default record batch limit, used for
+// topics whose max.message.bytes could not be read.
+const defaultBatchMaxBytes = 1_000_012
+
+// batchLimits reads max.message.bytes of topics. A topic it cannot read
+// keeps the default limit: the worst case is a poison batch, retried.
+func batchLimits(ctx context.Context, adm *kadm.Client, topics []string) map[string]int32 {
+	out := map[string]int32{}
+	rcs, err := adm.DescribeTopicConfigs(ctx, topics...)
+	if err != nil {
+		return out
+	}
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			continue
+		}
+		for _, c := range rc.Configs {
+			if c.Key != "max.message.bytes" || c.Value == nil {
+				continue
+			}
+			if n, err := strconv.ParseInt(*c.Value, 10, 64); err == nil {
+				out[rc.Name] = int32(min(max(n, 512), 1<<30))
+			}
+		}
+	}
+	return out
 }
 
 // errSourceMissing is a setup failure because the source topic does not

@@ -32,6 +32,9 @@ const (
 	HeaderError  = "rtproxy-error"
 	HeaderRoute  = "rtproxy-route"
 	HeaderStep   = "rtproxy-step" // "<index>:<kind>", or "source" / "sink"
+	// HeaderTarget names the topic an output was meant for when the
+	// brokers refused it (dead letters with reason "sink").
+	HeaderTarget = "rtproxy-target"
 )
 
 func atomicAdd(p *int32, d int32) int32 { return atomic.AddInt32(p, d) }
@@ -337,17 +340,41 @@ func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int
 }
 
 // produceTo is produce with a hook called on acknowledgement.
+//
+// A write the brokers refuse for the record itself (too large, invalid:
+// poisonErr) is never retried: the record goes to the dead-letter topic
+// with reason "sink" instead, in the same epoch and under the same hold
+// on tk, so the checkpoint covers it exactly as it would have covered the
+// output. A dead letter refused in turn is written once more without its
+// value (headers say why). Anything else is retried.
+//
+// A write that fails once the route is being stopped (its context ended,
+// the client closed) is given up: the route is marked abandoned, so no
+// checkpoint after it commits and the next run replays it.
 func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int64, acked func(*kgo.Record)) {
 	if tk != nil {
 		tk.hold()
 	}
 	ep := r.inflightAdd(1, -1)
 	attempt := 0
+	diverted := 0 // 1: written as a dead letter; 2: as a dead letter without its value
 	var cb func(*kgo.Record, error)
 	cb = func(got *kgo.Record, err error) {
 		if err != nil {
 			if errors.Is(err, kgo.ErrClientClosed) || r.ctx.Err() != nil || r.prodCtx.Err() != nil {
+				r.abandoned.Store(true)
 				r.inflightAdd(-1, ep)
+				return
+			}
+			if poisonErr(err) && diverted < 2 {
+				diverted++
+				if diverted == 1 {
+					r.m.met.deadLetters.WithLabelValues(r.name, reasonSink).Inc()
+				}
+				dl := r.sinkDeadLetter(got, err, diverted == 2)
+				r.log.Warn("output refused by the brokers; written to the dead-letter topic",
+					"topic", got.Topic, "dead_letter", dl.Topic, "bytes", len(got.Value), "err", err)
+				r.cl.Produce(r.prodCtx, dl, cb)
 				return
 			}
 			attempt++
@@ -360,11 +387,11 @@ func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis i
 		if attempt > 0 {
 			r.sinkRecovered()
 		}
-		if isOutput {
+		if isOutput && diverted == 0 {
 			r.mOut.Inc()
 			r.mE2E.Observe(time.Since(time.UnixMilli(srcMillis)).Seconds())
 		}
-		if acked != nil {
+		if acked != nil && diverted == 0 {
 			acked(got)
 		}
 		r.inflightAdd(-1, ep)
@@ -373,6 +400,63 @@ func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis i
 		}
 	}
 	r.cl.Produce(r.prodCtx, kr, cb)
+}
+
+// reasonSink is the dead-letter reason of an output the brokers refused.
+const reasonSink = "sink"
+
+// poisonErr reports whether a produce error is about the record itself, so
+// that retrying it can never succeed.
+func poisonErr(err error) bool {
+	for _, e := range []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord,
+		kerr.CorruptMessage, kerr.InvalidTimestamp, kerr.InvalidRequiredAcks} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// sinkDeadLetter is the dead letter for an output the brokers refused: its
+// key, value (unless bare) and headers, plus the reason headers. Window and
+// source headers stay, so the dead letter says where it came from.
+func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Record {
+	msg := fmt.Sprintf("write %s[%d]: %v", got.Topic, got.Partition, err)
+	target := got.Topic
+	for _, h := range got.Headers {
+		if h.Key == HeaderTarget {
+			target = string(h.Value)
+		}
+	}
+	if bare {
+		msg = fmt.Sprintf("%s (the dead letter with the %d-byte value was refused too; written without it)", msg, len(got.Value))
+	}
+	hs := make([]kgo.RecordHeader, 0, len(got.Headers)+6)
+	for _, h := range got.Headers {
+		switch h.Key {
+		case HeaderReason, HeaderError, HeaderRoute, HeaderStep, HeaderTarget:
+			continue
+		case headerEnvelope:
+			// A repartition record: its envelope names the source record.
+			if e, err := decodeEnvelope(h.Value); err == nil {
+				hs = append(hs, kgo.RecordHeader{Key: HeaderSource, Value: fmt.Appendf(nil, "%s/%d/%d", e.topic, e.part, e.off)})
+			}
+			continue
+		}
+		hs = append(hs, h)
+	}
+	hs = append(hs,
+		kgo.RecordHeader{Key: HeaderReason, Value: []byte(reasonSink)},
+		kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)},
+		kgo.RecordHeader{Key: HeaderRoute, Value: []byte(r.name)},
+		kgo.RecordHeader{Key: HeaderStep, Value: []byte("sink")},
+		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(target)},
+	)
+	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Headers: hs}
+	if !bare {
+		dl.Value = got.Value
+	}
+	return dl
 }
 
 // inflightAdd counts an output produced (d=1, ep<0: in the current epoch,

@@ -1,0 +1,231 @@
+package pipeline
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/rules"
+	"github.com/rtproxy/rtproxy/state"
+)
+
+// createTopic creates topic with configs (topic-level overrides).
+func createTopic(t *testing.T, b *broker, topic string, parts int32, configs map[string]string) {
+	t.Helper()
+	cfg := map[string]*string{}
+	for k, v := range configs {
+		cfg[k] = &v
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := kadm.NewClient(b.client(t)).CreateTopic(ctx, parts, -1, cfg, topic)
+	if err == nil {
+		err = resp.Err
+	}
+	if err != nil {
+		t.Fatalf("create %s: %v", topic, err)
+	}
+}
+
+func headerOf(r *kgo.Record, key string) string {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// An output the brokers refuse for itself (larger than the sink topic's
+// max.message.bytes) is a poison: retrying it never succeeds. It goes to
+// the dead-letter topic with reason "sink" and the topic it was meant for,
+// the route goes on, and its checkpoints pass it (issue 10). A dead letter
+// refused in turn is written without its value.
+func TestPoisonOutputGoesToDeadLetters(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		dlqLimit bool // the dead-letter topic refuses the big record too
+	}{{"dead letter with the value", false}, {"dead letter without the value", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := startBroker(t, map[string]int{"po": 1})
+			createTopic(t, b, "po.out", 1, map[string]string{"max.message.bytes": "2000"})
+			if tc.dlqLimit {
+				createTopic(t, b, "po.dlq", 1, map[string]string{"max.message.bytes": "2000"})
+			}
+			var rs []*kgo.Record
+			for i := 0; i < 10; i++ {
+				v := map[string]any{"n": i}
+				if i == 5 {
+					// Random, so that no producer compression shrinks it.
+					pad := make([]byte, 2000)
+					rand.Read(pad)
+					v["pad"] = hex.EncodeToString(pad)
+				}
+				rs = append(rs, jsonRecord("po", fmt.Sprint(i), v))
+			}
+			b.produce(t, rs...)
+			dir := t.TempDir()
+			reg := prometheus.NewRegistry()
+			m, err := New(Config{Seeds: b.addrs, StateDir: dir, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Apply([]*rules.Route{newRouteDef("po", "v1", "po", "po.out")})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- m.Run(ctx) }()
+
+			out := b.consume(t, "po.out", 9, 20*time.Second, 300*time.Millisecond)
+			if len(out) != 9 {
+				t.Fatalf("sink holds %d records, want the 9 that fit", len(out))
+			}
+			dl := b.consume(t, "po.dlq", 1, 20*time.Second, 300*time.Millisecond)
+			if len(dl) != 1 {
+				t.Fatalf("dead-letter topic holds %d records, want 1", len(dl))
+			}
+			d := dl[0]
+			if got := headerOf(d, HeaderReason); got != "sink" {
+				t.Errorf("reason %q, want sink", got)
+			}
+			if got := headerOf(d, HeaderTarget); got != "po.out" {
+				t.Errorf("target %q, want po.out", got)
+			}
+			if got, want := headerOf(d, HeaderSource), srcRef(rs[5]); got != want {
+				t.Errorf("source %q, want %q", got, want)
+			}
+			if e := headerOf(d, HeaderError); !strings.Contains(e, "MESSAGE_TOO_LARGE") {
+				t.Errorf("error header %q does not name the broker's refusal", e)
+			}
+			if tc.dlqLimit {
+				if d.Value != nil || !strings.Contains(headerOf(d, HeaderError), "written without it") {
+					t.Errorf("bare dead letter: value %d bytes, error %q", len(d.Value), headerOf(d, HeaderError))
+				}
+			} else if string(d.Value) != string(rs[5].Value) {
+				t.Errorf("dead letter value differs from the refused output (%d vs %d bytes)", len(d.Value), len(rs[5].Value))
+			}
+			if n := gathered(t, reg, "rtproxy_pipeline_dead_letters_total"); n != 1 {
+				t.Errorf("rtproxy_pipeline_dead_letters_total = %v, want 1", n)
+			}
+			// The route goes on, and its checkpoint passes the poison.
+			b.produce(t, jsonRecord("po", "10", map[string]any{"n": 10}))
+			b.consume(t, "po.out", 10, 20*time.Second, 0)
+			waitFor(t, 20*time.Second, "a checkpoint past the poison", func() bool {
+				st := m.Routes()
+				return len(st) == 1 && len(st[0].Partitions) == 1 && st[0].Partitions[0].DoneOffset == 11 && st[0].LastCheckpoint != nil
+			})
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			db, err := state.Open(dir, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			cp, ok, err := db.LoadCheckpoint("po")
+			if err != nil || !ok || cp.Offsets[0] != 11 {
+				t.Fatalf("final checkpoint %+v (ok %v, err %v), want offset 11", cp, ok, err)
+			}
+		})
+	}
+}
+
+// A stop (SIGTERM) never commits past an output that failed: the route's
+// context ends before its final checkpoint, and an output whose write
+// fails after that is given up, not counted as acknowledged. The final
+// checkpoint, local and in the group, stays before it, so the next run
+// writes it (issue 10).
+func TestStopNeverCommitsPastFailedOutputs(t *testing.T) {
+	b := startBroker(t, map[string]int{"ab": 1, "ab.out": 1}, "-auto-create=false")
+	dir := t.TempDir()
+	reg := prometheus.NewRegistry()
+	m, err := New(Config{Seeds: b.addrs, StateDir: dir, Registerer: reg, StopTimeout: 45 * time.Second,
+		Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Apply([]*rules.Route{newRouteDef("ab", "v1", "ab", "ab.out")})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(60 * time.Second):
+		}
+	}()
+	for i := 0; i < 10; i++ {
+		b.produce(t, jsonRecord("ab", fmt.Sprint(i), map[string]any{"n": i}))
+	}
+	b.consume(t, "ab.out", 10, 20*time.Second, 0)
+	var doneAt time.Time
+	waitFor(t, 20*time.Second, "offset 10 done", func() bool {
+		st := m.Routes()
+		doneAt = time.Now()
+		return len(st) == 1 && len(st[0].Partitions) == 1 && st[0].Partitions[0].DoneOffset == 10
+	})
+	waitFor(t, 20*time.Second, "a checkpoint at offset 10", func() bool {
+		st := m.Routes()
+		return len(st) == 1 && st[0].LastCheckpoint != nil && st[0].LastCheckpoint.After(doneAt)
+	})
+
+	// The sink disappears (and is not auto-created): outputs fail and are
+	// retried.
+	adm := kadm.NewClient(b.client(t))
+	if _, err := adm.DeleteTopics(context.Background(), "ab.out"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 10; i < 20; i++ {
+		b.produce(t, jsonRecord("ab", fmt.Sprint(i), map[string]any{"n": i}))
+	}
+	waitFor(t, 40*time.Second, "failed sink writes", func() bool {
+		return gathered(t, reg, "rtproxy_pipeline_sink_errors_total") > 0
+	})
+	cancel()
+	select {
+	case err := <-done:
+		returned = true
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	db, err := state.Open(dir, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if cp, ok, err := db.LoadCheckpoint("ab"); err != nil || !ok || cp.Offsets[0] != 10 {
+		t.Errorf("local checkpoint %+v (ok %v, err %v), want offset 10: the outputs of 10..19 never reached the sink", cp, ok, err)
+	}
+	offs, err := adm.FetchOffsets(context.Background(), "rtproxy.ab")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := offs.Lookup("ab", 0); !ok || o.At != 10 {
+		t.Errorf("group commit %+v (ok %v), want offset 10: the outputs of 10..19 never reached the sink", o, ok)
+	}
+}
+
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
