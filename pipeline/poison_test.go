@@ -229,3 +229,37 @@ func testLogger() *slog.Logger {
 	}
 	return slog.New(slog.DiscardHandler)
 }
+
+// A sink topic that the route created and that is deleted while the route
+// runs is recreated, and the records written meanwhile reach it (issue 10).
+func TestDeletedSinkIsRecreated(t *testing.T) {
+	b := startBroker(t, map[string]int{"rc": 2}, "-auto-create=false")
+	_, _ = runManager(t, b, t.TempDir(), 1, newRouteDef("rc", "v1", "rc", "rc.out"))
+	for i := 0; i < 10; i++ {
+		b.produce(t, jsonRecord("rc", fmt.Sprint(i), map[string]any{"n": i}))
+	}
+	b.consume(t, "rc.out", 10, 20*time.Second, 0)
+	adm := kadm.NewClient(b.client(t))
+	if _, err := adm.DeleteTopics(context.Background(), "rc.out"); err != nil {
+		t.Fatal(err)
+	}
+	var later []*kgo.Record
+	for i := 10; i < 20; i++ {
+		r := jsonRecord("rc", fmt.Sprint(i), map[string]any{"n": i})
+		later = append(later, r)
+		b.produce(t, r)
+	}
+	out := b.consume(t, "rc.out", 10, 60*time.Second, 500*time.Millisecond)
+	seen := map[string]int{}
+	for _, r := range out {
+		seen[header(r, HeaderSource)]++
+	}
+	for _, r := range later {
+		if seen[srcRef(r)] != 1 {
+			t.Errorf("%s is in the recreated sink %d times, want once", srcRef(r), seen[srcRef(r)])
+		}
+	}
+	if len(out) != 10 {
+		t.Errorf("the recreated sink holds %d records, want the 10 written after the delete", len(out))
+	}
+}

@@ -32,6 +32,13 @@ import (
 // checkpoint or a stop pauses dispatch. Workers never take cut; they are
 // drained by barrier messages sent while cut is held.
 type route struct {
+	// recreate: topics a write found missing (recreate.go).
+	recreate struct {
+		sync.Mutex
+		created map[string]bool      // sink and dead-letter topics this run created
+		last    map[string]time.Time // last recreation attempt per topic
+	}
+
 	m    *Manager
 	def  *rules.Route
 	log  *slog.Logger
@@ -223,10 +230,11 @@ func (r *route) setup() error {
 	ctx, cancel := context.WithTimeout(r.ctx, 15*time.Second)
 	defer cancel()
 
-	parts, err := ensureTopics(ctx, adm, d)
+	parts, created, err := ensureTopicsCreated(ctx, adm, d)
 	if err != nil {
 		return err
 	}
+	r.recreate.created = created
 	nparts := parts[d.Source.Topic]
 
 	// Topic tables are read to their end before the first source record, so
@@ -411,6 +419,13 @@ func (r *route) teardown() {
 // compacted changelog topic, each with the source's partition count. It
 // returns every topic's partition count.
 func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, error) {
+	parts, _, err := ensureTopicsCreated(ctx, adm, d)
+	return parts, err
+}
+
+// ensureTopicsCreated is ensureTopics that also says which topics it
+// created.
+func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, map[string]bool, error) {
 	dlq := deadLetterTopic(d)
 	want := []string{d.Sink.Topic, dlq}
 	compact := map[string]bool{}
@@ -422,17 +437,18 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 	}
 	md, err := adm.Metadata(ctx, append([]string{d.Source.Topic}, want...)...)
 	if err != nil {
-		return nil, fmt.Errorf("route %q: metadata: %w", d.Name, err)
+		return nil, nil, fmt.Errorf("route %q: metadata: %w", d.Name, err)
 	}
 	src, ok := md.Topics[d.Source.Topic]
 	if !ok || errors.Is(src.Err, kerr.UnknownTopicOrPartition) || (src.Err == nil && len(src.Partitions) == 0) {
-		return nil, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, errSourceMissing)
+		return nil, nil, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, errSourceMissing)
 	}
 	if src.Err != nil {
-		return nil, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, src.Err)
+		return nil, nil, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, src.Err)
 	}
 	n := len(src.Partitions)
 	parts := map[string]int{d.Source.Topic: n}
+	created := map[string]bool{}
 	for _, t := range want {
 		if td, ok := md.Topics[t]; ok && td.Err == nil && len(td.Partitions) > 0 {
 			parts[t] = len(td.Partitions)
@@ -448,9 +464,12 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 			err = resp.Err
 		}
 		if err != nil && !errors.Is(err, kerrTopicExists) {
-			return nil, fmt.Errorf("route %q: create topic %s: %w", d.Name, t, err)
+			return nil, nil, fmt.Errorf("route %q: create topic %s: %w", d.Name, t, err)
 		}
 		parts[t] = n
+		if err == nil {
+			created[t] = true
+		}
 		if errors.Is(err, kerrTopicExists) {
 			// Created by another instance a moment ago: ask its real size.
 			if md2, err := adm.Metadata(ctx, t); err == nil && len(md2.Topics[t].Partitions) > 0 {
@@ -458,7 +477,7 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 			}
 		}
 	}
-	return parts, nil
+	return parts, created, nil
 }
 
 // defaultBatchMaxBytes is franz-go's default record batch limit, used for

@@ -379,6 +379,7 @@ func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis i
 			}
 			attempt++
 			r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
+			r.missingTopic(got.Topic, err)
 			backoff := min(50*time.Millisecond<<min(attempt, 7), 5*time.Second)
 			again := &kgo.Record{Topic: got.Topic, Key: got.Key, Value: got.Value, Headers: got.Headers}
 			time.AfterFunc(backoff, func() { r.cl.Produce(r.prodCtx, again, cb) })
