@@ -260,8 +260,9 @@ func (pr *pair) clientLoop() {
 			}
 		}
 		if err != nil && rest > 0 {
-			// The header may just be longer than the head: read it all.
-			if frame, err = completeFrame(pr.client, frame, rest); err != nil {
+			// The header may just be longer than the head: read more, but
+			// never more than a header can be (maxHeaderBytes).
+			if frame, rest, err = extendFrame(pr.client, frame, rest, maxHeaderBytes-len(frame)); err != nil {
 				if reason := frameReason(err); reason != "" {
 					p.m.frameErrors.WithLabelValues(reason).Inc()
 				}
@@ -269,7 +270,6 @@ func (pr *pair) clientLoop() {
 				pr.close()
 				return
 			}
-			rest = 0
 			h, err = ParseRequestHeader(frame[4:])
 		}
 		expectResponse := true

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/binary"
 	"encoding/pem"
 	"fmt"
 	"math/big"
@@ -550,4 +551,44 @@ func TestNewBrokerListenerOnDemand(t *testing.T) {
 	if corr, payload := readResponse(t, c); corr != 5 || len(payload) < 10 {
 		t.Fatalf("through the new listener: corr %d, %d bytes", corr, len(payload))
 	}
+}
+
+// A client that announces a huge frame whose header does not parse is
+// closed after at most maxHeaderBytes of it are read: the proxy never
+// reads (or buffers) the rest of the announced frame (issue 10).
+func TestHugeFrameWithBadHeaderClosesAtOnce(t *testing.T) {
+	upstream := startKfake(t)
+	tp := startProxy(t, upstream, nil)
+	for _, tc := range []struct {
+		name   string
+		header []byte
+	}{
+		{"negative api key", []byte{0xff, 0xff, 0, 0, 0, 0, 0, 1, 0, 0}},
+		// A flexible header (ApiVersions v3) whose one tagged field claims
+		// 1 MiB: longer than any header may be.
+		{"tagged field overruns the header bound", []byte{0, 18, 0, 3, 0, 0, 0, 1, 0, 0, 1, 0, 0x80, 0x80, 0x40}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", tp.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			const announced = 100 << 20
+			frame := binary.BigEndian.AppendUint32(nil, announced)
+			frame = append(frame, tc.header...)
+			// Far more than the header bound, far less than the frame.
+			frame = append(frame, make([]byte, maxHeaderBytes+(64<<10))...)
+			go c.Write(frame)
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			n, err := c.Read(make([]byte, 16))
+			if isTimeout(err) {
+				t.Fatalf("the connection is still open 10s after a frame whose header does not parse: the proxy waits for the rest of the %d bytes", announced)
+			}
+			if err == nil {
+				t.Fatalf("read %d bytes of a response to a malformed frame", n)
+			}
+		})
+	}
+	tp.waitLog(t, "closing client connection: malformed frame")
 }

@@ -182,6 +182,32 @@ func readFrameHead(r io.Reader, sizeBuf *[4]byte, maxBytes int32, first bool) (b
 	return buf, int(n) - read, nil
 }
 
+// maxHeaderBytes bounds how much of a request is read to find its header
+// (and a produce request's acks) when they do not fit the head: a client
+// id and a transactional id are at most 32767 bytes each, plus tagged
+// fields. A header that does not parse within this is malformed, and the
+// rest of the frame is never read: a client announcing a 100 MiB frame
+// with a header that does not parse costs this much, not 100 MiB.
+const maxHeaderBytes = 128 << 10
+
+// extendFrame reads up to want more bytes of a frame whose head
+// readFrameHead returned (rest bytes still unread), returning the longer
+// head and what is still unread.
+func extendFrame(r io.Reader, head []byte, rest, want int) ([]byte, int, error) {
+	n := min(rest, want)
+	longer := getBuf(len(head) + n)
+	copy(longer, head)
+	putBuf(head)
+	if _, err := io.ReadFull(r, longer[len(head):]); err != nil {
+		putBuf(longer)
+		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+			return nil, 0, ErrFrameTruncated
+		}
+		return nil, 0, err
+	}
+	return longer, rest - n, nil
+}
+
 // completeFrame reads the rest of a frame whose head readFrameHead
 // returned, for the rare frame that must be seen whole after all (a
 // response to rewrite, a header longer than headBytes).
