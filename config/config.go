@@ -67,8 +67,23 @@ type Config struct {
 	// classic protocol; KIP-848 brokers use their own setting). Default 10s.
 	GroupSessionTimeout time.Duration `yaml:"group_session_timeout"`
 
-	TLS  TLS  `yaml:"tls"`
-	SASL SASL `yaml:"sasl"`
+	Proxy ProxyLimits `yaml:"proxy"`
+	TLS   TLS         `yaml:"tls"`
+	SASL  SASL        `yaml:"sasl"`
+}
+
+// ProxyLimits bound what client connections may hold.
+type ProxyLimits struct {
+	// MaxConnections caps the client connections open at once; one more
+	// is closed at accept and counted. 0: no cap. Default 10000.
+	MaxConnections int `yaml:"max_connections"`
+	// ClientIdleTimeout closes a client connection with no request and no
+	// response for this long while nothing is in flight (Kafka's
+	// connections.max.idle.ms). 0: never. Default 10m.
+	ClientIdleTimeout time.Duration `yaml:"client_idle_timeout"`
+	// RequestReadTimeout closes a client connection whose request has not
+	// fully arrived this long after its first 4 KiB. 0: never. Default 60s.
+	RequestReadTimeout time.Duration `yaml:"request_read_timeout"`
 }
 
 // TLS holds both sides of TLS, each configured on its own.
@@ -131,6 +146,11 @@ func Default() *Config {
 		ShutdownGrace:       10 * time.Second,
 		GroupProtocol:       "auto",
 		GroupSessionTimeout: 10 * time.Second,
+		Proxy: ProxyLimits{
+			MaxConnections:     10000,
+			ClientIdleTimeout:  10 * time.Minute,
+			RequestReadTimeout: 60 * time.Second,
+		},
 	}
 }
 
@@ -224,6 +244,15 @@ func (c *Config) Validate() error {
 	}
 	if c.GroupSessionTimeout < time.Second || c.GroupSessionTimeout > 30*time.Minute {
 		bad("group_session_timeout", "must be between 1s and 30m (e.g. 10s), got %s", c.GroupSessionTimeout)
+	}
+	if c.Proxy.MaxConnections < 0 {
+		bad("proxy.max_connections", "must be 0 (no cap) or positive, got %d", c.Proxy.MaxConnections)
+	}
+	if c.Proxy.ClientIdleTimeout < 0 {
+		bad("proxy.client_idle_timeout", "must be 0 (never) or positive (e.g. 10m), got %s", c.Proxy.ClientIdleTimeout)
+	}
+	if c.Proxy.RequestReadTimeout < 0 {
+		bad("proxy.request_read_timeout", "must be 0 (never) or positive (e.g. 60s), got %s", c.Proxy.RequestReadTimeout)
 	}
 	if c.StateRetention < 0 {
 		bad("state_retention", "must be 0 (keep until `rtproxy state drop`) or positive (e.g. 24h), got %s", c.StateRetention)

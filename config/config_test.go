@@ -36,6 +36,7 @@ func TestParseFullFile(t *testing.T) {
 		StateDir: "/var/lib/rtproxy", AdminListen: "0.0.0.0:19644", LogLevel: "debug", LogFormat: "json",
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
 		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second,
+		Proxy: ProxyLimits{MaxConnections: 10000, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
 		TLS: TLS{
 			Client:   ClientTLS{CertFile: "/tls/server.crt", KeyFile: "/tls/server.key", ClientCAFile: "/tls/clients-ca.crt", RequireClientCert: true},
 			Upstream: UpstreamTLS{Enabled: true, CAFile: "/tls/kafka-ca.crt", CertFile: "/tls/proxy.crt", KeyFile: "/tls/proxy.key", ServerName: "kafka.example"},
@@ -109,7 +110,7 @@ func TestEnvNames(t *testing.T) {
 	want := map[string]string{
 		"listen": "RTPROXY_LISTEN", "upstream": "RTPROXY_UPSTREAM", "rules_dir": "RTPROXY_RULES_DIR",
 		"broker_ports": "RTPROXY_BROKER_PORTS", "tls.upstream.ca_file": "RTPROXY_TLS_UPSTREAM_CA_FILE",
-		"sasl.password": "RTPROXY_SASL_PASSWORD", "state_retention": "RTPROXY_STATE_RETENTION", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
+		"sasl.password": "RTPROXY_SASL_PASSWORD", "proxy.max_connections": "RTPROXY_PROXY_MAX_CONNECTIONS", "state_retention": "RTPROXY_STATE_RETENTION", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
 	}
 	got := map[string]string{}
 	for _, k := range Keys() {
@@ -120,8 +121,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 28 {
-		t.Errorf("%d keys, want 28 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 31 {
+		t.Errorf("%d keys, want 31 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 

@@ -45,6 +45,9 @@ type pair struct {
 	once     sync.Once
 	draining atomic.Bool
 	reported atomic.Bool // one log line per connection
+	// lastActive is when the last request was read or response written
+	// (unix nanos), for ClientIdleTimeout.
+	lastActive atomic.Int64
 }
 
 // serve runs one accepted client connection; node is -1 for the bootstrap
@@ -93,6 +96,7 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 		up.Close()
 		return
 	}
+	pr.lastActive.Store(time.Now().UnixNano())
 	p.mu.conns[pr] = struct{}{}
 	p.mu.Unlock()
 	p.m.connsOpen.Inc()
@@ -206,6 +210,22 @@ func (pr *pair) close() {
 	})
 }
 
+// armRead sets the client's read deadline to now+d (none when d is 0 or
+// on is false), unless the pair is draining: drain's deadline stands.
+func (pr *pair) armRead(d time.Duration, on bool) {
+	if pr.p.cfg.RequestReadTimeout <= 0 {
+		return // no deadlines configured: never touch drain's
+	}
+	var at time.Time
+	if d > 0 && on {
+		at = time.Now().Add(d)
+	}
+	pr.client.SetReadDeadline(at)
+	if pr.draining.Load() {
+		pr.client.SetReadDeadline(time.Now())
+	}
+}
+
 // drain stops reading new requests; the pair closes once the requests in
 // flight are answered (or Run's grace period ends).
 func (pr *pair) drain() {
@@ -235,6 +255,7 @@ func (pr *pair) clientLoop() {
 	first := true
 	var lastKey, lastVersion int16 = -1, -1
 	for {
+		pr.armRead(0, false) // between requests: idleLoop watches
 		frame, rest, err := readFrameHead(pr.client, &size, p.cfg.MaxFrameBytes, first)
 		if err != nil {
 			var ne net.Error
@@ -243,6 +264,7 @@ func (pr *pair) clientLoop() {
 				pr.finishIfIdle()
 				return
 			}
+
 			if reason := frameReason(err); reason != "" {
 				p.m.frameErrors.WithLabelValues(reason).Inc()
 				pr.report("closing client connection: malformed frame", "reason", err.Error())
@@ -253,6 +275,9 @@ func (pr *pair) clientLoop() {
 			return
 		}
 		first = false
+		pr.lastActive.Store(time.Now().UnixNano())
+		// The rest of this request must arrive within RequestReadTimeout.
+		pr.armRead(p.cfg.RequestReadTimeout, true)
 		h, err := ParseRequestHeader(frame[4:])
 		if err == nil && h.APIKey == int16(kmsg.Produce) && rest > 0 {
 			if _, aerr := produceAcks(frame[4:], h); aerr != nil {
@@ -346,6 +371,7 @@ func (pr *pair) brokerLoop() {
 			pr.close()
 			return
 		}
+		pr.lastActive.Store(time.Now().UnixNano())
 		var req inflight
 		select {
 		case req = <-pr.queue:

@@ -592,3 +592,102 @@ func TestHugeFrameWithBadHeaderClosesAtOnce(t *testing.T) {
 	}
 	tp.waitLog(t, "closing client connection: malformed frame")
 }
+
+// max_connections: a connection over the cap is closed at accept and
+// counted; the ones already open keep working, and once one closes a new
+// one is accepted again (issue 10).
+func TestMaxConnections(t *testing.T) {
+	upstream := startKfake(t)
+	tp := startProxy(t, upstream, func(c *Config) { c.MaxConnections = 3 })
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for range 3 {
+		c, err := net.Dial("tcp", tp.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, c)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for metricValue(t, tp.m.connsOpen) < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	over, err := net.Dial("tcp", tp.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer over.Close()
+	over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := over.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("the fourth connection was not closed at accept: %v", err)
+	}
+	if v := metricValue(t, tp.m.connsRefused); v != 1 {
+		t.Errorf("rtproxy_proxy_connections_refused_total = %v, want 1", v)
+	}
+	c := open[2]
+	c.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 7))
+	if corr, _ := readResponse(t, c); corr != 7 {
+		t.Fatalf("an open connection stopped working: corr %d", corr)
+	}
+	open[0].Close()
+	open = open[1:]
+	deadline = time.Now().Add(10 * time.Second)
+	for metricValue(t, tp.m.connsOpen) > 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	again, err := net.Dial("tcp", tp.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	again.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 8))
+	if corr, _ := readResponse(t, again); corr != 8 {
+		t.Fatalf("a connection under the cap again: corr %d", corr)
+	}
+}
+
+// client_idle_timeout closes a connection that sends nothing; a request
+// that stalls after its first bytes is closed after request_read_timeout
+// (issue 10).
+func TestClientDeadlines(t *testing.T) {
+	upstream := startKfake(t)
+	tp := startProxy(t, upstream, func(c *Config) {
+		c.ClientIdleTimeout = 500 * time.Millisecond
+		c.RequestReadTimeout = 300 * time.Millisecond
+	})
+	closedWithin := func(c net.Conn, d time.Duration) bool {
+		c.SetReadDeadline(time.Now().Add(d))
+		_, err := c.Read(make([]byte, 1))
+		return err != nil && !isTimeout(err)
+	}
+	idle, err := net.Dial("tcp", tp.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	// A request first: the connection works, then goes idle.
+	idle.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 1))
+	if corr, _ := readResponse(t, idle); corr != 1 {
+		t.Fatalf("corr %d", corr)
+	}
+	if !closedWithin(idle, 5*time.Second) {
+		t.Fatal("an idle connection was not closed after client_idle_timeout")
+	}
+	slow, err := net.Dial("tcp", tp.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	// A 1 MiB frame of which only the head ever arrives.
+	frame := binary.BigEndian.AppendUint32(nil, 1<<20)
+	frame = append(frame, 0, 0, 0, 9, 0, 0, 0, 2, 0, 0)
+	frame = append(frame, make([]byte, 8<<10)...)
+	slow.Write(frame)
+	if !closedWithin(slow, 5*time.Second) {
+		t.Fatal("a stalled request was not closed after request_read_timeout")
+	}
+}

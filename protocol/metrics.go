@@ -11,11 +11,13 @@ import (
 // resolved once at construction so that the per-request cost is an atomic
 // add, not a label lookup.
 type metrics struct {
-	connsOpen   prometheus.Gauge
-	connsTotal  prometheus.Counter
-	bytesC2B    prometheus.Counter
-	bytesB2C    prometheus.Counter
-	frameErrors *prometheus.CounterVec
+	connsOpen  prometheus.Gauge
+	connsTotal prometheus.Counter
+	// connsRefused counts connections closed at accept (MaxConnections).
+	connsRefused prometheus.Counter
+	bytesC2B     prometheus.Counter
+	bytesB2C     prometheus.Counter
+	frameErrors  *prometheus.CounterVec
 
 	reqs *prometheus.CounterVec
 	errs *prometheus.CounterVec
@@ -64,6 +66,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		connsTotal: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_connections_total", Help: "Client connections accepted since start.",
 		}),
+		connsRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_connections_refused_total", Help: "Client connections closed at accept because max_connections were open.",
+		}),
 		frameErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_frame_errors_total", Help: "Client connections closed for a malformed frame, by reason.",
 		}, []string{"reason"}),
@@ -86,7 +91,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2.5, 14),
 	}, []string{"api"})
 	m.reqs, m.errs, m.lat = reqs, errs, lat
-	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.frameErrors, bytes, reqs, errs, lat} {
+	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, bytes, reqs, errs, lat} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -38,8 +38,19 @@ type Config struct {
 	ClientTLS       *tls.Config   // nil: plaintext toward clients
 	UpstreamTLS     *tls.Config   // nil: plaintext toward brokers
 	ShutdownGrace   time.Duration // default 10s
-	Logger          *slog.Logger  // default: discard
-	Registerer      prometheus.Registerer
+	// MaxConnections caps the client connections open at once (all
+	// listeners together); one over it is closed at accept and counted in
+	// rtproxy_proxy_connections_refused_total. 0: no cap.
+	MaxConnections int
+	// ClientIdleTimeout closes a client connection that sends nothing for
+	// this long while none of its requests is in flight. 0: never.
+	ClientIdleTimeout time.Duration
+	// RequestReadTimeout closes a client connection whose request has not
+	// fully arrived this long after its first byte (a slow or stalled
+	// sender holding a frame buffer). 0: never.
+	RequestReadTimeout time.Duration
+	Logger             *slog.Logger // default: discard
+	Registerer         prometheus.Registerer
 	// FetchMetadata, when set, is how the proxy reads cluster metadata on
 	// its own (at start, for readiness, and at every refresh) instead of
 	// dialing a seed itself. cmd/rtproxy sets it to a franz-go client that
@@ -125,6 +136,10 @@ type Proxy struct {
 	ports      *PortMap
 	ready      atomic.Bool
 	seedNext   atomic.Uint32
+	// active counts client connections accepted and not yet finished
+	// (MaxConnections); refusedLogAt rate-limits the refusal log line.
+	active       atomic.Int64
+	refusedLogAt atomic.Int64
 
 	// stopCtx ends accept loops and the metadata refresher.
 	stopCtx context.Context
@@ -259,9 +274,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.log.Info("proxy listening", "bootstrap", p.Addr(), "advertise_host", p.cfg.AdvertiseHost,
 		"broker_ports", fmt.Sprintf("%d-%d", p.cfg.BrokerPortFirst, p.cfg.BrokerPortFirst+p.cfg.BrokerPortCount-1),
 		"upstream", p.cfg.Upstream)
-	p.loops.Add(2)
+	p.loops.Add(3)
 	go p.acceptLoop(p.bootstrap, -1)
 	go p.refreshLoop()
+	go p.idleLoop()
 
 	<-ctx.Done()
 	p.log.Info("proxy shutting down", "grace", p.cfg.ShutdownGrace)
@@ -316,7 +332,52 @@ func (p *Proxy) acceptLoop(ln net.Listener, node int32) {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
+		if max := p.cfg.MaxConnections; max > 0 && p.active.Load() >= int64(max) {
+			p.m.connsRefused.Inc()
+			if now := time.Now().UnixNano(); now-p.refusedLogAt.Load() > int64(10*time.Second) {
+				p.refusedLogAt.Store(now)
+				p.log.Warn("refusing client connections: max_connections reached", "max_connections", max,
+					"client", c.RemoteAddr().String())
+			}
+			c.Close()
+			continue
+		}
+		p.active.Add(1)
 		p.pairs.Add(1)
-		go p.serve(c, node)
+		go func() {
+			defer p.active.Add(-1)
+			p.serve(c, node)
+		}()
+	}
+}
+
+// idleLoop closes client connections that have had no request and no
+// response for ClientIdleTimeout while nothing is in flight.
+func (p *Proxy) idleLoop() {
+	defer p.loops.Done()
+	d := p.cfg.ClientIdleTimeout
+	if d <= 0 {
+		return
+	}
+	tick := time.NewTicker(min(max(d/4, 10*time.Millisecond), time.Second))
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stopCtx.Done():
+			return
+		case now := <-tick.C:
+			var idle []*pair
+			p.mu.Lock()
+			for pr := range p.mu.conns {
+				if len(pr.queue) == 0 && now.Sub(time.Unix(0, pr.lastActive.Load())) >= d {
+					idle = append(idle, pr)
+				}
+			}
+			p.mu.Unlock()
+			for _, pr := range idle {
+				p.log.Debug("closing idle client connection", "client", pr.clientAddr, "client_idle_timeout", d)
+				pr.close()
+			}
+		}
 	}
 }

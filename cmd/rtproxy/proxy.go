@@ -30,17 +30,20 @@ func (p *proxyWithClient) Run(ctx context.Context) error {
 // (upstream TLS and SASL, as the pipelines use).
 func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls.Config, ownOpts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer) (proxyServer, error) {
 	pc := protocol.Config{
-		Listen:          cfg.Listen,
-		AdvertiseHost:   cfg.AdvertiseHost,
-		BrokerPortFirst: cfg.BrokerPorts,
-		BrokerPortCount: cfg.BrokerPortCount,
-		Upstream:        upstream,
-		MaxFrameBytes:   int32(cfg.MaxFrameBytes), // Validate caps it at MaxInt32
-		ClientTLS:       clientTLS,
-		UpstreamTLS:     upstreamTLS,
-		ShutdownGrace:   cfg.ShutdownGrace,
-		Logger:          log,
-		Registerer:      reg,
+		Listen:             cfg.Listen,
+		AdvertiseHost:      cfg.AdvertiseHost,
+		BrokerPortFirst:    cfg.BrokerPorts,
+		BrokerPortCount:    cfg.BrokerPortCount,
+		Upstream:           upstream,
+		MaxFrameBytes:      int32(cfg.MaxFrameBytes), // Validate caps it at MaxInt32
+		ClientTLS:          clientTLS,
+		UpstreamTLS:        upstreamTLS,
+		ShutdownGrace:      cfg.ShutdownGrace,
+		MaxConnections:     cfg.Proxy.MaxConnections,
+		ClientIdleTimeout:  cfg.Proxy.ClientIdleTimeout,
+		RequestReadTimeout: cfg.Proxy.RequestReadTimeout,
+		Logger:             log,
+		Registerer:         reg,
 	}
 	if cfg.SASL.Mechanism == "" {
 		return protocol.New(pc)
