@@ -619,14 +619,34 @@ func (l *loader) fileTable(k *yaml.Node, file, key *keyVal, spec *TableSpec, whe
 	if abs, err := filepath.Abs(p); err == nil {
 		p = abs
 	}
-	l.res.tableFiles = append(l.res.tableFiles, p)
 	spec.File, spec.Key = p, field
+	if err := tableFileAllowed(p); err != nil {
+		l.errAt(file.val, file.val.Value, "%s: %v", where, err)
+		return
+	}
+	l.res.tableFiles = append(l.res.tableFiles, p)
 	t, err := operators.LoadFileTable(p, field)
 	if err != nil {
 		l.errAt(file.val, file.val.Value, "%s cannot be loaded: %s; fix the table file or the `key`", where, strings.TrimPrefix(unwrapPathError(err).Error(), "table "))
 		return
 	}
 	spec.Table = t
+}
+
+// tableFileAllowed refuses a table file that is not a regular file: a FIFO
+// or a device would hang the reload that opens it. (Confining table files
+// to the rules directory and a configured tables_dir is issue 10's next
+// step; today a table may live in any directory, which the watcher
+// follows.)
+func tableFileAllowed(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return nil // does not exist (yet): LoadFileTable says so
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("the table file %s is not a regular file (%s)", p, fi.Mode().Type())
+	}
+	return nil
 }
 
 func unwrapPathError(err error) error {

@@ -137,6 +137,9 @@ func cmdRun(args []string, stdout, stderr io.Writer) int {
 // run starts every part, waits for a stop signal or a failure, and shuts
 // down within the configured grace.
 func run(cfg *config.Config, log *slog.Logger) error {
+	// Everything the proxy writes (pipeline state, checkpoints, the embedded
+	// cluster's data) may hold record contents and keys: owner only.
+	syscall.Umask(0o077)
 	log.Info("rtproxy starting", "version", version, "listen", cfg.Listen, "admin_listen", cfg.AdminListen,
 		"rules_dir", cfg.RulesDir, "state_dir", cfg.StateDir, "upstream", cfg.Upstream)
 
@@ -174,7 +177,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	upstream := cfg.Upstream
 	var embedded *embeddedBrokers
 	if cfg.Embedded() {
-		if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+		if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 			return fmt.Errorf("state_dir: %w", err)
 		}
 		if embedded, err = startEmbedded(cfg.StateDir, log); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -55,6 +56,24 @@ func TestBinaryStateListDrop(t *testing.T) {
 	}
 	cl.Close()
 	p.stop(t)
+
+	// The state directory and everything in it are the owner's only.
+	err = filepath.WalkDir(p.stateDir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o077 != 0 && path != p.stateDir {
+			t.Errorf("%s has mode %v: readable by others", path, fi.Mode().Perm())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	code, out, errOut := runBinary(t, nil, "state", "list", "--state-dir", p.stateDir)
 	if code != 0 || !strings.Contains(out, "ROUTE") {
