@@ -30,7 +30,7 @@ func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error)
 	if len(bound) > 0 {
 		all = append(all, expr.Patch(boundPatcher(bound)))
 	}
-	all = append(all, expr.Patch(fetchPatcher{}))
+	all = append(all, expr.Patch(fetchPatcher{}), addFunc, expr.Patch(addPatcher{}))
 	all = append(all, opts...)
 	p, err := expr.Compile(src, all...)
 	if err != nil {
@@ -267,4 +267,62 @@ func toFloat(v any) (float64, bool) {
 		return float64(x), true
 	}
 	return math.NaN(), false
+}
+
+// MaxStringBytes bounds a string that `+` builds during one evaluation.
+// expr's memory budget counts ranges and arrays but not concatenation, so
+// `reduce(1..40, #acc + #acc, "x")` would otherwise double a string forty
+// times and take the process down (and, as the record replays after the
+// crash, take it down again). A `+` whose string result would exceed this
+// fails the evaluation: the record goes to the dead-letter topic with
+// reason error.
+const MaxStringBytes = 1 << 20
+
+// addName is the function addPatcher calls; no rule writes it.
+const addName = "rtproxy_add__"
+
+// addFunc is `+` with the string bound; every other operand pair adds as
+// expr's own `+` does.
+var addFunc = expr.Function(addName, func(args ...any) (any, error) {
+	if a, ok := args[0].(string); ok {
+		if b, ok := args[1].(string); ok {
+			if len(a)+len(b) > MaxStringBytes {
+				return nil, fmt.Errorf("string concatenation would build %d bytes, over the limit of %d bytes per string", len(a)+len(b), MaxStringBytes)
+			}
+			return a + b, nil
+		}
+	}
+	return runtime.Add(args[0], args[1]), nil
+}, new(func(any, any) any))
+
+// addPatcher rewrites `a + b` into rtproxy_add__(a, b) unless an operand
+// is statically a number: numbers keep expr's own (faster) `+`, and a
+// static mismatch such as `"a" + 1` keeps its compile-time error.
+type addPatcher struct{}
+
+func (addPatcher) Visit(node *ast.Node) {
+	b, ok := (*node).(*ast.BinaryNode)
+	if !ok || b.Operator != "+" {
+		return
+	}
+	if isNumber(b.Left.Type()) || isNumber(b.Right.Type()) {
+		return
+	}
+	ast.Patch(node, &ast.CallNode{
+		Callee:    &ast.IdentifierNode{Value: addName},
+		Arguments: []ast.Node{b.Left, b.Right},
+	})
+}
+
+func isNumber(t reflect.Type) bool {
+	if t == nil {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return true
+	}
+	return false
 }
