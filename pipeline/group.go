@@ -84,31 +84,38 @@ func parseCommitMeta(m string) (int64, bool) {
 // asked for, or with "auto" when every broker speaks ConsumerGroupHeartbeat
 // v1 (Kafka 4.0+); else the classic protocol with the cooperative-sticky
 // balancer, so that a rebalance moves only the partitions that must move.
-func groupProtocolOpts(ctx context.Context, adm *kadm.Client, want string) ([]kgo.Opt, string, error) {
+//
+// With "auto", every broker must answer ApiVersions: deciding on a partial
+// view (a broker restarting) could put this instance in the group with the
+// classic protocol beside instances that use KIP-848, a mixed group that
+// not every broker serves. Setup retries instead, until partialOK (a
+// broker unreachable from here for long): then the brokers that answered
+// decide.
+func groupProtocolOpts(ctx context.Context, adm *kadm.Client, want string, partialOK bool) ([]kgo.Opt, string, error) {
 	use848 := want == "consumer"
 	if want == "auto" {
 		vs, err := adm.ApiVersions(ctx)
 		if err != nil {
 			return nil, "", fmt.Errorf("api versions: %w", err)
 		}
-		// Every broker must answer: deciding on a partial view (a broker
-		// restarting) would put this instance in the group with the
-		// classic protocol beside instances that use KIP-848, a mixed
-		// group that not every broker serves. Setup retries instead.
-		use848 = len(vs) > 0
+		use848 = false
+		answered := 0
 		var verr error
+		all848 := true
 		vs.Each(func(v kadm.BrokerApiVersions) {
 			if v.Err != nil {
 				verr = fmt.Errorf("api versions of broker %d: %w", v.NodeID, v.Err)
 				return
 			}
+			answered++
 			if mx, ok := v.KeyMaxVersion(68); !ok || mx < 1 {
-				use848 = false
+				all848 = false
 			}
 		})
-		if verr != nil {
+		if verr != nil && (!partialOK || answered == 0) {
 			return nil, "", verr
 		}
+		use848 = answered > 0 && all848
 	}
 	if use848 {
 		// The broker assigns ("uniform", incremental by design).

@@ -49,6 +49,8 @@ type route struct {
 	done   chan struct{} // closed when the route has fully stopped
 	halt   chan struct{} // closed once dispatch stopped for good
 
+	// setupSince is when the first setup attempt began.
+	setupSince time.Time
 	// sourceWasMissing is set once setup found no source topic. A route
 	// with start: latest that waited for its topic then starts at the
 	// topic's beginning: everything in it was written after the route
@@ -308,7 +310,12 @@ func (r *route) setup() error {
 	// one that is too large, and a single record over the limit is then
 	// refused alone, as a poison (produceTo).
 	limits := batchLimits(ctx, adm, append([]string{d.Sink.Topic, deadLetterTopic(d)}, slices.Collect(maps.Keys(parts))...))
-	groupOpts, proto, err := groupProtocolOpts(ctx, adm, cfg.GroupProtocol)
+	// A broker unreachable for a minute of setup retries no longer holds
+	// the protocol choice (groupProtocolOpts).
+	if r.setupSince.IsZero() {
+		r.setupSince = time.Now()
+	}
+	groupOpts, proto, err := groupProtocolOpts(ctx, adm, cfg.GroupProtocol, time.Since(r.setupSince) > time.Minute)
 	if err != nil {
 		return fmt.Errorf("route %q: %w", d.Name, err)
 	}
