@@ -263,3 +263,32 @@ func TestDeletedSinkIsRecreated(t *testing.T) {
 		t.Errorf("the recreated sink holds %d records, want the 10 written after the delete", len(out))
 	}
 }
+
+// A checkpoint that cannot commit (here: the changelog refuses its
+// records) is retried before the next cut is taken: at most one cut, with
+// its copies of the state, waits in memory (issue 10).
+func TestFailedCommitKeepsOnePendingCut(t *testing.T) {
+	b := startBroker(t, map[string]int{"pc": 1})
+	createTopic(t, b, "pc.00-drop_duplicates.changelog", 1, map[string]string{"max.message.bytes": "600", "cleanup.policy": "compact"})
+	m, _ := runManager(t, b, t.TempDir(), 1, newRouteDef("pc", "v1", "pc", "pc.out", dedupStep(t, 0, "value.txn")))
+	for i := 0; i < 20; i++ {
+		pad := make([]byte, 600)
+		rand.Read(pad)
+		b.produce(t, jsonRecord("pc", fmt.Sprint(i), map[string]any{"txn": hex.EncodeToString(pad)}))
+	}
+	b.consume(t, "pc.out", 20, 20*time.Second, 0)
+	waitFor(t, 20*time.Second, "failed checkpoints reported", func() bool {
+		st := m.Routes()
+		return len(st) == 1 && strings.Contains(st[0].LastError, "checkpoint")
+	})
+	time.Sleep(2 * time.Second) // ten checkpoint intervals
+	m.mu.Lock()
+	r := m.mu.routes["pc"]
+	m.mu.Unlock()
+	r.cpMu.Lock()
+	n := len(r.pendingCuts)
+	r.cpMu.Unlock()
+	if n > 1 {
+		t.Errorf("%d cuts wait to commit after ten failed checkpoints, want at most 1", n)
+	}
+}

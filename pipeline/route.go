@@ -709,6 +709,18 @@ func (r *route) checkpointLoop() {
 		case <-t.C:
 		}
 		r.cpMu.Lock()
+		if len(r.pendingCuts) > 0 {
+			// The last commit failed (brokers refused the changelog, the
+			// disk is full): commit what is pending before cutting again,
+			// so at most one cut (with its copies of snapshots) waits.
+			if err := r.commitCuts(0, r.stopping); err != nil {
+				r.cpMu.Unlock()
+				if !errors.Is(err, errStopping) {
+					r.noteError(fmt.Errorf("checkpoint: %w", err))
+				}
+				continue
+			}
+		}
 		r.cut.Lock()
 		if r.halted {
 			r.cut.Unlock()
