@@ -111,6 +111,12 @@ type UpstreamTLS struct {
 	KeyFile            string `yaml:"key_file"`
 	ServerName         string `yaml:"server_name"`
 	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+	// ForwardIdentity presents cert_file on the connections the proxy
+	// opens for its clients too, not only on its own (the pipelines'):
+	// every proxied client then acts with the proxy's broker identity. It
+	// is refused unless the listener is loopback or clients are
+	// authenticated (tls.client.require_client_cert). Default false.
+	ForwardIdentity bool `yaml:"forward_identity"`
 }
 
 // SASL is the proxy's own upstream identity, used by the connections it
@@ -276,6 +282,12 @@ func (c *Config) Validate() error {
 	if !ut.Enabled && (ut.CAFile != "" || ut.CertFile != "" || ut.ServerName != "" || ut.InsecureSkipVerify) {
 		bad("tls.upstream", "ca_file/cert_file/key_file/server_name/insecure_skip_verify are set but enabled is false")
 	}
+	if ut.ForwardIdentity && ut.CertFile == "" {
+		bad("tls.upstream.forward_identity", "needs cert_file: there is no client certificate to forward")
+	}
+	if ut.ForwardIdentity && !ct.RequireClientCert && !loopbackListen(c.Listen) {
+		bad("tls.upstream.forward_identity", "would hand the proxy's broker identity (its client certificate) to every client that can reach %s; authenticate clients (tls.client.require_client_cert) or listen on loopback", c.Listen)
+	}
 	if ut.Enabled && c.Embedded() {
 		bad("tls.upstream.enabled", "the embedded development broker speaks plaintext; set upstream or disable upstream TLS")
 	}
@@ -335,4 +347,17 @@ func (c *Config) Redacted() *Config {
 		cp.SASL.Password = "REDACTED"
 	}
 	return &cp
+}
+
+// loopbackListen reports whether addr (host:port) listens on loopback only.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

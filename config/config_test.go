@@ -121,8 +121,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 31 {
-		t.Errorf("%d keys, want 31 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 32 {
+		t.Errorf("%d keys, want 32 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -224,6 +224,15 @@ func TestValidate(t *testing.T) {
 		{"negative grace", func(c *Config) { c.ShutdownGrace = -time.Second }, "shutdown_grace: must be positive"},
 		{"zero grace", func(c *Config) { c.ShutdownGrace = 0 }, "shutdown_grace: must be positive"},
 		{"negative retention", func(c *Config) { c.StateRetention = -time.Hour }, "state_retention: must be 0 (keep until `rtproxy state drop`) or positive (e.g. 24h), got -1h0m0s"},
+		{"forward identity without a certificate", func(c *Config) {
+			c.Upstream = []string{"k:9093"}
+			c.TLS.Upstream.Enabled, c.TLS.Upstream.ForwardIdentity = true, true
+		}, "tls.upstream.forward_identity: needs cert_file: there is no client certificate to forward"},
+		{"forward identity to unauthenticated clients on a public listener", func(c *Config) {
+			c.Upstream = []string{"k:9093"}
+			c.Listen = "0.0.0.0:9092"
+			c.TLS.Upstream = UpstreamTLS{Enabled: true, CertFile: "c.pem", KeyFile: "k.pem", ForwardIdentity: true}
+		}, "tls.upstream.forward_identity: would hand the proxy's broker identity (its client certificate) to every client that can reach 0.0.0.0:9092; authenticate clients (tls.client.require_client_cert) or listen on loopback"},
 		{"client cert without key", func(c *Config) { c.TLS.Client.CertFile = "a" }, "tls.client: cert_file and key_file must be set together"},
 		{"client CA without cert", func(c *Config) { c.TLS.Client.ClientCAFile = "ca" }, "client TLS is off"},
 		{"require client cert without CA", func(c *Config) {

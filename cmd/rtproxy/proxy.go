@@ -37,7 +37,7 @@ func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls
 		Upstream:           upstream,
 		MaxFrameBytes:      int32(cfg.MaxFrameBytes), // Validate caps it at MaxInt32
 		ClientTLS:          clientTLS,
-		UpstreamTLS:        upstreamTLS,
+		UpstreamTLS:        proxiedTLS(upstreamTLS, cfg.TLS.Upstream.ForwardIdentity),
 		ShutdownGrace:      cfg.ShutdownGrace,
 		MaxConnections:     cfg.Proxy.MaxConnections,
 		ClientIdleTimeout:  cfg.Proxy.ClientIdleTimeout,
@@ -45,10 +45,12 @@ func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls
 		Logger:             log,
 		Registerer:         reg,
 	}
-	if cfg.SASL.Mechanism == "" {
+	ownCert := upstreamTLS != nil && len(upstreamTLS.Certificates) > 0
+	if cfg.SASL.Mechanism == "" && (!ownCert || cfg.TLS.Upstream.ForwardIdentity) {
 		return protocol.New(pc)
 	}
-	// Brokers that require SASL close an unauthenticated connection, and
+	// Brokers that require SASL (or a client certificate the proxied
+	// connections do not present) close an unauthenticated connection, and
 	// the proxy's own metadata reads (readiness, listeners for new brokers)
 	// would never succeed: they go through a client with the proxy's
 	// identity instead.
@@ -67,4 +69,19 @@ func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls
 		return nil, err
 	}
 	return &proxyWithClient{Proxy: px, cl: cl}, nil
+}
+
+// proxiedTLS is the TLS config of the connections the proxy opens for its
+// clients: the upstream TLS settings without the proxy's own client
+// certificate, unless tls.upstream.forward_identity says to present it. A
+// client certificate is the proxy's broker identity (its ACLs); handing it
+// to every client that reaches the listener is an explicit choice.
+func proxiedTLS(upstream *tls.Config, forward bool) *tls.Config {
+	if upstream == nil || forward || len(upstream.Certificates) == 0 {
+		return upstream
+	}
+	c := upstream.Clone()
+	c.Certificates = nil
+	c.GetClientCertificate = nil
+	return c
 }

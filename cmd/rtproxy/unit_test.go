@@ -259,3 +259,23 @@ func TestParseRunFlags(t *testing.T) {
 		t.Fatalf("positional: %v", err)
 	}
 }
+
+// The proxy's upstream client certificate is its own broker identity: the
+// pipelines present it, the connections opened for proxied clients do not,
+// unless tls.upstream.forward_identity says so (issue 10).
+func TestProxiedTLSWithoutTheProxyIdentity(t *testing.T) {
+	own := &tls.Config{ServerName: "kafka.test", Certificates: []tls.Certificate{{Certificate: [][]byte{{1}}}}}
+	p := proxiedTLS(own, false)
+	if len(p.Certificates) != 0 || p.ServerName != "kafka.test" {
+		t.Errorf("proxied connections: %d certificates, server name %q; want none and the same server name", len(p.Certificates), p.ServerName)
+	}
+	if len(own.Certificates) != 1 {
+		t.Error("the proxy's own config lost its certificate")
+	}
+	if f := proxiedTLS(own, true); len(f.Certificates) != 1 {
+		t.Error("forward_identity: the proxied connections do not present the certificate")
+	}
+	if proxiedTLS(nil, false) != nil {
+		t.Error("plaintext upstream became TLS")
+	}
+}

@@ -127,6 +127,9 @@ tls:
 {{- if .mutual }}
     cert_file: {{ include "rtproxy.upstreamTLSDir" $ }}/tls.crt
     key_file: {{ include "rtproxy.upstreamTLSDir" $ }}/tls.key
+{{- if .forwardIdentity }}
+    forward_identity: true
+{{- end }}
 {{- end }}
 {{- if .serverName }}
     server_name: {{ .serverName | quote }}
