@@ -189,7 +189,7 @@ func (r *route) produceChangelog(recs []*kgo.Record) (map[string]map[int32]int64
 	if len(recs) == 0 {
 		return ends, nil
 	}
-	for _, res := range r.cl.ProduceSync(r.prodCtx, recs...) {
+	for _, res := range r.logCl.ProduceSync(r.prodCtx, recs...) {
 		if res.Err != nil {
 			return nil, fmt.Errorf("changelog %s[%d]: %w", res.Record.Topic, res.Record.Partition, res.Err)
 		}
@@ -276,7 +276,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 		}
 	}
 	t.prevSnap = prev
-	for _, res := range r.cl.ProduceSync(ctx, recs...) {
+	for _, res := range r.logCl.ProduceSync(ctx, recs...) {
 		if res.Err != nil {
 			return fmt.Errorf("changelog fence: %w", res.Err)
 		}

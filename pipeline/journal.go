@@ -137,7 +137,7 @@ func (w *task) journalAfterAck(wm int64) {
 		// And to the changelog, for the partition's next owner. Not
 		// waited for: a lost journal record costs a repeat of windows
 		// already emitted, as without a journal.
-		r.cl.Produce(r.prodCtx, r.clRecord(w, clJournal, nil, val), func(_ *kgo.Record, err error) {
+		r.logCl.Produce(r.prodCtx, r.clRecord(w, clJournal, nil, val), func(_ *kgo.Record, err error) {
 			if err != nil && r.prodCtx.Err() == nil {
 				r.log.Warn("close journal not written to the changelog", "task", w.label, "err", err)
 			}

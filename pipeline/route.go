@@ -32,6 +32,9 @@ import (
 // checkpoint or a stop pauses dispatch. Workers never take cut; they are
 // drained by barrier messages sent while cut is held.
 type route struct {
+	// logCl is the route's non-group client: admin requests (grp.adm) and
+	// changelog records (changelog.go, journal.go).
+	logCl *kgo.Client
 	// recreate: topics a write found missing (recreate.go).
 	recreate struct {
 		sync.Mutex
@@ -355,11 +358,33 @@ func (r *route) setup() error {
 		// assignments) at log_level debug.
 		opts = append(opts, kgo.WithLogger(kgoLogger{r.log.With("component", "kgo")}))
 	}
+	// The route's own non-group client exists before the group client
+	// starts: the group calls adjustOffsets (which lists offsets through
+	// r.grp.adm) as soon as it joins. It also writes changelog records: a
+	// checkpoint logs every key it changed at once, and through the group
+	// client that burst would queue ahead of the repartition records,
+	// adding its time to their latency.
+	r.logCl, err = kgo.NewClient(append(append([]kgo.Opt(nil), base...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
+			if v, ok := limits[topic]; ok {
+				return v
+			}
+			return defaultBatchMaxBytes
+		}),
+		kgo.ProducerLinger(0),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordDeliveryTimeout(10*time.Second),
+	)...)
+	if err != nil {
+		return fmt.Errorf("route %q: client: %w", d.Name, err)
+	}
+	r.grp.adm = kadm.NewClient(r.logCl)
 	r.cl, err = kgo.NewClient(opts...)
 	if err != nil {
 		return fmt.Errorf("route %q: client: %w", d.Name, err)
 	}
-	r.grp.adm = kadm.NewClient(r.cl)
+
 	return nil
 }
 
@@ -417,6 +442,10 @@ func (r *route) teardown() {
 	if r.cl != nil {
 		r.cl.Close()
 		r.cl = nil
+	}
+	if r.logCl != nil {
+		r.logCl.Close()
+		r.logCl = nil
 	}
 	r.segs, r.tasks = nil, nil
 }
@@ -554,6 +583,9 @@ func (r *route) run() {
 	// Leaves the group: the final checkpoint (stop) committed the offsets
 	// already, so the partitions' next owners repeat nothing.
 	r.cl.Close()
+	if r.logCl != nil {
+		r.logCl.Close()
+	}
 	r.prodCancel()
 	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(0)
 	r.setState("stopped", "")
