@@ -57,6 +57,9 @@ type Config struct {
 	// (the previous checkpoint then stays the recovery point, and the state
 	// written since is discarded so the next run replays from it). Default 8s.
 	StopTimeout time.Duration
+	// SetupTimeout bounds one attempt of a route's setup (topics, group
+	// client), not the catch-up of its topic tables. Default 15s.
+	SetupTimeout time.Duration
 	// StateRetention drops the state of a route absent from the rule set
 	// for longer than this (retention.go). Zero keeps it until dropped.
 	StateRetention time.Duration
@@ -112,6 +115,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.SourceRetry <= 0 {
 		cfg.SourceRetry = 5 * time.Second
+	}
+	if cfg.SetupTimeout <= 0 {
+		cfg.SetupTimeout = 15 * time.Second
 	}
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = 8 * time.Second

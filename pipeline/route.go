@@ -232,7 +232,7 @@ func (r *route) setup() error {
 	}
 	defer admCl.Close()
 	adm := kadm.NewClient(admCl)
-	ctx, cancel := context.WithTimeout(r.ctx, 15*time.Second)
+	ctx, cancel := context.WithTimeout(r.ctx, cfg.SetupTimeout)
 	defer cancel()
 
 	parts, created, err := ensureTopicsCreated(ctx, adm, d)
@@ -250,7 +250,9 @@ func (r *route) setup() error {
 			tables[name] = ts.Table
 			continue
 		}
-		tt, err := openTopicTable(ctx, r, base, adm, ts)
+		// The catch-up has no setup deadline: a large table takes as long
+		// as it takes, with progress in the log (table.go).
+		tt, err := openTopicTable(ctx, r.ctx, r, base, adm, ts)
 		if err != nil {
 			return err
 		}
@@ -258,6 +260,12 @@ func (r *route) setup() error {
 		tables[name] = tt.table
 	}
 	r.tableOf = tables
+	if len(d.Tables) > 0 {
+		// The rest of setup gets its own deadline after the catch-up.
+		cancel()
+		ctx, cancel = context.WithTimeout(r.ctx, cfg.SetupTimeout)
+		defer cancel()
+	}
 	if err := r.buildSegments(parts); err != nil {
 		return err
 	}

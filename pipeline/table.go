@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -44,7 +45,7 @@ func applyTableRecord(t *operators.MapTable, rec *kgo.Record) error {
 
 // openTopicTable reads the table topic from its start to the high
 // watermarks it had when called, then follows it in the background.
-func openTopicTable(ctx context.Context, r *route, base []kgo.Opt, adm *kadm.Client, ts rules.TableSpec) (*topicTable, error) {
+func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm *kadm.Client, ts rules.TableSpec) (*topicTable, error) {
 	starts, err := adm.ListStartOffsets(ctx, ts.Topic)
 	if err == nil {
 		err = starts.Error()
@@ -83,11 +84,22 @@ func openTopicTable(ctx context.Context, r *route, base []kgo.Opt, adm *kadm.Cli
 		}
 		return true
 	}
+	var total, read int64
+	for p, e := range end {
+		total += e - next[p]
+	}
+	began, logged := time.Now(), time.Now()
 	for !caught() {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
+		fs := cl.PollFetches(catchUp)
+		if catchUp.Err() != nil {
 			cl.Close()
-			return nil, fmt.Errorf("route %q table %s: reading %s: %w", r.name, ts.Name, ts.Topic, ctx.Err())
+			return nil, fmt.Errorf("route %q table %s: reading %s: %w", r.name, ts.Name, ts.Topic, catchUp.Err())
+		}
+		read += int64(fs.NumRecords())
+		if time.Since(logged) >= 5*time.Second {
+			logged = time.Now()
+			r.log.Info("topic table catching up", "table", ts.Name, "topic", ts.Topic, "records", read, "of", total,
+				"elapsed", time.Since(began).Round(time.Millisecond))
 		}
 		fs.EachError(func(t string, p int32, err error) {
 			r.noteError(fmt.Errorf("table %s: fetch %s[%d]: %w", ts.Name, t, p, err))
