@@ -410,7 +410,7 @@ const reasonSink = "sink"
 // that retrying it can never succeed.
 func poisonErr(err error) bool {
 	for _, e := range []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord,
-		kerr.CorruptMessage, kerr.InvalidTimestamp, kerr.InvalidRequiredAcks} {
+		kerr.CorruptMessage, kerr.InvalidTimestamp} {
 		if errors.Is(err, e) {
 			return true
 		}
