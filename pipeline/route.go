@@ -218,9 +218,18 @@ func taskStepName(s *rules.StepSpec, part int32) string {
 // inboxName names the snapshot of a keyed task's inbox (repartition.go).
 func inboxName(s *rules.StepSpec, part int32) string { return taskStepName(s, part) + "/in" }
 
-// isBoundary reports whether step kind opens a segment of its own (a keyed
-// step reads through a repartition topic).
-func isBoundary(kind string) bool { return kind == "window" || kind == "drop_duplicates" }
+// isBoundary reports whether step s opens a segment of its own: a keyed
+// step (operators.Keyed) reads through a repartition topic. The step says
+// so by its type, not its kind name: a throwaway instance is built (Build
+// never touches state; tables are not needed to build).
+func isBoundary(s *rules.StepSpec) bool {
+	st, err := s.Build(rules.BuildEnv{})
+	if err != nil {
+		return false
+	}
+	_, keyed := st.(operators.Keyed)
+	return keyed
+}
 
 func (r *route) setup() error {
 	d := r.def
@@ -403,7 +412,7 @@ func (r *route) buildSegments(parts map[string]int) error {
 	r.segs = []*segment{seg}
 	for i := range d.Steps {
 		s := &d.Steps[i]
-		if !isBoundary(s.Kind) {
+		if !isBoundary(s) {
 			continue
 		}
 		seg.to = i
@@ -474,7 +483,7 @@ func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) 
 	want := []string{d.Sink.Topic, dlq}
 	compact := map[string]bool{}
 	for i := range d.Steps {
-		if s := &d.Steps[i]; isBoundary(s.Kind) {
+		if s := &d.Steps[i]; isBoundary(s) {
 			want = append(want, repartitionTopic(d.Name, s), changelogTopic(d.Name, s))
 			compact[changelogTopic(d.Name, s)] = true
 		}
