@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 	"github.com/rtproxy/rtproxy/state"
 )
@@ -290,5 +291,56 @@ func TestFailedCommitKeepsOnePendingCut(t *testing.T) {
 	r.cpMu.Unlock()
 	if n > 1 {
 		t.Errorf("%d cuts wait to commit after ten failed checkpoints, want at most 1", n)
+	}
+}
+
+// A topic table written transactionally ends in a commit marker, which a
+// consumer never sees as a record: the catch-up must still reach the end
+// (it waited forever), and records of an aborted transaction are not rows
+// (issue 10).
+func TestTopicTableEndingInTransactionMarker(t *testing.T) {
+	b := startBroker(t, map[string]int{"tx": 1, "txt": 1})
+	txn := b.client(t, kgo.TransactionalID("rtproxy-test-table"))
+	ctx := context.Background()
+	write := func(commit bool, rows ...string) {
+		if err := txn.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rows {
+			k, v, _ := strings.Cut(r, "=")
+			if err := txn.ProduceSync(ctx, &kgo.Record{Topic: "txt", Key: []byte(k), Value: []byte(v)}).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := txn.EndTransaction(ctx, kgo.TransactionEndTry(commit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(true, `m1={"name":"one"}`)
+	write(false, `m2={"name":"aborted"}`)
+	write(true, `m3={"name":"three"}`)
+
+	def := newRouteDef("tx", "v1", "tx", "tx.out", joinStep(t, 0, "shops", "value.m", "shop", operators.MissingDeadLetter),
+		setStep(t, 1, [][2]string{{"name", "shop.name"}}, "shop"))
+	def.Tables = map[string]rules.TableSpec{"shops": {Name: "shops", Topic: "txt"}}
+	_, _ = runManager(t, b, t.TempDir(), 1, def)
+	for _, m := range []string{"m1", "m2", "m3"} {
+		b.produce(t, jsonRecord("tx", m, map[string]any{"m": m}))
+	}
+	out := b.consume(t, "tx.out", 2, 30*time.Second, 300*time.Millisecond)
+	names := map[string]bool{}
+	for _, r := range out {
+		names[string(r.Value)] = true
+	}
+	if len(out) != 2 || !names[`{"m":"m1","name":"one"}`] || !names[`{"m":"m3","name":"three"}`] {
+		var got []string
+		for _, r := range out {
+			got = append(got, string(r.Value))
+		}
+		t.Fatalf("sink %v, want m1 and m3 joined (m2's row was aborted)", got)
+	}
+	dl := b.consume(t, "tx.dlq", 1, 20*time.Second, 0)
+	if len(dl) != 1 || headerOf(dl[0], HeaderReason) != "missing" {
+		t.Fatalf("dead letters %d, want m2 as missing", len(dl))
 	}
 }

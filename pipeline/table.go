@@ -70,6 +70,11 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 	cl, err := kgo.NewClient(append(append([]kgo.Opt(nil), base...),
 		kgo.ConsumeTopics(ts.Topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Rows of aborted transactions are not rows; and the commit or
+		// abort markers are handed over (and skipped below), so that a
+		// partition that ends in one is seen to reach its end.
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(),
 		kgo.FetchMaxWait(fetchMaxWait),
 	)...)
 	if err != nil {
@@ -106,6 +111,9 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 		})
 		fs.EachRecord(func(rec *kgo.Record) {
 			next[rec.Partition] = rec.Offset + 1
+			if rec.Attrs.IsControl() {
+				return
+			}
 			if err := applyTableRecord(tt.table, rec); err != nil {
 				r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %w", ts.Name, rec.Topic, rec.Partition, rec.Offset, err))
 			}
@@ -126,6 +134,9 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 				}
 			})
 			fs.EachRecord(func(rec *kgo.Record) {
+				if rec.Attrs.IsControl() {
+					return
+				}
 				if err := applyTableRecord(tt.table, rec); err != nil {
 					r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %w", ts.Name, rec.Topic, rec.Partition, rec.Offset, err))
 				}
