@@ -37,6 +37,10 @@ type Config struct {
 	Upstream []string `yaml:"upstream"`
 	// RulesDir holds one YAML rule file per route. Default ./rules.
 	RulesDir string `yaml:"rules_dir"`
+	// TablesDir is a directory whose files rule files' tables may name,
+	// besides the rules directory. Empty (default): table files must be
+	// inside the rules directory.
+	TablesDir string `yaml:"tables_dir"`
 	// StateDir holds pebble state, checkpoints and the embedded broker's
 	// data. Default ./state.
 	StateDir string `yaml:"state_dir"`

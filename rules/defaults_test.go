@@ -31,7 +31,7 @@ func TestIdleTimeoutDefault(t *testing.T) {
 		if r.Source.IdleTimeout != want[r.Name] {
 			t.Errorf("LoadFile %s: idle_timeout %v, want %v", name, r.Source.IdleTimeout, want[r.Name])
 		}
-		res := loadBytes(filepath.Join(dir, name), []byte(files[name]))
+		res := loadBytes(filepath.Join(dir, name), []byte(files[name]), Options{})
 		if res.route == nil || res.route.Source.IdleTimeout != want[r.Name] {
 			t.Errorf("loadBytes %s: %+v %v, want idle_timeout %v", name, res.route, res.errs, want[r.Name])
 		}

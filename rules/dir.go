@@ -53,7 +53,7 @@ type fileResult struct {
 	res     *loadResult
 }
 
-func loadPath(path string) *fileResult {
+func loadPath(path string, o Options) *fileResult {
 	fr := &fileResult{path: path}
 	src, err := os.ReadFile(path)
 	if err != nil {
@@ -61,7 +61,7 @@ func loadPath(path string) *fileResult {
 		return fr
 	}
 	fr.content = src
-	fr.res = loadBytes(path, src)
+	fr.res = loadBytes(path, src, o)
 	return fr
 }
 
@@ -99,13 +99,18 @@ func checkNames(results []*fileResult, onlyValid bool) {
 // returns the valid routes and every error; a file with errors yields no
 // route. Each error is an *Error.
 func LoadDir(dir string) ([]*Route, []error) {
+	return LoadDirWith(dir, Options{})
+}
+
+// LoadDirWith is LoadDir with o.
+func LoadDirWith(dir string, o Options) ([]*Route, []error) {
 	files, err := ruleFiles(dir)
 	if err != nil {
 		return nil, []error{&Error{File: dir, Msg: fmt.Sprintf("cannot read rules directory: %v", unwrapPathError(err))}}
 	}
 	results := make([]*fileResult, len(files))
 	for i, f := range files {
-		results[i] = loadPath(f)
+		results[i] = loadPath(f, o)
 	}
 	checkNames(results, true)
 	var routes []*Route
@@ -128,6 +133,11 @@ func LoadDir(dir string) ([]*Route, []error) {
 // of them, and prints "ok <file>" for each good file and each error on its
 // own line. It returns false when anything is wrong; the caller exits 1.
 func CheckPaths(w io.Writer, paths []string) bool {
+	return CheckPathsWith(w, paths, Options{})
+}
+
+// CheckPathsWith is CheckPaths with o.
+func CheckPathsWith(w io.Writer, paths []string, o Options) bool {
 	ok := true
 	var results []*fileResult
 	seen := map[string]bool{}
@@ -167,7 +177,7 @@ func CheckPaths(w io.Writer, paths []string) bool {
 				continue
 			}
 			seen[key] = true
-			results = append(results, loadPath(f))
+			results = append(results, loadPath(f, o))
 		}
 	}
 	checkNames(results, false)

@@ -27,7 +27,7 @@ func FuzzLoad(f *testing.F) {
 	}
 	path := filepath.Join(dir, "f.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		res := loadBytes(path, data)
+		res := loadBytes(path, data, Options{})
 		if (res.route == nil) == (len(res.errs) == 0) {
 			t.Fatalf("route %v with %d errors", res.route != nil, len(res.errs))
 		}

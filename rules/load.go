@@ -62,11 +62,24 @@ var (
 // LoadFile parses, compiles and analyzes one rule file. The error is nil, a
 // single *Error, or an ErrorList of every refusal found in the file.
 func LoadFile(path string) (*Route, error) {
+	return LoadFileWith(path, Options{})
+}
+
+// Options are what the proxy's configuration tells the loader.
+type Options struct {
+	// TablesDir is a directory whose files table `file:` entries may name,
+	// besides the rules directory (the proxy's tables_dir). Empty: only
+	// files inside the rules directory.
+	TablesDir string
+}
+
+// LoadFileWith is LoadFile with o.
+func LoadFileWith(path string, o Options) (*Route, error) {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read rule file: %v", unwrapPathError(err))}
 	}
-	res := loadBytes(path, src)
+	res := loadBytes(path, src, o)
 	if len(res.errs) > 0 {
 		return nil, res.errs.asError()
 	}
@@ -96,14 +109,16 @@ type loader struct {
 	lines []string
 	errs  ErrorList
 	res   *loadResult
+	opts  Options
 
 	sinkFields map[string]*keyVal // sink.key compiles after the steps
 	tableDefs  map[string]string  // table name -> definition as written, for join fingerprints
 }
 
-func loadBytes(path string, src []byte) *loadResult {
+func loadBytes(path string, src []byte, o Options) *loadResult {
 	res := &loadResult{}
 	l := &loader{
+		opts:  o,
 		file:  path,
 		dir:   filepath.Dir(path),
 		src:   src,
@@ -620,7 +635,7 @@ func (l *loader) fileTable(k *yaml.Node, file, key *keyVal, spec *TableSpec, whe
 		p = abs
 	}
 	spec.File, spec.Key = p, field
-	if err := tableFileAllowed(p); err != nil {
+	if err := tableFileAllowed(l.dir, l.opts.TablesDir, p); err != nil {
 		l.errAt(file.val, file.val.Value, "%s: %v", where, err)
 		return
 	}
@@ -633,18 +648,43 @@ func (l *loader) fileTable(k *yaml.Node, file, key *keyVal, spec *TableSpec, whe
 	spec.Table = t
 }
 
-// tableFileAllowed refuses a table file that is not a regular file: a FIFO
-// or a device would hang the reload that opens it. (Confining table files
-// to the rules directory and a configured tables_dir is issue 10's next
-// step; today a table may live in any directory, which the watcher
-// follows.)
-func tableFileAllowed(p string) error {
-	fi, err := os.Stat(p)
+// tableFileAllowed refuses a table file that is not a regular file inside
+// the rules directory dir or tablesDir (symlinks resolved): a rule file must
+// not be able to read any file the proxy can (/proc/self/environ, a
+// secret), and a FIFO or device would hang the reload that opens it.
+func tableFileAllowed(dir, tablesDir, p string) error {
+	real, err := filepath.EvalSymlinks(p)
 	if err != nil {
 		return nil // does not exist (yet): LoadFileTable says so
 	}
+	inside := func(d string) bool {
+		if d == "" {
+			return false
+		}
+		if abs, err := filepath.Abs(d); err == nil {
+			d = abs
+		}
+		if r, err := filepath.EvalSymlinks(d); err == nil {
+			d = r
+		}
+		rel, err := filepath.Rel(d, real)
+		return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
+	}
+	if !inside(dir) && !inside(tablesDir) {
+		where := "the rules directory"
+		if tablesDir != "" {
+			where += " or tables_dir (" + tablesDir + ")"
+		} else {
+			where += " (or a directory named by the proxy's tables_dir)"
+		}
+		return fmt.Errorf("the table file %s is outside %s; table files must be inside it", real, where)
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return nil
+	}
 	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("the table file %s is not a regular file (%s)", p, fi.Mode().Type())
+		return fmt.Errorf("the table file %s is not a regular file (%s)", real, fi.Mode().Type())
 	}
 	return nil
 }

@@ -54,6 +54,7 @@ const maxSettle = time.Second
 //     period, never by the kind of event seen.
 type Watcher struct {
 	dir    string
+	opts   Options
 	log    *slog.Logger
 	apply  func([]*Route, []error)
 	quiet  time.Duration
@@ -100,10 +101,16 @@ type watchedFile struct {
 // directory until ctx is done. The rules directory must exist. reg may be
 // nil (no metrics); log may be nil (slog.Default()).
 func Watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, apply func(routes []*Route, errs []error)) (*Watcher, error) {
-	return watch(ctx, dir, log, reg, apply, DefaultQuietPeriod, DefaultResync)
+	return WatchWith(ctx, dir, Options{}, log, reg, apply)
 }
 
-func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, apply func([]*Route, []error), quiet, resync time.Duration) (*Watcher, error) {
+// WatchWith is Watch with o.
+func WatchWith(ctx context.Context, dir string, o Options, log *slog.Logger, reg prometheus.Registerer, apply func(routes []*Route, errs []error)) (*Watcher, error) {
+	w, err := watch(ctx, dir, log, reg, apply, DefaultQuietPeriod, DefaultResync, o)
+	return w, err
+}
+
+func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Registerer, apply func([]*Route, []error), quiet, resync time.Duration, opts ...Options) (*Watcher, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -126,7 +133,12 @@ func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Reg
 		fsw.Close()
 		return nil, fmt.Errorf("rules watcher: watch %s: %w", dir, err)
 	}
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	w := &Watcher{
+		opts:     o,
 		dir:      dir,
 		log:      log,
 		apply:    apply,
@@ -304,7 +316,7 @@ func (w *Watcher) scan() {
 			wf = &watchedFile{}
 			w.files[path] = wf
 		}
-		res := loadBytes(path, src)
+		res := loadBytes(path, src, w.opts)
 		// Valid content without a final newline may be a file cut mid-line
 		// by a writer still at work: it applies once unchanged for hold.
 		// At the first scan nothing runs yet, so nothing is held.

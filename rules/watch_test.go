@@ -92,13 +92,13 @@ func startWatchQuiet(t *testing.T, dir string, quiet time.Duration) *watchHarnes
 	return startWatchWith(t, dir, quiet, DefaultResync)
 }
 
-func startWatchWith(t *testing.T, dir string, quiet, resync time.Duration) *watchHarness {
+func startWatchWith(t *testing.T, dir string, quiet, resync time.Duration, opts ...Options) *watchHarness {
 	t.Helper()
 	h := &watchHarness{t: t, dir: dir, ch: make(chan applied, 100), reg: prometheus.NewRegistry(), logs: &lockedBuffer{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	w, err := watch(ctx, dir, slog.New(slog.NewTextHandler(h.logs, nil)), h.reg, func(routes []*Route, errs []error) {
 		h.ch <- applied{at: time.Now(), routes: routes, errs: errs}
-	}, quiet, resync)
+	}, quiet, resync, opts...)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -398,11 +398,11 @@ func TestWatchConfigMapSwap(t *testing.T) {
 
 func TestWatchTableFileChangeRecompiles(t *testing.T) {
 	dir := t.TempDir()
-	tables := t.TempDir() // a table outside the rules directory
+	tables := t.TempDir() // a table outside the rules directory, in tables_dir
 	tp := filepath.Join(tables, "m.csv")
 	write(t, tp, "id,name\nk,first\n")
 	write(t, filepath.Join(dir, "a.yaml"), rule("a", "true")+"tables:\n  m: { file: "+tp+", key: id }\n")
-	h := startWatch(t, dir)
+	h := startWatchWith(t, dir, DefaultQuietPeriod, DefaultResync, Options{TablesDir: tables})
 	first := h.next()
 	write(t, tp, "id,name\nk,second\n")
 	a := h.next()

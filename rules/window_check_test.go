@@ -115,7 +115,7 @@ func TestWindowCheckAgreesWithRuntime(t *testing.T) {
 			slide = 0
 		}
 		src := base + "steps:\n  - window: { " + w + ", aggregate: { n: count() } }\n"
-		res := loadBytes("r.yaml", []byte(src))
+		res := loadBytes("r.yaml", []byte(src), Options{})
 		checkOK := len(res.errs) == 0
 
 		spec := operators.WindowSpec{Kind: kind, Size: size, Slide: slide, Aggregates: []operators.Aggregate{{Name: "n", Func: operators.AggCount}}}

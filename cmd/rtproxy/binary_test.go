@@ -110,8 +110,23 @@ func TestBinaryCheck(t *testing.T) {
 		t.Fatalf("check missing file: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	code, _, errOut = runBinary(t, nil, "check")
-	if code != 2 || !strings.Contains(errOut, "usage: rtproxy check PATH...") {
+	if code != 2 || !strings.Contains(errOut, "usage: rtproxy check [--tables-dir DIR] PATH...") {
 		t.Fatalf("check without paths: exit %d, %q", code, errOut)
+	}
+	// A table outside the rules directory passes only with --tables-dir.
+	rulesDir, tablesDir := t.TempDir(), t.TempDir()
+	table := filepath.Join(tablesDir, "m.jsonl")
+	os.WriteFile(table, []byte(`{"id":"a"}`+"\n"), 0o644)
+	rule := filepath.Join(rulesDir, "r.yaml")
+	os.WriteFile(rule, []byte("route: r\nsource: { topic: in }\nsink: { topic: out }\ntables:\n  m: { file: "+table+", key: id }\n"), 0o644)
+	if code, out, _ := runBinary(t, nil, "check", rulesDir); code != 1 || !strings.Contains(out, "is outside the rules directory") {
+		t.Errorf("a table outside the rules directory: exit %d, %q", code, out)
+	}
+	if code, out, errOut := runBinary(t, nil, "check", "--tables-dir", tablesDir, rulesDir); code != 0 {
+		t.Errorf("with --tables-dir: exit %d, %q %q", code, out, errOut)
+	}
+	if code, out, errOut := runBinary(t, []string{"RTPROXY_TABLES_DIR=" + tablesDir}, "check", rulesDir); code != 0 {
+		t.Errorf("with RTPROXY_TABLES_DIR: exit %d, %q %q", code, out, errOut)
 	}
 }
 

@@ -8,8 +8,8 @@ import (
 
 // checkRules is the adapter to the rules package's linter: the same loader
 // and analyzer the running proxy uses. Exit 1 when anything is wrong.
-func checkRules(paths []string, stdout, _ io.Writer) int {
-	if rules.CheckPaths(stdout, paths) {
+func checkRules(paths []string, o rules.Options, stdout, _ io.Writer) int {
+	if rules.CheckPathsWith(stdout, paths, o) {
 		return 0
 	}
 	return 1

@@ -21,6 +21,7 @@ import (
 type routes struct {
 	m       *pipeline.Manager
 	dir     string
+	opts    rules.Options
 	log     *slog.Logger
 	reg     prometheus.Registerer
 	watcher atomic.Pointer[rules.Watcher]
@@ -54,7 +55,7 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	return &routes{m: m, dir: cfg.RulesDir, log: log, reg: reg}, nil
+	return &routes{m: m, dir: cfg.RulesDir, opts: rules.Options{TablesDir: cfg.TablesDir}, log: log, reg: reg}, nil
 }
 
 // apply hands the watcher's rule set to the pipelines. The watcher keeps a
@@ -78,7 +79,7 @@ func (r *routes) Reload() {
 // Run watches the rules directory (the first scan applies the initial rule
 // set before the pipelines start) and runs the pipelines until ctx is done.
 func (r *routes) Run(ctx context.Context) error {
-	w, err := rules.Watch(ctx, r.dir, r.log.With("component", "rules"), r.reg, r.apply)
+	w, err := rules.WatchWith(ctx, r.dir, r.opts, r.log.With("component", "rules"), r.reg, r.apply)
 	if err != nil {
 		return err
 	}
