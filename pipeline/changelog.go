@@ -21,7 +21,6 @@ package pipeline
 // it closes were acknowledged, so it is never rolled back.
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -93,20 +92,21 @@ func hashValue(v []byte) uint64 {
 	return h.Sum64() | 1 // never 0: 0 is "absent"
 }
 
-// clRecord is a changelog record for tag and key. A nil val is a
-// tombstone; any other value, empty included (a drop_duplicates key keeps
-// an empty value), is stored behind the byte clLive, so that a live empty
-// value never reads back as a tombstone (Kafka and its clients need not
-// tell a null value from an empty one).
+// clRecord is a live changelog record for tag and key. Its value, empty or
+// nil included (a drop_duplicates key keeps none), is stored behind the
+// byte clLive, so that it never reads back as a tombstone (Kafka and its
+// clients need not tell a null value from an empty one). key and val are
+// copied.
 func (r *route) clRecord(t *task, tag byte, key, val []byte) *kgo.Record {
-	k := make([]byte, 0, 1+len(key))
-	k = append(append(k, tag), key...)
-	var v []byte
-	if val != nil {
-		v = make([]byte, 0, 1+len(val))
-		v = append(append(v, clLive), val...)
-	}
-	return &kgo.Record{Topic: t.seg.changelog, Partition: t.part, Key: k, Value: v,
+	rec := r.clTombstone(t, tag, key)
+	rec.Value = append(append(make([]byte, 0, 1+len(val)), clLive), val...)
+	return rec
+}
+
+// clTombstone is the changelog record that deletes tag and key.
+func (r *route) clTombstone(t *task, tag byte, key []byte) *kgo.Record {
+	k := append(append(make([]byte, 0, 1+len(key)), tag), key...)
+	return &kgo.Record{Topic: t.seg.changelog, Partition: t.part, Key: k,
 		Headers: []kgo.RecordHeader{{Key: headerStepName, Value: []byte(t.stepName)}}}
 }
 
@@ -130,11 +130,11 @@ func (r *route) logChanges(c *cutPoint) error {
 		if t == nil {
 			return nil
 		}
-		var v []byte
-		if !del {
-			v = append([]byte{}, val...) // non-nil even when empty: live
+		if del {
+			recs = append(recs, r.clTombstone(t, clKV, key))
+		} else {
+			recs = append(recs, r.clRecord(t, clKV, key, val))
 		}
-		recs = append(recs, r.clRecord(t, clKV, key, v))
 		return nil
 	})
 	if err != nil {
@@ -156,16 +156,13 @@ func (r *route) logChanges(c *cutPoint) error {
 				h := hashValue(v)
 				cur[full] = h
 				if t.prevSnap[full] != h {
-					if v == nil {
-						v = []byte{} // live, not a tombstone
-					}
 					recs = append(recs, r.clRecord(t, part.tag, k, v))
 				}
 			}
 		}
 		for full := range t.prevSnap {
 			if _, ok := cur[full]; !ok {
-				recs = append(recs, r.clRecord(t, full[0], []byte(full[1:]), nil))
+				recs = append(recs, r.clTombstone(t, full[0], []byte(full[1:])))
 			}
 		}
 		next[t] = cur
@@ -255,7 +252,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 		return r.m.db.SnapshotReader(r.name, name).Each(func(k, v []byte) error {
 			prev[string(append([]byte{tag}, k...))] = hashValue(v)
 			if log {
-				recs = append(recs, r.clRecord(t, tag, bytes.Clone(k), append([]byte{}, v...)))
+				recs = append(recs, r.clRecord(t, tag, k, v))
 			}
 			return nil
 		})
@@ -268,7 +265,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 	}
 	if dump {
 		err := r.m.db.Namespace(r.name, t.stepName).Scan(nil, nil, func(k, v []byte) bool {
-			recs = append(recs, r.clRecord(t, clKV, bytes.Clone(k), append([]byte{}, v...)))
+			recs = append(recs, r.clRecord(t, clKV, k, v))
 			return true
 		})
 		if err != nil {

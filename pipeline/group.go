@@ -98,7 +98,6 @@ func groupProtocolOpts(ctx context.Context, adm *kadm.Client, want string, parti
 		if err != nil {
 			return nil, "", fmt.Errorf("api versions: %w", err)
 		}
-		use848 = false
 		answered := 0
 		var verr error
 		all848 := true

@@ -85,12 +85,20 @@ func newRouteDef(name, hash, src, sink string, steps ...rules.StepSpec) *rules.R
 // Run and waits for it (final checkpoints written).
 func runManager(t *testing.T, b *broker, dir string, workers int, routes ...*rules.Route) (*Manager, func()) {
 	t.Helper()
-	lvl := slog.LevelWarn
-	if testing.Verbose() {
-		lvl = slog.LevelInfo
+	return runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Workers: workers}, routes...)
+}
+
+// runManagerWith is runManager with a whole Config (a registry, timeouts).
+func runManagerWith(t *testing.T, cfg Config, routes ...*rules.Route) (*Manager, func()) {
+	t.Helper()
+	if cfg.Logger == nil {
+		lvl := slog.LevelWarn
+		if testing.Verbose() {
+			lvl = slog.LevelInfo
+		}
+		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
-	m, err := New(Config{Seeds: b.addrs, StateDir: dir, Workers: workers,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))})
+	m, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,8 +115,8 @@ func runManager(t *testing.T, b *broker, dir string, workers int, routes ...*rul
 				if err != nil {
 					t.Errorf("Run: %v", err)
 				}
-			case <-time.After(30 * time.Second):
-				t.Errorf("Run did not return 30s after cancel")
+			case <-time.After(60 * time.Second):
+				t.Errorf("Run did not return 60s after cancel")
 			}
 		})
 	}

@@ -77,14 +77,7 @@ func TestPoisonOutputGoesToDeadLetters(t *testing.T) {
 			b.produce(t, rs...)
 			dir := t.TempDir()
 			reg := prometheus.NewRegistry()
-			m, err := New(Config{Seeds: b.addrs, StateDir: dir, Registerer: reg, Logger: slog.New(slog.DiscardHandler)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			m.Apply([]*rules.Route{newRouteDef("po", "v1", "po", "po.out")})
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- m.Run(ctx) }()
+			m, stop := runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Registerer: reg}, newRouteDef("po", "v1", "po", "po.out"))
 
 			out := b.consume(t, "po.out", 9, 20*time.Second, 300*time.Millisecond)
 			if len(out) != 9 {
@@ -124,10 +117,7 @@ func TestPoisonOutputGoesToDeadLetters(t *testing.T) {
 				st := m.Routes()
 				return len(st) == 1 && len(st[0].Partitions) == 1 && st[0].Partitions[0].DoneOffset == 11 && st[0].LastCheckpoint != nil
 			})
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatal(err)
-			}
+			stop()
 			db, err := state.Open(dir, slog.New(slog.DiscardHandler))
 			if err != nil {
 				t.Fatal(err)
@@ -150,26 +140,8 @@ func TestStopNeverCommitsPastFailedOutputs(t *testing.T) {
 	b := startBroker(t, map[string]int{"ab": 1, "ab.out": 1}, "-auto-create=false")
 	dir := t.TempDir()
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: b.addrs, StateDir: dir, Registerer: reg, StopTimeout: 45 * time.Second,
-		Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Apply([]*rules.Route{newRouteDef("ab", "v1", "ab", "ab.out")})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- m.Run(ctx) }()
-	returned := false
-	defer func() {
-		if returned {
-			return
-		}
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(60 * time.Second):
-		}
-	}()
+	m, stop := runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Registerer: reg, StopTimeout: 45 * time.Second},
+		newRouteDef("ab", "v1", "ab", "ab.out"))
 	for i := 0; i < 10; i++ {
 		b.produce(t, jsonRecord("ab", fmt.Sprint(i), map[string]any{"n": i}))
 	}
@@ -197,16 +169,7 @@ func TestStopNeverCommitsPastFailedOutputs(t *testing.T) {
 	waitFor(t, 40*time.Second, "failed sink writes", func() bool {
 		return gathered(t, reg, "rtproxy_pipeline_sink_errors_total") > 0
 	})
-	cancel()
-	select {
-	case err := <-done:
-		returned = true
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("Run did not return after cancel")
-	}
+	stop() // SIGTERM: Run returns once the route gave up its outputs
 	db, err := state.Open(dir, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)

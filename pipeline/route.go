@@ -357,12 +357,7 @@ func (r *route) setup() error {
 			manual: func(t string) bool { return manual[t] },
 			hashed: func(t string) bool { return hashed[t] },
 		}),
-		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
-			if v, ok := limits[topic]; ok {
-				return v
-			}
-			return defaultBatchMaxBytes
-		}),
+		kgo.ProducerBatchMaxBytesFn(limits.of),
 		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.FetchMinBytes(1),
 		kgo.ProducerLinger(0),
@@ -383,12 +378,7 @@ func (r *route) setup() error {
 	// adding its time to their latency.
 	r.logCl, err = kgo.NewClient(append(append([]kgo.Opt(nil), base...),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerBatchMaxBytesFn(func(topic string) int32 {
-			if v, ok := limits[topic]; ok {
-				return v
-			}
-			return defaultBatchMaxBytes
-		}),
+		kgo.ProducerBatchMaxBytesFn(limits.of),
 		kgo.ProducerLinger(0),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.RecordDeliveryTimeout(10*time.Second),
@@ -537,10 +527,21 @@ func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) 
 // topics whose max.message.bytes could not be read.
 const defaultBatchMaxBytes = 1_000_012
 
+// topicLimits is max.message.bytes by topic.
+type topicLimits map[string]int32
+
+// of is topic's limit, franz-go's default for a topic that was not read.
+func (l topicLimits) of(topic string) int32 {
+	if v, ok := l[topic]; ok {
+		return v
+	}
+	return defaultBatchMaxBytes
+}
+
 // batchLimits reads max.message.bytes of topics. A topic it cannot read
 // keeps the default limit: the worst case is a poison batch, retried.
-func batchLimits(ctx context.Context, adm *kadm.Client, topics []string) map[string]int32 {
-	out := map[string]int32{}
+func batchLimits(ctx context.Context, adm *kadm.Client, topics []string) topicLimits {
+	out := topicLimits{}
 	rcs, err := adm.DescribeTopicConfigs(ctx, topics...)
 	if err != nil {
 		return out

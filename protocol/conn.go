@@ -210,14 +210,14 @@ func (pr *pair) close() {
 	})
 }
 
-// armRead sets the client's read deadline to now+d (none when d is 0 or
-// on is false), unless the pair is draining: drain's deadline stands.
-func (pr *pair) armRead(d time.Duration, on bool) {
+// armRead sets the client's read deadline to now+d (none when d is 0),
+// unless the pair is draining: drain's deadline stands.
+func (pr *pair) armRead(d time.Duration) {
 	if pr.p.cfg.RequestReadTimeout <= 0 {
 		return // no deadlines configured: never touch drain's
 	}
 	var at time.Time
-	if d > 0 && on {
+	if d > 0 {
 		at = time.Now().Add(d)
 	}
 	pr.client.SetReadDeadline(at)
@@ -255,7 +255,7 @@ func (pr *pair) clientLoop() {
 	first := true
 	var lastKey, lastVersion int16 = -1, -1
 	for {
-		pr.armRead(0, false) // between requests: idleLoop watches
+		pr.armRead(0) // between requests: idleLoop watches
 		frame, rest, err := readFrameHead(pr.client, &size, p.cfg.MaxFrameBytes, first)
 		if err != nil {
 			var ne net.Error
@@ -277,7 +277,7 @@ func (pr *pair) clientLoop() {
 		first = false
 		pr.lastActive.Store(time.Now().UnixNano())
 		// The rest of this request must arrive within RequestReadTimeout.
-		pr.armRead(p.cfg.RequestReadTimeout, true)
+		pr.armRead(p.cfg.RequestReadTimeout)
 		h, err := ParseRequestHeader(frame[4:])
 		if err == nil && h.APIKey == int16(kmsg.Produce) && rest > 0 {
 			if _, aerr := produceAcks(frame[4:], h); aerr != nil {

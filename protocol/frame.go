@@ -212,17 +212,8 @@ func extendFrame(r io.Reader, head []byte, rest, want int) ([]byte, int, error) 
 // returned, for the rare frame that must be seen whole after all (a
 // response to rewrite, a header longer than headBytes).
 func completeFrame(r io.Reader, head []byte, rest int) ([]byte, error) {
-	full := getBuf(len(head) + rest)
-	copy(full, head)
-	putBuf(head)
-	if _, err := io.ReadFull(r, full[len(head):]); err != nil {
-		putBuf(full)
-		if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-			return nil, ErrFrameTruncated
-		}
-		return nil, err
-	}
-	return full, nil
+	full, _, err := extendFrame(r, head, rest, rest)
+	return full, err
 }
 
 // writerOnly hides a destination's ReadFrom so that io.CopyBuffer uses
