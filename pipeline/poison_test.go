@@ -38,15 +38,6 @@ func createTopic(t *testing.T, b *broker, topic string, parts int32, configs map
 	}
 }
 
-func headerOf(r *kgo.Record, key string) string {
-	for _, h := range r.Headers {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
 // An output the brokers refuse for itself (larger than the sink topic's
 // max.message.bytes) is a poison: retrying it never succeeds. It goes to
 // the dead-letter topic with reason "sink" and the topic it was meant for,
@@ -88,21 +79,21 @@ func TestPoisonOutputGoesToDeadLetters(t *testing.T) {
 				t.Fatalf("dead-letter topic holds %d records, want 1", len(dl))
 			}
 			d := dl[0]
-			if got := headerOf(d, HeaderReason); got != "sink" {
+			if got := header(d, HeaderReason); got != "sink" {
 				t.Errorf("reason %q, want sink", got)
 			}
-			if got := headerOf(d, HeaderTarget); got != "po.out" {
+			if got := header(d, HeaderTarget); got != "po.out" {
 				t.Errorf("target %q, want po.out", got)
 			}
-			if got, want := headerOf(d, HeaderSource), srcRef(rs[5]); got != want {
+			if got, want := header(d, HeaderSource), srcRef(rs[5]); got != want {
 				t.Errorf("source %q, want %q", got, want)
 			}
-			if e := headerOf(d, HeaderError); !strings.Contains(e, "MESSAGE_TOO_LARGE") {
+			if e := header(d, HeaderError); !strings.Contains(e, "MESSAGE_TOO_LARGE") {
 				t.Errorf("error header %q does not name the broker's refusal", e)
 			}
 			if tc.dlqLimit {
-				if d.Value != nil || !strings.Contains(headerOf(d, HeaderError), "written without it") {
-					t.Errorf("bare dead letter: value %d bytes, error %q", len(d.Value), headerOf(d, HeaderError))
+				if d.Value != nil || !strings.Contains(header(d, HeaderError), "written without its") {
+					t.Errorf("bare dead letter: value %d bytes, error %q", len(d.Value), header(d, HeaderError))
 				}
 			} else if string(d.Value) != string(rs[5].Value) {
 				t.Errorf("dead letter value differs from the refused output (%d vs %d bytes)", len(d.Value), len(rs[5].Value))
@@ -303,7 +294,31 @@ func TestTopicTableEndingInTransactionMarker(t *testing.T) {
 		t.Fatalf("sink %v, want m1 and m3 joined (m2's row was aborted)", got)
 	}
 	dl := b.consume(t, "tx.dlq", 1, 20*time.Second, 0)
-	if len(dl) != 1 || headerOf(dl[0], HeaderReason) != "missing" {
+	if len(dl) != 1 || header(dl[0], HeaderReason) != "missing" {
 		t.Fatalf("dead letters %d, want m2 as missing", len(dl))
+	}
+}
+
+// A dead letter that the dead-letter topic refuses (a record that is not
+// JSON, larger than the topic's limit) is written once more without its
+// value; it keeps its own reason (issue 10).
+func TestRefusedDeadLetterKeepsItsReason(t *testing.T) {
+	b := startBroker(t, map[string]int{"rd": 1})
+	createTopic(t, b, "rd.dlq", 1, map[string]string{"max.message.bytes": "2000"})
+	runManager(t, b, t.TempDir(), 1, newRouteDef("rd", "v1", "rd", "rd.out"))
+	pad := make([]byte, 2000)
+	rand.Read(pad)
+	bad := &kgo.Record{Topic: "rd", Key: []byte("bad"), Value: []byte("not json " + hex.EncodeToString(pad))}
+	b.produce(t, bad, jsonRecord("rd", "good", map[string]any{"n": 1}))
+	b.consume(t, "rd.out", 1, 20*time.Second, 0)
+	dl := b.consume(t, "rd.dlq", 1, 20*time.Second, 300*time.Millisecond)
+	if len(dl) != 1 {
+		t.Fatalf("dead-letter topic holds %d records, want 1", len(dl))
+	}
+	d := dl[0]
+	if header(d, HeaderReason) != "decode" || header(d, HeaderSource) != srcRef(bad) || d.Value != nil ||
+		!strings.Contains(header(d, HeaderError), "written without its") {
+		t.Errorf("dead letter: reason %q, source %q, %d value bytes, error %q; want decode, %s, no value, and why",
+			header(d, HeaderReason), header(d, HeaderSource), len(d.Value), header(d, HeaderError), srcRef(bad))
 	}
 }

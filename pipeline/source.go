@@ -367,8 +367,10 @@ func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis i
 				return
 			}
 			if poisonErr(err) && diverted < 2 {
-				diverted++
-				if diverted == 1 {
+				if got.Topic == deadLetterTopic(r.def) {
+					diverted = 2 // a dead letter already: keep its reason, drop its value
+				} else {
+					diverted = 1
 					r.m.met.deadLetters.WithLabelValues(r.name, reasonSink).Inc()
 				}
 				dl := r.sinkDeadLetter(got, err, diverted == 2)
@@ -418,26 +420,29 @@ func poisonErr(err error) bool {
 	return false
 }
 
-// sinkDeadLetter is the dead letter for an output the brokers refused: its
-// key, value (unless bare) and headers, plus the reason headers. Window and
-// source headers stay, so the dead letter says where it came from.
+// sinkDeadLetter is the dead letter for a record the brokers refused. An
+// output becomes one with reason "sink": its key, value and headers (window
+// and source headers stay, so it says where it came from) plus the reason
+// headers and the topic it was meant for. A dead letter refused in turn
+// (bare) is written again without its value, its headers kept and its
+// error saying why.
 func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Record {
 	msg := fmt.Sprintf("write %s[%d]: %v", got.Topic, got.Partition, err)
-	target := got.Topic
-	for _, h := range got.Headers {
-		if h.Key == HeaderTarget {
-			target = string(h.Value)
-		}
-	}
-	if bare {
-		msg = fmt.Sprintf("%s (the dead letter with the %d-byte value was refused too; written without it)", msg, len(got.Value))
-	}
 	hs := make([]kgo.RecordHeader, 0, len(got.Headers)+6)
+	if bare {
+		prev := ""
+		for _, h := range got.Headers {
+			if h.Key == HeaderError {
+				prev = string(h.Value) + "; "
+				continue
+			}
+			hs = append(hs, h)
+		}
+		msg = fmt.Sprintf("%sthe dead letter was refused too, so it is written without its %d-byte value: %s", prev, len(got.Value), msg)
+		return &kgo.Record{Topic: got.Topic, Key: got.Key, Headers: append(hs, kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)})}
+	}
 	for _, h := range got.Headers {
-		switch h.Key {
-		case HeaderReason, HeaderError, HeaderRoute, HeaderStep, HeaderTarget:
-			continue
-		case headerEnvelope:
+		if h.Key == headerEnvelope {
 			// A repartition record: its envelope names the source record.
 			if e, err := decodeEnvelope(h.Value); err == nil {
 				hs = append(hs, kgo.RecordHeader{Key: HeaderSource, Value: fmt.Appendf(nil, "%s/%d/%d", e.topic, e.part, e.off)})
@@ -451,13 +456,9 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 		kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)},
 		kgo.RecordHeader{Key: HeaderRoute, Value: []byte(r.name)},
 		kgo.RecordHeader{Key: HeaderStep, Value: []byte("sink")},
-		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(target)},
+		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(got.Topic)},
 	)
-	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Headers: hs}
-	if !bare {
-		dl.Value = got.Value
-	}
-	return dl
+	return &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
 }
 
 // inflightAdd counts an output produced (d=1, ep<0: in the current epoch,
