@@ -46,6 +46,31 @@ type dropDuplicates struct {
 	expired    [][]byte
 }
 
+func init() {
+	register(&Spec{
+		Kind:    "drop_duplicates",
+		Order:   20,
+		Summary: "Passes the first record for each key and drops the later ones while the key is remembered; its state moves with the key's partition.",
+		Keys: []Key{
+			{Name: "key", Type: TypeExpr, Required: true, Doc: "What identifies a duplicate.",
+				Needs: "the expression that identifies a duplicate, e.g. `key: value.txn_id`"},
+			{Name: "ttl", Type: TypeDuration, Absent: "forever",
+				Doc: "How long, in event time after the record that passed, a key is remembered; dropped duplicates do not extend it."},
+		},
+		Usage: "`drop_duplicates: { key: value.txn_id, ttl: 1h }`",
+		Example: `route: payments-once
+source: { topic: payments, event_time: value.ts }
+sink: { topic: payments.unique }
+steps:
+  - drop_duplicates: { key: value.txn_id, ttl: 24h }
+`,
+		Compile: func(a *Args) (*Plan, error) {
+			key, ttl := a.Expr("key"), a.Duration("ttl")
+			return &Plan{New: func(env BuildEnv) (Step, error) { return NewDropDuplicates(key, ttl, env.KV), nil }}, nil
+		},
+	})
+}
+
 // NewDropDuplicates returns the `drop_duplicates:` step. ttl 0 remembers
 // keys forever. kv holds its state; nil gives it a private MemKV (tests).
 func NewDropDuplicates(key *Expr, ttl time.Duration, kv state.KV) Keyed {

@@ -11,6 +11,27 @@ type filter struct {
 	pred *Expr
 }
 
+func init() {
+	register(&Spec{
+		Kind:    "filter",
+		Order:   10,
+		Summary: "Keeps the records for which a condition is true and drops the others.",
+		Body: &Key{Name: "filter", Type: TypeCondition, Required: true,
+			Doc: "The condition. A record for which it fails, or gives something other than true or false, is a dead letter (reason `error`)."},
+		Usage: "`- filter: value.amount > 0`",
+		Example: `route: big-payments
+source: { topic: payments }
+sink: { topic: payments.big }
+steps:
+  - filter: value.amount >= 1000
+`,
+		Compile: func(a *Args) (*Plan, error) {
+			pred := a.Expr("filter")
+			return &Plan{New: func(BuildEnv) (Step, error) { return NewFilter(pred), nil }}, nil
+		},
+	})
+}
+
 // NewFilter returns the `filter:` step.
 func NewFilter(pred *Expr) Step { return &filter{pred: pred} }
 

@@ -29,6 +29,50 @@ func (m Missing) String() string {
 	return fmt.Sprintf("Missing(%d)", int(m))
 }
 
+func init() {
+	register(&Spec{
+		Kind:    "join",
+		Order:   30,
+		Summary: "Looks a key up in a table and binds the row under a name for the steps after it (a broadcast join: every proxy holds the whole table).",
+		Keys: []Key{
+			{Name: "table", Type: TypeTable, Required: true, Doc: "The table, by its name under `tables:`.",
+				Needs: "the name of a table under `tables:`"},
+			{Name: "on", Type: TypeExpr, Required: true,
+				Doc:   "The key looked up: strings as they are, numbers without a trailing `.0`; null matches nothing.",
+				Needs: "the expression whose value is looked up in the table, e.g. `on: value.merchant_id`"},
+			{Name: "as", Type: TypeName, DefaultFrom: "table",
+				Doc: "The name the row is bound under. It must not hide a built-in name, an expr-lang function or an earlier step's name."},
+			{Name: "missing", Type: TypeEnum, Default: "keep", Choices: []string{"keep", "drop", "dead_letter"},
+				Doc: "When no row matches: `keep` (the name is nil), `drop`, or `dead_letter` (reason `missing`)."},
+		},
+		Usage: "`join: { table: merchants, on: value.merchant_id, as: merchant }`",
+		Example: `route: orders-with-customer
+source: { topic: orders }
+sink: { topic: orders.with-customer }
+tables:
+  customers: { topic: customers }
+steps:
+  - join: { table: customers, on: key, as: customer, missing: drop }
+  - set: { customer_name: customer.name }
+`,
+		Compile: func(a *Args) (*Plan, error) {
+			table, on, as := a.String("table"), a.Expr("on"), a.String("as")
+			missing := map[string]Missing{"keep": MissingKeep, "drop": MissingDrop, "dead_letter": MissingDeadLetter}[a.String("missing")]
+			return &Plan{
+				New: func(env BuildEnv) (Step, error) {
+					tb := env.Tables[table]
+					if tb == nil {
+						return nil, fmt.Errorf("table %q is not available", table)
+					}
+					return NewJoin(tb, on, as, missing), nil
+				},
+				Binds: as,
+				Table: table,
+			}, nil
+		},
+	})
+}
+
 // join is a broadcast join: every record looks its key up in a table that
 // each worker sees whole. The row is bound under `as` in Record.Bound and
 // never merged into the value, so a later map decides what to keep.

@@ -16,6 +16,61 @@ type set struct {
 	fields []Field
 }
 
+func init() {
+	register(&Spec{
+		Kind:    "set",
+		Order:   40,
+		Summary: "Adds or overwrites fields of the value (a JSON object) and keeps the others; every expression sees the value as it was before the step.",
+		Body: &Key{Name: "set", Type: TypeFields, Required: true,
+			Doc: "The fields to set, each `FIELD: EXPRESSION`."},
+		Usage: "`- set: { amount_cents: int(value.amount * 100) }`",
+		Example: `route: payments-cents
+source: { topic: payments }
+sink: { topic: payments.cents }
+steps:
+  - set: { amount_cents: int(value.amount * 100) }
+`,
+		Compile: func(a *Args) (*Plan, error) {
+			fields := a.Fields("set")
+			return &Plan{
+				New:    func(BuildEnv) (Step, error) { return NewSet(fields), nil },
+				Value:  ValueMerged,
+				Fields: fieldNames(fields),
+			}, nil
+		},
+	})
+	register(&Spec{
+		Kind:    "map",
+		Order:   50,
+		Summary: "Replaces the value with exactly the object its fields build; later steps can read only these fields.",
+		Body: &Key{Name: "map", Type: TypeFields, Required: true,
+			Doc: "The fields of the new value, each `FIELD: EXPRESSION`."},
+		Usage: "`- map: { user: value.user.id }`",
+		Example: `route: logins-slim
+source: { topic: logins }
+sink: { topic: logins.slim }
+steps:
+  - map: { user: value.user.id, ok: value.result == "success" }
+`,
+		Compile: func(a *Args) (*Plan, error) {
+			fields := a.Fields("map")
+			return &Plan{
+				New:    func(BuildEnv) (Step, error) { return NewMap(fields), nil },
+				Value:  ValueReplaced,
+				Fields: fieldNames(fields),
+			}, nil
+		},
+	})
+}
+
+func fieldNames(fields []Field) []string {
+	names := make([]string, len(fields))
+	for i, f := range fields {
+		names[i] = f.Name
+	}
+	return names
+}
+
 // NewSet returns the `set:` step. The value must be a JSON object; any
 // other value is a dead letter with ReasonError.
 func NewSet(fields []Field) Step { return &set{fields: fields} }

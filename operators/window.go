@@ -40,6 +40,79 @@ import (
 	"github.com/rtproxy/rtproxy/state"
 )
 
+func init() {
+	register(&Spec{
+		Kind:    "window",
+		Order:   60,
+		Summary: "Groups records by key and event time into tumbling or sliding windows and emits one row of aggregates per key and window; later steps see the rows.",
+		Keys: []Key{
+			{Name: "kind", Type: TypeEnum, Required: true, Choices: WindowKinds,
+				Doc:   "`tumbling`: windows `[k·size, (k+1)·size)`, each record in one. `sliding`: windows start every `slide`.",
+				Needs: "tumbling or sliding"},
+			{Name: "size", Type: TypeDuration, Required: true, Doc: "How long each window is; aligned to the epoch.",
+				Needs: "how long each window is, e.g. `size: 5m`"},
+			{Name: "slide", Type: TypeDuration, Absent: "sliding: required",
+				Doc: "Sliding windows only: how far apart windows start, at most `size`, and at most 10,000 windows per record."},
+			{Name: "key", Type: TypeExpr, Absent: "one window for the whole stream", Doc: "What groups records into windows."},
+			{Name: "emit", Type: TypeEnum, Default: "on_close", Choices: []string{"on_close", "on_update"},
+				Doc: "`on_close`: a row once, when the watermark passes the window's end. `on_update`: the current row on every change."},
+			{Name: "aggregate", Type: TypeAggregates, Required: true,
+				Doc:   "The row's values, each `NAME: AGGREGATE(...)` (see Aggregates).",
+				Needs: "the values each window computes, e.g. `aggregate: { n: count(), total: sum(value.amount) }`"},
+		},
+		Usage: "`window: { kind: tumbling, size: 1m, key: value.user_id, aggregate: { n: count() } }`",
+		Example: `route: clicks-per-minute
+source: { topic: clicks, event_time: value.ts, watermark: 5s }
+sink: { topic: clicks.per-minute }
+steps:
+  - window: { kind: tumbling, size: 1m, key: value.page, aggregate: { views: count() } }
+`,
+		Compile: compileWindow,
+	})
+}
+
+// windowRowFields are the fields every window row has besides its
+// aggregates.
+var windowRowFields = []string{"key", "window_start", "window_end"}
+
+func compileWindow(a *Args) (*Plan, error) {
+	ws := WindowSpec{
+		Kind: a.String("kind"), Size: a.Duration("size"), Slide: a.Duration("slide"),
+		Key: a.Expr("key"), Aggregates: a.Aggregates("aggregate"),
+		EmitOnUpdate: a.String("emit") == "on_update",
+	}
+	var errs KeyErrors
+	var problems WindowErrors
+	errors.As(ws.Validate(), &problems)
+	for _, p := range problems {
+		errs = append(errs, &KeyError{Key: p.Key, Msg: p.Rule})
+	}
+	// Which keys a kind takes is the rule file's business: the step
+	// ignores a tumbling window's slide, a rule file may not write one.
+	if len(errs) == 0 && ws.Kind == "tumbling" && a.Written("slide") {
+		errs = append(errs, &KeyError{Key: "slide", AtName: true,
+			Msg: "`slide` only applies to sliding windows; remove it or use `kind: sliding`"})
+	}
+	fields := slices.Clone(windowRowFields)
+	for _, g := range ws.Aggregates {
+		if slices.Contains(windowRowFields, g.Name) {
+			errs = append(errs, &KeyError{Key: "aggregate", Entry: g.Name, AtName: true,
+				Msg: fmt.Sprintf("aggregate name `%s` is a field every window row has; choose another name", g.Name)})
+			continue
+		}
+		fields = append(fields, g.Name)
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return &Plan{
+		New:         func(BuildEnv) (Step, error) { return NewWindow(ws), nil },
+		Value:       ValueReplaced,
+		Fields:      fields,
+		ClearsNames: true,
+	}, nil
+}
+
 // Aggregate is one `name: func(arg)` entry of window.aggregate. Arg is nil
 // for count().
 type Aggregate struct {
@@ -251,6 +324,9 @@ func NewWindow(spec WindowSpec) Keyed {
 }
 
 func (w *window) Kind() string { return "window" }
+
+// Absorbs implements Absorbing: a record is taken into the window's state.
+func (w *window) Absorbs() {}
 
 var _ StateSizer = (*window)(nil)
 

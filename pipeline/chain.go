@@ -197,7 +197,8 @@ func (r *route) buildChain(t *task, tables map[string]operators.Table) (*chain, 
 		c.specs = append(c.specs, spec)
 		c.steps = append(c.steps, s)
 		c.names = append(c.names, name)
-		c.drops = append(c.drops, spec.Kind != "window")
+		_, absorbs := s.(operators.Absorbing)
+		c.drops = append(c.drops, !absorbs)
 	}
 	c.ems = make([]emitter, len(c.steps))
 	for i := range c.ems {

@@ -40,12 +40,7 @@ func (w *watermark) init(src rules.Source, nparts int, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.lateness = src.Watermark.Milliseconds()
-	w.idle = src.IdleTimeout
-	if w.idle <= 0 {
-		// rules.Load always sets it; a Route built by hand gets the same
-		// default rather than one of our own.
-		w.idle = rules.DefaultIdleTimeout
-	}
+	w.idle = src.IdleTimeout // checkDefinition refuses a route without one
 	w.started = now
 	w.maxEv = make([]int64, nparts)
 	w.seen = make([]bool, nparts)

@@ -32,8 +32,6 @@ const (
 	DefaultStart              = "earliest"
 	DefaultCheckpointInterval = 5 * time.Second
 	DefaultDeadLetterSuffix   = ".dlq"
-	DefaultJoinMissing        = "keep"
-	DefaultWindowEmit         = "on_close"
 )
 
 // The keys each mapping of a rule file may hold. Anything else is refused
@@ -43,10 +41,6 @@ var (
 	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group"}
 	sinkKeys   = []string{"topic", "key"}
 	tableKeys  = []string{"file", "key", "topic"}
-	stepKinds  = []string{"filter", "drop_duplicates", "join", "set", "map", "window"}
-	dedupKeys  = []string{"key", "ttl"}
-	joinKeys   = []string{"table", "on", "as", "missing"}
-	windowKeys = []string{"kind", "size", "slide", "key", "aggregate", "emit"}
 )
 
 // builtinNames are the names every expression sees; a join may not bind

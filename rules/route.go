@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/rtproxy/rtproxy/operators"
-	"github.com/rtproxy/rtproxy/state"
 )
 
 // Route is one compiled, analyzed rule file: everything pipeline/ needs to
@@ -70,7 +69,7 @@ type TableSpec struct {
 // StepSpec is one compiled step.
 type StepSpec struct {
 	Index int    // position in steps:, from 0
-	Kind  string // filter, set, map, join, drop_duplicates, window
+	Kind  string // the step kind: an operators.Spec
 	// Fingerprint identifies the step's definition: the same text in the
 	// same position with the same upstream semantics gives the same
 	// fingerprint. State of a step whose fingerprint is unchanged survives
@@ -84,11 +83,8 @@ type StepSpec struct {
 	// Build makes one instance of the step. The pipeline builds Keyed steps
 	// once per shuffle worker, each with its own KV; other steps may be
 	// built once per reader.
-	Build func(BuildEnv) (operators.Step, error)
+	Build func(operators.BuildEnv) (operators.Step, error)
 }
 
 // BuildEnv is what a step instance is built with.
-type BuildEnv struct {
-	KV     state.KV                   // the step's state namespace (nil for stateless steps)
-	Tables map[string]operators.Table // every table of the route, by name
-}
+type BuildEnv = operators.BuildEnv

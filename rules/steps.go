@@ -320,20 +320,23 @@ func (l *loader) sinkKey(r *Route, sc *scope) {
 	}
 }
 
-// step compiles one item of steps. It returns the spec and the canonical
-// definition text its fingerprint hashes, or nil after reporting errors.
+// step compiles one item of steps through its kind's operators.Spec. It
+// returns the step and the canonical definition text its fingerprint
+// hashes, or nil after reporting errors.
 func (l *loader) step(i int, item *yaml.Node, sc *scope, r *Route) (*StepSpec, string) {
+	kinds := operators.StepKinds()
 	if item.Kind != yaml.MappingNode || len(item.Content) == 0 {
-		l.errAt(item, item.Value, "step %d must be one of %s, written `- filter: EXPR` or `- window: {...}`", i+1, strings.Join(stepKinds, ", "))
+		l.errAt(item, item.Value, "step %d must be one of %s, written `- filter: EXPR` or `- window: {...}`", i+1, strings.Join(kinds, ", "))
 		return nil, ""
 	}
 	k, v := resolve(item.Content[0]), resolve(item.Content[1])
-	if !contains(stepKinds, k.Value) {
+	spec := operators.SpecOf(k.Value)
+	if spec == nil {
 		msg := fmt.Sprintf("unknown step `%s`", k.Value)
-		if s := closest(k.Value, stepKinds); s != "" {
+		if s := closest(k.Value, kinds); s != "" {
 			msg += fmt.Sprintf("; did you mean `%s`?", s)
 		} else {
-			msg += "; steps are " + strings.Join(stepKinds, ", ")
+			msg += "; steps are " + strings.Join(kinds, ", ")
 		}
 		l.errAt(k, k.Value, "%s", msg)
 		return nil, ""
@@ -343,333 +346,401 @@ func (l *loader) step(i int, item *yaml.Node, sc *scope, r *Route) (*StepSpec, s
 		l.errAt(extra, extra.Value, "a step holds exactly one operator; start `%s` on its own list item (`- %s: ...`)", extra.Value, extra.Value)
 		return nil, ""
 	}
-	kv := &keyVal{key: k, val: v}
-	spec := &StepSpec{Index: i, Kind: k.Value, Line: k.Line, Col: k.Column}
+	st := &StepSpec{Index: i, Kind: k.Value, Line: k.Line, Col: k.Column}
+	p := &stepParse{l: l, spec: spec, step: &keyVal{key: k, val: v}, sc: sc, r: r,
+		args: operators.NewArgs(), given: map[string]*keyVal{}, entries: map[string]map[string]*yaml.Node{}, refused: map[string]bool{}}
 	n := len(l.errs)
-	var def string
-	switch k.Value {
-	case "filter":
-		def = l.filterStep(kv, sc, spec)
-	case "set", "map":
-		def = l.fieldsStep(kv, sc, spec)
-	case "join":
-		def = l.joinStep(kv, sc, spec, r)
-	case "drop_duplicates":
-		def = l.dedupStep(kv, sc, spec)
-	case "window":
-		def = l.windowStep(kv, sc, spec)
+	plan := p.compile()
+	if plan == nil || len(l.errs) > n {
+		return nil, ""
 	}
+	def := p.def()
+	p.apply(plan, st)
 	if len(l.errs) > n {
 		return nil, ""
 	}
-	return spec, def
+	return st, def
 }
 
-func (l *loader) filterStep(kv *keyVal, sc *scope, spec *StepSpec) string {
-	pred := l.expr(kv, "filter", sc, exprBool)
-	if pred == nil {
-		return ""
+// stepParse is one step on its way through its Spec: the values read so
+// far, where each was written, and which keys were refused (their
+// problems are reported; Compile's view of them is not).
+type stepParse struct {
+	l    *loader
+	spec *operators.Spec
+	step *keyVal // `kind: value`
+	sc   *scope
+	r    *Route
+
+	args    *operators.Args
+	given   map[string]*keyVal               // key -> where the file wrote it
+	entries map[string]map[string]*yaml.Node // mapping-valued key -> entry name -> its name node
+	refused map[string]bool
+}
+
+// compile reads every key of the step, fills in defaults, and runs the
+// Spec's Compile, reporting each problem at its place in the file.
+func (p *stepParse) compile() *operators.Plan {
+	l, kind := p.l, p.spec.Kind
+	if b := p.spec.Body; b != nil {
+		p.given[b.Name] = p.step
+		if !p.read(b, p.step, kind) {
+			return nil
+		}
+	} else {
+		if !l.mapping(p.step, kind, p.spec.Usage) {
+			return nil
+		}
+		f := l.fields(p.step.val, p.spec.KeyNames(), kind)
+		for i := range p.spec.Keys {
+			key := &p.spec.Keys[i]
+			x := f[key.Name]
+			switch {
+			case x != nil:
+				p.given[key.Name] = x
+				if !p.read(key, x, kind+"."+key.Name) {
+					p.refused[key.Name] = true
+				}
+			case key.Required:
+				l.errAt(p.step.key, kind, "%s needs `%s`: %s", kind, key.Name, key.Needs)
+				p.refused[key.Name] = true
+			case key.Default != "":
+				p.args.Set(key.Name, p.defaultValue(key), false)
+			}
+		}
+		for i := range p.spec.Keys {
+			if key := &p.spec.Keys[i]; f[key.Name] == nil && key.DefaultFrom != "" {
+				p.defaultFrom(key)
+			}
+		}
 	}
-	spec.Build = func(BuildEnv) (operators.Step, error) { return operators.NewFilter(pred), nil }
-	return canonical(pred.Source)
+	plan, err := p.spec.Compile(p.args)
+	if err != nil {
+		p.report(err)
+		return nil
+	}
+	if len(p.refused) > 0 {
+		return nil
+	}
+	return plan
 }
 
-// fieldsStep compiles set and map: a mapping of field name to expression.
-func (l *loader) fieldsStep(kv *keyVal, sc *scope, spec *StepSpec) string {
-	kind := kv.key.Value
-	if kv.val.Kind != yaml.MappingNode || len(kv.val.Content) == 0 {
-		l.errAt(kv.val, kind, "`%s` must be a mapping of field names to expressions, e.g. `%s: { amount: value.amount }`", kind, kind)
-		return ""
+// defaultValue is a key's Default as its type reads it.
+func (p *stepParse) defaultValue(key *operators.Key) any {
+	if key.Type == operators.TypeDuration {
+		d, err := time.ParseDuration(key.Default)
+		if err != nil {
+			panic(fmt.Sprintf("rules: step %s: default of %s: %v", p.spec.Kind, key.Name, err))
+		}
+		return d
+	}
+	return key.Default
+}
+
+// defaultFrom gives key the value of the key it defaults to (join `as`:
+// the table's name), when that value is a name expressions can use.
+func (p *stepParse) defaultFrom(key *operators.Key) {
+	if p.refused[key.DefaultFrom] {
+		p.refused[key.Name] = true
+		return
+	}
+	s := p.args.String(key.DefaultFrom)
+	if key.Type == operators.TypeName && p.nameProblem(s) != "" {
+		p.l.errAt(p.step.key, s, "%s needs `%s`: %s `%s` cannot be used as a name in expressions", p.spec.Kind, key.Name, key.DefaultFrom, s)
+		p.refused[key.Name] = true
+		return
+	}
+	p.args.Set(key.Name, s, false)
+}
+
+// read parses one written key by its type into args. what names it in
+// messages ("window.size", or "filter" for a step's body).
+func (p *stepParse) read(key *operators.Key, x *keyVal, what string) bool {
+	l := p.l
+	var v any
+	switch key.Type {
+	case operators.TypeExpr, operators.TypeCondition:
+		kind := exprAny
+		if key.Type == operators.TypeCondition {
+			kind = exprBool
+		}
+		e := l.expr(x, what, p.sc, kind)
+		if e == nil {
+			return false
+		}
+		v = e
+	case operators.TypeDuration:
+		d, ok := l.duration(x, what, false)
+		if !ok {
+			return false
+		}
+		v = d
+	case operators.TypeEnum:
+		s, ok := l.oneOf(x, what, key.Choices...)
+		if !ok {
+			return false
+		}
+		v = s
+	case operators.TypeName:
+		s, ok := l.scalar(x, what)
+		if !ok {
+			return false
+		}
+		if msg := p.nameProblem(s); msg != "" {
+			l.errAt(x.val, s, "%s `%s: %s` %s", p.spec.Kind, key.Name, s, msg)
+			return false
+		}
+		v = s
+	case operators.TypeTable:
+		s, ok := l.scalar(x, what)
+		if !ok || !p.tableDefined(x, s) {
+			return false
+		}
+		v = s
+	case operators.TypeFields:
+		fields, ok := p.fields(x)
+		if !ok {
+			return false
+		}
+		v = fields
+	case operators.TypeAggregates:
+		aggs, ok := p.aggregates(x, what)
+		if !ok {
+			return false
+		}
+		v = aggs
+	default:
+		panic(fmt.Sprintf("rules: step %s key %s: type %d has no parser", p.spec.Kind, key.Name, key.Type))
+	}
+	p.args.Set(key.Name, v, true)
+	return true
+}
+
+// nameProblem says why s cannot be bound as a name later expressions see,
+// or "".
+func (p *stepParse) nameProblem(s string) string {
+	switch {
+	case contains(builtinNames, s):
+		return fmt.Sprintf("would hide the built-in `%s`; choose another name, e.g. `%s_row`", s, s)
+	case contains(p.sc.bound, s):
+		return "is already bound by an earlier step; choose another name"
+	case !identifierRe.MatchString(s):
+		return "must be a name expressions can use: letters, digits and `_`, not starting with a digit"
+	case contains(exprKeywords, s):
+		return "is an expression keyword; choose another name"
+	}
+	if _, isBuiltin := builtin.Index[s]; isBuiltin {
+		return fmt.Sprintf("would hide the expr-lang function `%s`; choose another name", s)
+	}
+	return ""
+}
+
+// tableDefined refuses a table name that `tables:` does not define.
+func (p *stepParse) tableDefined(x *keyVal, table string) bool {
+	if _, ok := p.r.Tables[table]; ok {
+		return true
+	}
+	names := make([]string, 0, len(p.r.Tables))
+	for n := range p.r.Tables {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	msg := fmt.Sprintf("%s to undefined table `%s`", p.spec.Kind, table)
+	if c := closest(table, names); c != "" {
+		msg += fmt.Sprintf("; did you mean `%s`?", c)
+	} else if len(names) > 0 {
+		msg += "; defined tables: " + strings.Join(names, ", ")
+	} else {
+		msg += "; define it under `tables:` (`" + table + ": { file: " + table + ".jsonl, key: id }`)"
+	}
+	p.l.errAt(x.val, table, "%s", msg)
+	return false
+}
+
+// fields reads a mapping of field names to expressions (set, map).
+func (p *stepParse) fields(x *keyVal) ([]operators.Field, bool) {
+	l, name := p.l, x.key.Value
+	if x.val.Kind != yaml.MappingNode || len(x.val.Content) == 0 {
+		l.errAt(x.val, name, "`%s` must be a mapping of field names to expressions, e.g. `%s: { amount: value.amount }`", name, name)
+		return nil, false
 	}
 	var fields []operators.Field
 	var names []string
-	var def strings.Builder
-	for i := 0; i+1 < len(kv.val.Content); i += 2 {
-		fk, fv := resolve(kv.val.Content[i]), resolve(kv.val.Content[i+1])
+	ok := true
+	for i := 0; i+1 < len(x.val.Content); i += 2 {
+		fk, fv := resolve(x.val.Content[i]), resolve(x.val.Content[i+1])
 		if fk.Kind != yaml.ScalarNode || fk.Value == "" {
-			l.errAt(fk, "", "a field name in `%s` must be plain text", kind)
+			l.errAt(fk, "", "a field name in `%s` must be plain text", name)
+			ok = false
 			continue
 		}
 		if contains(names, fk.Value) {
-			l.errAt(fk, fk.Value, "field `%s` is written twice in this `%s`; keep one", fk.Value, kind)
+			l.errAt(fk, fk.Value, "field `%s` is written twice in this `%s`; keep one", fk.Value, name)
+			ok = false
 			continue
 		}
 		names = append(names, fk.Value)
-		e := l.expr(&keyVal{key: fk, val: fv}, kind+" "+fk.Value, sc, exprAny)
+		e := l.expr(&keyVal{key: fk, val: fv}, name+" "+fk.Value, p.sc, exprAny)
 		if e == nil {
+			ok = false
 			continue
 		}
 		fields = append(fields, operators.Field{Name: fk.Value, Expr: e})
-		fmt.Fprintf(&def, "%s=%s\x00", fk.Value, canonical(e.Source))
 	}
-	line := kv.key.Line
-	if kind == "map" {
-		sc.shape = shape{known: true, fields: names, origin: fmt.Sprintf("the map at line %d", line)}
-		spec.Build = func(BuildEnv) (operators.Step, error) { return operators.NewMap(fields), nil }
-	} else {
-		if sc.shape.known {
-			merged := append([]string{}, sc.shape.fields...)
-			for _, n := range names {
-				if !contains(merged, n) {
-					merged = append(merged, n)
-				}
-			}
-			sc.shape = shape{known: true, fields: merged, origin: fmt.Sprintf("the set at line %d", line)}
-		} else if sc.shape.raw {
-			l.errAt(kv.key, kind, "`set` adds fields to a JSON object, but with `format: raw` value is a string; use `map` to build an object, or `format: json`")
-		}
-		spec.Build = func(BuildEnv) (operators.Step, error) { return operators.NewSet(fields), nil }
-	}
-	return def.String()
+	return fields, ok
 }
 
-func (l *loader) joinStep(kv *keyVal, sc *scope, spec *StepSpec, r *Route) string {
-	if !l.mapping(kv, "join", "`join: { table: merchants, on: value.merchant_id, as: merchant }`") {
-		return ""
+// aggregates reads a mapping of names to aggregate calls.
+func (p *stepParse) aggregates(x *keyVal, what string) ([]operators.Aggregate, bool) {
+	l := p.l
+	if !l.mapping(x, what, "`"+x.key.Value+": { n: count(), total: sum(value.amount) }`") {
+		return nil, false
 	}
-	f := l.fields(kv.val, joinKeys, "join")
-	t := f["table"]
-	if t == nil {
-		l.errAt(kv.key, "join", "join needs `table`: the name of a table under `tables:`")
-		return ""
-	}
-	table, ok := l.scalar(t, "join.table")
-	if !ok {
-		return ""
-	}
-	if _, defined := r.Tables[table]; !defined {
-		names := make([]string, 0, len(r.Tables))
-		for n := range r.Tables {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		msg := fmt.Sprintf("join to undefined table `%s`", table)
-		if c := closest(table, names); c != "" {
-			msg += fmt.Sprintf("; did you mean `%s`?", c)
-		} else if len(names) > 0 {
-			msg += "; defined tables: " + strings.Join(names, ", ")
-		} else {
-			msg += "; define it under `tables:` (`" + table + ": { file: " + table + ".jsonl, key: id }`)"
-		}
-		l.errAt(t.val, table, "%s", msg)
-	}
-	as := table
-	if a := f["as"]; a != nil {
-		s, ok := l.scalar(a, "join.as")
-		if !ok {
-			return ""
-		}
-		as = s
-		switch {
-		case contains(builtinNames, as):
-			l.errAt(a.val, as, "join `as: %s` would hide the built-in `%s`; choose another name, e.g. `%s_row`", as, as, as)
-		case contains(sc.bound, as):
-			l.errAt(a.val, as, "join `as: %s` is already bound by an earlier join; choose another name", as)
-		case !identifierRe.MatchString(as):
-			l.errAt(a.val, as, "join `as` must be a name expressions can use: letters, digits and `_`, not starting with a digit")
-		case contains(exprKeywords, as):
-			l.errAt(a.val, as, "join `as: %s` is an expression keyword; choose another name", as)
-		default:
-			if _, isBuiltin := builtin.Index[as]; isBuiltin {
-				l.errAt(a.val, as, "join `as: %s` would hide the expr-lang function `%s`; choose another name", as, as)
-			}
-		}
-	} else if !identifierRe.MatchString(as) || contains(builtinNames, as) || contains(sc.bound, as) || contains(exprKeywords, as) {
-		l.errAt(kv.key, table, "join needs `as`: table `%s` cannot be used as a name in expressions", table)
-	}
-	missing := operators.MissingKeep
-	missingText := DefaultJoinMissing
-	if m := f["missing"]; m != nil {
-		s, ok := l.oneOf(m, "join.missing", "keep", "drop", "dead_letter")
-		if !ok {
-			return ""
-		}
-		missingText = s
-		switch s {
-		case "drop":
-			missing = operators.MissingDrop
-		case "dead_letter":
-			missing = operators.MissingDeadLetter
-		}
-	}
-	o := f["on"]
-	if o == nil {
-		l.errAt(kv.key, "join", "join needs `on`: the expression whose value is looked up in the table, e.g. `on: value.merchant_id`")
-		return ""
-	}
-	on := l.expr(o, "join.on", sc, exprAny)
-	if on == nil {
-		return ""
-	}
-	sc.bound = append(append([]string{}, sc.bound...), as)
-	spec.Table = table
-	spec.Build = func(env BuildEnv) (operators.Step, error) {
-		tb := env.Tables[table]
-		if tb == nil {
-			return nil, fmt.Errorf("join step %d: table %q is not available", spec.Index, table)
-		}
-		return operators.NewJoin(tb, on, as, missing), nil
-	}
-	// The table's definition as written (not its content, not its absolute
-	// path): a table edit or a moved rules directory keeps downstream state.
-	return fmt.Sprintf("table=%s {%s} on=%s as=%s missing=%s", table, l.tableDefs[table], canonical(on.Source), as, missingText)
-}
-
-func (l *loader) dedupStep(kv *keyVal, sc *scope, spec *StepSpec) string {
-	if !l.mapping(kv, "drop_duplicates", "`drop_duplicates: { key: value.txn_id, ttl: 1h }`") {
-		return ""
-	}
-	f := l.fields(kv.val, dedupKeys, "drop_duplicates")
-	k := f["key"]
-	if k == nil {
-		l.errAt(kv.key, "drop_duplicates", "drop_duplicates needs `key`: the expression that identifies a duplicate, e.g. `key: value.txn_id`")
-		return ""
-	}
-	var ttl time.Duration
-	if t := f["ttl"]; t != nil {
-		d, ok := l.duration(t, "drop_duplicates.ttl", false)
-		if !ok {
-			return ""
-		}
-		ttl = d
-	}
-	key := l.expr(k, "drop_duplicates.key", sc, exprAny)
-	if key == nil {
-		return ""
-	}
-	spec.Build = func(env BuildEnv) (operators.Step, error) {
-		return operators.NewDropDuplicates(key, ttl, env.KV), nil
-	}
-	return fmt.Sprintf("key=%s ttl=%s", canonical(key.Source), ttl)
-}
-
-func (l *loader) windowStep(kv *keyVal, sc *scope, spec *StepSpec) string {
-	if !l.mapping(kv, "window", "`window: { kind: tumbling, size: 1m, key: value.user_id, aggregate: { n: count() } }`") {
-		return ""
-	}
-	f := l.fields(kv.val, windowKeys, "window")
-	ws := operators.WindowSpec{}
+	var aggs []operators.Aggregate
+	names := map[string]*yaml.Node{}
+	p.entries[x.key.Value] = names
 	ok := true
-	// refused: the keys refused while parsing (missing where required, or
-	// not a kind or a duration), whose values ValidateWindow then sees as
-	// empty. Its problems with them are already reported.
-	refused := map[string]bool{}
-	if k := f["kind"]; k == nil {
-		l.errAt(kv.key, "window", "window needs `kind`: tumbling or sliding")
-		refused["kind"] = true
-	} else if s, good := l.oneOf(k, "window.kind", operators.WindowKinds...); good {
-		ws.Kind = s
-	} else {
-		refused["kind"] = true
-	}
-	if s := f["size"]; s == nil {
-		l.errAt(kv.key, "window", "window needs `size`: how long each window is, e.g. `size: 5m`")
-		refused["size"] = true
-	} else if d, good := l.duration(s, "window.size", false); good {
-		ws.Size = d
-	} else {
-		refused["size"] = true
-	}
-	slide := f["slide"]
-	if slide != nil {
-		if d, good := l.duration(slide, "window.slide", false); good {
-			ws.Slide = d
-		} else {
-			refused["slide"] = true
-		}
-	}
-	// The values are checked by operators.ValidateWindow, the check the
-	// step runs itself: what passes here cannot fail it at run time.
-	var problems operators.WindowErrors
-	errors.As(operators.ValidateWindow(ws.Kind, ws.Size, ws.Slide), &problems)
-	for _, p := range problems {
-		ok = false
-		if refused[p.Key] {
-			continue
-		}
-		if x := f[p.Key]; x != nil {
-			l.errAt(x.val, x.val.Value, "%s", p.Rule)
-		} else {
-			l.errAt(kv.key, "window", "%s", p.Rule)
-		}
-	}
-	if len(refused) > 0 {
-		ok = false
-	}
-	// Which keys a kind takes is the rule file's business: the step
-	// ignores a tumbling window's slide, a rule file may not write one.
-	if ok && ws.Kind == "tumbling" && slide != nil {
-		l.errAt(slide.key, "slide", "`slide` only applies to sliding windows; remove it or use `kind: sliding`")
-		ok = false
-	}
-	emit := DefaultWindowEmit
-	if e := f["emit"]; e != nil {
-		if s, good := l.oneOf(e, "window.emit", "on_close", "on_update"); good {
-			emit = s
-		} else {
-			ok = false
-		}
-	}
-	ws.EmitOnUpdate = emit == "on_update"
-	keySrc := `""`
-	if k := f["key"]; k != nil {
-		ws.Key = l.expr(k, "window.key", sc, exprAny)
-		if ws.Key == nil {
-			ok = false
-		} else {
-			keySrc = ws.Key.Source
-		}
-	}
-	// No key: one window for the whole stream (operators.WindowSpec, Key nil).
-	a := f["aggregate"]
-	if a == nil {
-		l.errAt(kv.key, "window", "window needs `aggregate`: the values each window computes, e.g. `aggregate: { n: count(), total: sum(value.amount) }`")
-		return ""
-	}
-	if !l.mapping(a, "window.aggregate", "`aggregate: { n: count(), total: sum(value.amount) }`") {
-		return ""
-	}
-	var def strings.Builder
-	fmt.Fprintf(&def, "kind=%s size=%s slide=%s key=%s emit=%s", ws.Kind, ws.Size, ws.Slide, canonical(keySrc), emit)
-	rowFields := []string{"key", "window_start", "window_end"}
-	for i := 0; i+1 < len(a.val.Content); i += 2 {
-		nk, nv := resolve(a.val.Content[i]), resolve(a.val.Content[i+1])
+	for i := 0; i+1 < len(x.val.Content); i += 2 {
+		nk, nv := resolve(x.val.Content[i]), resolve(x.val.Content[i+1])
 		if nk.Kind != yaml.ScalarNode || nk.Value == "" {
 			l.errAt(nk, "", "an aggregate needs a plain name")
 			ok = false
 			continue
 		}
-		if contains(rowFields, nk.Value) {
-			what := "written twice"
-			if contains([]string{"key", "window_start", "window_end"}, nk.Value) {
-				what = "a field every window row has"
-			}
-			l.errAt(nk, nk.Value, "aggregate name `%s` is %s; choose another name", nk.Value, what)
+		if names[nk.Value] != nil {
+			l.errAt(nk, nk.Value, "aggregate name `%s` is written twice; choose another name", nk.Value)
 			ok = false
 			continue
 		}
-		agg, good := l.aggregate(nk, nv, sc)
+		names[nk.Value] = nk
+		agg, good := l.aggregate(nk, nv, p.sc)
 		if !good {
 			ok = false
 			continue
 		}
-		rowFields = append(rowFields, nk.Value)
-		ws.Aggregates = append(ws.Aggregates, agg)
-		arg := ""
-		if agg.Arg != nil {
-			arg = canonical(agg.Arg.Source)
+		aggs = append(aggs, agg)
+	}
+	return aggs, ok
+}
+
+// report attaches each problem Compile found to the place of its key: the
+// entry's name, the key's name or value, or the step when the key is not
+// written. Problems with a key already refused are not repeated.
+func (p *stepParse) report(err error) {
+	l, kind := p.l, p.spec.Kind
+	var list operators.KeyErrors
+	if !errors.As(err, &list) {
+		var one *operators.KeyError
+		if !errors.As(err, &one) {
+			l.errAt(p.step.key, kind, "%s: %v", kind, err)
+			return
 		}
-		fmt.Fprintf(&def, "\x00%s=%s(%s)", agg.Name, agg.Func, arg)
+		list = operators.KeyErrors{one}
 	}
-	if !ok {
-		return ""
+	for _, e := range list {
+		if p.refused[e.Key] {
+			continue
+		}
+		x := p.given[e.Key]
+		switch {
+		case e.Key == "" || x == nil:
+			l.errAt(p.step.key, kind, "%s", e.Msg)
+		case e.Entry != "" && p.entries[e.Key][e.Entry] != nil:
+			n := p.entries[e.Key][e.Entry]
+			l.errAt(n, n.Value, "%s", e.Msg)
+		case e.AtName:
+			l.errAt(x.key, x.key.Value, "%s", e.Msg)
+		default:
+			l.errAt(x.val, x.val.Value, "%s", e.Msg)
+		}
 	}
-	// Steps after a window see its rows: exactly these fields, and no join
-	// names (a row is not any one record).
-	sc.shape = shape{known: true, fields: rowFields, origin: fmt.Sprintf("the window at line %d", kv.key.Line)}
-	sc.bound = nil
-	spec.Build = func(BuildEnv) (operators.Step, error) { return operators.NewWindow(ws), nil }
-	return def.String()
+}
+
+// apply records what the plan does on the step and on what later steps
+// see.
+func (p *stepParse) apply(plan *operators.Plan, st *StepSpec) {
+	sc, kind, line := p.sc, p.spec.Kind, p.step.key.Line
+	switch plan.Value {
+	case operators.ValueReplaced:
+		sc.shape = shape{known: true, fields: plan.Fields, origin: fmt.Sprintf("the %s at line %d", kind, line)}
+	case operators.ValueMerged:
+		if sc.shape.known {
+			merged := append([]string{}, sc.shape.fields...)
+			for _, n := range plan.Fields {
+				if !contains(merged, n) {
+					merged = append(merged, n)
+				}
+			}
+			sc.shape = shape{known: true, fields: merged, origin: fmt.Sprintf("the %s at line %d", kind, line)}
+		} else if sc.shape.raw {
+			p.l.errAt(p.step.key, kind, "`%s` adds fields to a JSON object, but with `format: raw` value is a string; use `map` to build an object, or `format: json`", kind)
+		}
+	}
+	if plan.ClearsNames {
+		sc.bound = nil
+	}
+	if plan.Binds != "" {
+		sc.bound = append(append([]string{}, sc.bound...), plan.Binds)
+	}
+	st.Table = plan.Table
+	st.Build = plan.New
+}
+
+// def is the step's definition in canonical form, what its fingerprint
+// hashes: the body, or each key in declared order (`key=value`, space
+// separated, aggregates as `\x00name=func(arg)`). A key not given reads as
+// its zero value, so adding an optional key to a Spec keeps every
+// fingerprint of rule files that do not write it... as long as the zero
+// value's text does not change.
+func (p *stepParse) def() string {
+	if b := p.spec.Body; b != nil {
+		return p.value(b)
+	}
+	var d strings.Builder
+	for i := range p.spec.Keys {
+		key := &p.spec.Keys[i]
+		if key.Type == operators.TypeAggregates {
+			for _, agg := range p.args.Aggregates(key.Name) {
+				arg := ""
+				if agg.Arg != nil {
+					arg = canonical(agg.Arg.Source)
+				}
+				fmt.Fprintf(&d, "\x00%s=%s(%s)", agg.Name, agg.Func, arg)
+			}
+			continue
+		}
+		if d.Len() > 0 {
+			d.WriteByte(' ')
+		}
+		fmt.Fprintf(&d, "%s=%s", key.Name, p.value(key))
+	}
+	return d.String()
+}
+
+// value is one key's value in canonical form.
+func (p *stepParse) value(key *operators.Key) string {
+	switch key.Type {
+	case operators.TypeExpr, operators.TypeCondition:
+		if e := p.args.Expr(key.Name); e != nil {
+			return canonical(e.Source)
+		}
+		return canonical(`""`)
+	case operators.TypeDuration:
+		return p.args.Duration(key.Name).String()
+	case operators.TypeTable:
+		// The table's definition as written (not its content, not its
+		// absolute path): a table edit or a moved rules directory keeps
+		// downstream state.
+		t := p.args.String(key.Name)
+		return fmt.Sprintf("%s {%s}", t, p.l.tableDefs[t])
+	case operators.TypeFields:
+		var d strings.Builder
+		for _, f := range p.args.Fields(key.Name) {
+			fmt.Fprintf(&d, "%s=%s\x00", f.Name, canonical(f.Expr.Source))
+		}
+		return d.String()
+	}
+	return p.args.String(key.Name)
 }
 
 // aggregateUsage lists the aggregate functions as a rule file writes

@@ -1,0 +1,246 @@
+package operators
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/rtproxy/rtproxy/state"
+)
+
+// A step kind is declared once, by a Spec in the kind's own file. Every
+// part of rtproxy reads the kind from there: rules/ parses and analyzes a
+// step through its Spec (keys, types, defaults, validation, what later
+// steps see), the pipeline decides shuffles, watermarks and state by the
+// traits of the step a Plan builds (Keyed, Timed, Stateful, Absorbing),
+// and the reference table of docs/RULES.md is generated from the Specs.
+// Adding a step kind is one file here, its tests and `go generate ./...`.
+
+// Spec declares one step kind.
+type Spec struct {
+	Kind    string // the key a rule file writes: `- filter: ...`
+	Summary string // one sentence for the reference table
+	// Order places the kind in lists (messages, docs): the order people
+	// meet the kinds in, not the alphabet.
+	Order int
+	// Body is set for a step whose value is itself one value of this key
+	// (`- filter: EXPR`, `- set: {FIELD: EXPR}`); Body.Name is the kind.
+	// Otherwise the step's value is a mapping of Keys.
+	Body *Key
+	Keys []Key
+	// Usage is how the step is written, for messages: "`join: { table:
+	// merchants, on: value.merchant_id }`".
+	Usage string
+	// Example is a complete rule file using the step. Tests load it, and
+	// the generated reference shows it.
+	Example string
+	// Compile checks the values a rule file gave (defaults filled in) and
+	// returns what the step does. Problems are KeyErrors; the analyzer
+	// attaches each to the file position of its key. It is the only check
+	// a step gets: what Compile accepts, the step built by Plan.New runs.
+	Compile func(a *Args) (*Plan, error)
+}
+
+// KeyType is what a key holds, as the rule file writes it.
+type KeyType int
+
+const (
+	TypeExpr       KeyType = iota + 1 // an expression giving any value
+	TypeCondition                     // an expression giving true or false
+	TypeDuration                      // a duration greater than zero: 500ms, 30s, 5m, 1h
+	TypeEnum                          // one of Key.Choices
+	TypeName                          // a name that later expressions see
+	TypeTable                         // the name of a table under `tables:`
+	TypeFields                        // a mapping of field names to expressions
+	TypeAggregates                    // a mapping of names to aggregate calls
+)
+
+var keyTypeNames = map[KeyType]string{
+	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
+	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
+}
+
+func (t KeyType) String() string { return keyTypeNames[t] }
+
+// Key is one key of a step.
+type Key struct {
+	Name     string
+	Type     KeyType
+	Required bool
+	// Default is the value a rule file without the key gets, written as a
+	// rule file would write it. DefaultFrom names the key whose value is
+	// the default instead (join `as`: the table). Absent says in the docs
+	// what no value means when there is neither ("forever").
+	Default     string
+	DefaultFrom string
+	Absent      string
+	Choices     []string // TypeEnum
+	Doc         string   // one sentence for the reference table
+	// Needs completes "<kind> needs `<key>`: ..." when a required key is
+	// missing: what it is, with an example.
+	Needs string
+}
+
+// Args are the values of one step as the rule file gave them, defaults
+// filled in; the analyzer sets them and a Spec's Compile reads them. A key
+// that the file did not give and that has no default reads as the zero
+// value (nil expression, 0 duration, "").
+type Args struct {
+	vals    map[string]any
+	written map[string]bool
+}
+
+// NewArgs returns empty Args.
+func NewArgs() *Args { return &Args{vals: map[string]any{}, written: map[string]bool{}} }
+
+// Set sets key to v; written says whether the rule file wrote it (rather
+// than a default).
+func (a *Args) Set(key string, v any, written bool) {
+	a.vals[key] = v
+	if written {
+		a.written[key] = true
+	}
+}
+
+// Value is key's value as Set, or nil.
+func (a *Args) Value(key string) any { return a.vals[key] }
+
+// Written reports whether the rule file wrote key.
+func (a *Args) Written(key string) bool { return a.written[key] }
+
+// Expr is an expression key (TypeExpr, TypeCondition).
+func (a *Args) Expr(key string) *Expr { e, _ := a.vals[key].(*Expr); return e }
+
+// Duration is a TypeDuration key.
+func (a *Args) Duration(key string) time.Duration { d, _ := a.vals[key].(time.Duration); return d }
+
+// String is a TypeEnum, TypeName or TypeTable key.
+func (a *Args) String(key string) string { s, _ := a.vals[key].(string); return s }
+
+// Fields is a TypeFields key.
+func (a *Args) Fields(key string) []Field { f, _ := a.vals[key].([]Field); return f }
+
+// Aggregates is a TypeAggregates key.
+func (a *Args) Aggregates(key string) []Aggregate { g, _ := a.vals[key].([]Aggregate); return g }
+
+// Plan is a compiled step: how to build it, and what the steps after it
+// see.
+type Plan struct {
+	// New builds one instance of the step. The pipeline builds a Keyed
+	// step once per owned partition of its segment, each with its own KV.
+	New func(BuildEnv) (Step, error)
+	// Value is what later steps see of the value; Fields are its fields
+	// (ValueReplaced) or the fields added (ValueMerged).
+	Value  ValueEffect
+	Fields []string
+	// Binds is a name later expressions see (join `as`); ClearsNames says
+	// later expressions see none of the names bound before (a window row
+	// is no one record).
+	Binds       string
+	ClearsNames bool
+	Table       string // the table the step reads, "" for none
+}
+
+// ValueEffect is what a step does to the shape of the value.
+type ValueEffect int
+
+const (
+	ValueSame     ValueEffect = iota // the value is passed on as it came
+	ValueReplaced                    // the value becomes an object of exactly Plan.Fields
+	ValueMerged                      // Plan.Fields are added to an object
+)
+
+// BuildEnv is what a step instance is built with.
+type BuildEnv struct {
+	KV     state.KV         // the step's state namespace (Keyed steps)
+	Tables map[string]Table // every table of the route, by name
+}
+
+// KeyError is one problem Compile finds, with the key it is about.
+type KeyError struct {
+	Key    string // "" the step as a whole
+	Entry  string // an entry of a mapping-valued key (an aggregate's name)
+	AtName bool   // the problem is the key being there, not its value
+	Msg    string
+}
+
+func (e *KeyError) Error() string { return e.Msg }
+
+// KeyErrors is every problem Compile found.
+type KeyErrors []*KeyError
+
+func (l KeyErrors) Error() string {
+	parts := make([]string, len(l))
+	for i, e := range l {
+		parts[i] = e.Msg
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Absorbing is a step that takes records into its state and emits later
+// (a window): a Process that emits nothing is not counted as a drop.
+type Absorbing interface {
+	Absorbs()
+}
+
+var specs []*Spec
+
+// register declares a step kind; each kind's file calls it from init.
+func register(s *Spec) {
+	if s.Kind == "" || s.Compile == nil || (s.Body == nil) == (len(s.Keys) == 0) {
+		panic(fmt.Sprintf("operators: incomplete step spec %q", s.Kind))
+	}
+	if s.Body != nil && s.Body.Name != s.Kind {
+		panic(fmt.Sprintf("operators: step %q: the body key must be named after the kind", s.Kind))
+	}
+	if SpecOf(s.Kind) != nil {
+		panic(fmt.Sprintf("operators: step %q declared twice", s.Kind))
+	}
+	specs = append(specs, s)
+	slices.SortStableFunc(specs, func(a, b *Spec) int { return a.Order - b.Order })
+}
+
+// Specs are the declared step kinds, in Order.
+func Specs() []*Spec { return slices.Clone(specs) }
+
+// SpecOf is the declared kind, or nil.
+func SpecOf(kind string) *Spec {
+	for _, s := range specs {
+		if s.Kind == kind {
+			return s
+		}
+	}
+	return nil
+}
+
+// StepKinds are the declared kinds' names, in Order.
+func StepKinds() []string {
+	out := make([]string, len(specs))
+	for i, s := range specs {
+		out[i] = s.Kind
+	}
+	return out
+}
+
+// Key is the key called name, or nil.
+func (s *Spec) Key(name string) *Key {
+	if s.Body != nil && s.Body.Name == name {
+		return s.Body
+	}
+	for i := range s.Keys {
+		if s.Keys[i].Name == name {
+			return &s.Keys[i]
+		}
+	}
+	return nil
+}
+
+// KeyNames are the names of the keys of a mapping step, in declared order.
+func (s *Spec) KeyNames() []string {
+	out := make([]string, len(s.Keys))
+	for i, k := range s.Keys {
+		out[i] = k.Name
+	}
+	return out
+}
