@@ -109,9 +109,11 @@ func parseRecord(line string) (*Record, error) {
 	return r, nil
 }
 
-// buildStep builds one step from its rule-file YAML. It is a small
-// stand-in for package rules (which imports operators, so it cannot be
-// used here); it accepts exactly the step shapes of the rule-file format.
+// buildStep builds one step from its rule-file YAML through the step's
+// Spec, as package rules does (rules imports operators, so it cannot be
+// used here). It reads each key by its declared type and fills in the
+// declared defaults; the analyzer's refusals (names, scope) are rules'
+// own tests.
 func buildStep(src string, bound []string, tables map[string]Table, kv *MemKV) (Step, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal([]byte(src), &doc); err != nil {
@@ -120,98 +122,79 @@ func buildStep(src string, bound []string, tables map[string]Table, kv *MemKV) (
 	if len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode || len(doc.Content[0].Content) != 2 {
 		return nil, fmt.Errorf("want one `kind: spec` mapping")
 	}
-	kind, spec := doc.Content[0].Content[0].Value, doc.Content[0].Content[1]
-	compile := func(s string) (*Expr, error) { return CompileExpr(s, bound) }
-	fields := func() ([]Field, error) {
-		var fs []Field
-		for i := 0; i+1 < len(spec.Content); i += 2 {
-			e, err := compile(spec.Content[i+1].Value)
+	kind, node := doc.Content[0].Content[0].Value, doc.Content[0].Content[1]
+	spec := SpecOf(kind)
+	if spec == nil {
+		return nil, fmt.Errorf("unknown step %q", kind)
+	}
+	given := map[string]*yaml.Node{}
+	if spec.Body != nil {
+		given[kind] = node
+	} else {
+		for i := 0; i+1 < len(node.Content); i += 2 {
+			given[node.Content[i].Value] = node.Content[i+1]
+		}
+	}
+	keys := spec.Keys
+	if spec.Body != nil {
+		keys = []Key{*spec.Body}
+	}
+	args := NewArgs()
+	for _, k := range keys {
+		n := given[k.Name]
+		text := k.Default
+		if n != nil {
+			text = n.Value
+		} else if k.DefaultFrom != "" {
+			text = given[k.DefaultFrom].Value
+		}
+		if n == nil && text == "" {
+			continue
+		}
+		var v any
+		switch k.Type {
+		case TypeExpr, TypeCondition:
+			e, err := CompileExpr(text, bound)
 			if err != nil {
 				return nil, err
 			}
-			fs = append(fs, Field{Name: spec.Content[i].Value, Expr: e})
-		}
-		return fs, nil
-	}
-	m := map[string]string{}
-	if spec.Kind == yaml.MappingNode && kind != "set" && kind != "map" {
-		for i := 0; i+1 < len(spec.Content); i += 2 {
-			m[spec.Content[i].Value] = spec.Content[i+1].Value
-		}
-	}
-	switch kind {
-	case "filter":
-		e, err := compile(spec.Value)
-		if err != nil {
-			return nil, err
-		}
-		return NewFilter(e), nil
-	case "set", "map":
-		fs, err := fields()
-		if err != nil {
-			return nil, err
-		}
-		if kind == "set" {
-			return NewSet(fs), nil
-		}
-		return NewMap(fs), nil
-	case "join":
-		on, err := compile(m["on"])
-		if err != nil {
-			return nil, err
-		}
-		t, ok := tables[m["table"]]
-		if !ok {
-			return nil, fmt.Errorf("no table %q", m["table"])
-		}
-		missing := map[string]Missing{"": MissingKeep, "keep": MissingKeep, "drop": MissingDrop, "dead_letter": MissingDeadLetter}[m["missing"]]
-		return NewJoin(t, on, m["as"], missing), nil
-	case "drop_duplicates":
-		k, err := compile(m["key"])
-		if err != nil {
-			return nil, err
-		}
-		var ttl time.Duration
-		if m["ttl"] != "" {
-			if ttl, err = time.ParseDuration(m["ttl"]); err != nil {
+			v = e
+		case TypeDuration:
+			d, err := time.ParseDuration(text)
+			if err != nil {
 				return nil, err
 			}
-		}
-		return NewDropDuplicates(k, ttl, kv), nil
-	case "window":
-		var ws WindowSpec
-		var err error
-		ws.Kind = m["kind"]
-		if ws.Size, err = time.ParseDuration(m["size"]); err != nil {
-			return nil, err
-		}
-		if m["slide"] != "" {
-			if ws.Slide, err = time.ParseDuration(m["slide"]); err != nil {
-				return nil, err
-			}
-		}
-		if m["key"] != "" {
-			if ws.Key, err = compile(m["key"]); err != nil {
-				return nil, err
-			}
-		}
-		ws.EmitOnUpdate = m["emit"] == "on_update"
-		for i := 0; i+1 < len(spec.Content); i += 2 {
-			if spec.Content[i].Value != "aggregate" {
-				continue
-			}
-			agg := spec.Content[i+1]
-			for j := 0; j+1 < len(agg.Content); j += 2 {
-				a, err := parseAggregate(agg.Content[j].Value, agg.Content[j+1].Value, bound)
+			v = d
+		case TypeFields:
+			var fs []Field
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				e, err := CompileExpr(n.Content[i+1].Value, bound)
 				if err != nil {
 					return nil, err
 				}
-				ws.Aggregates = append(ws.Aggregates, a)
+				fs = append(fs, Field{Name: n.Content[i].Value, Expr: e})
 			}
+			v = fs
+		case TypeAggregates:
+			var aggs []Aggregate
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				a, err := parseAggregate(n.Content[i].Value, n.Content[i+1].Value, bound)
+				if err != nil {
+					return nil, err
+				}
+				aggs = append(aggs, a)
+			}
+			v = aggs
+		default:
+			v = text
 		}
-		return NewWindow(ws), nil
+		args.Set(k.Name, v, n != nil)
 	}
-	return nil, fmt.Errorf("unknown step %q", kind)
+	plan, err := spec.Compile(args)
+	if err != nil {
+		return nil, err
+	}
+	return plan.New(BuildEnv{KV: kv, Tables: tables})
 }
 
 var aggCall = regexp.MustCompile(`^\s*([a-z_]+)\((.*)\)\s*$`)
