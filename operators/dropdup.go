@@ -57,7 +57,8 @@ func init() {
 			{Name: "ttl", Type: TypeDuration, Absent: "forever",
 				Doc: "How long, in event time after the record that passed, a key is remembered; dropped duplicates do not extend it."},
 		},
-		Usage: "`drop_duplicates: { key: value.txn_id, ttl: 1h }`",
+		KeyedBy: "key",
+		Usage:   "`drop_duplicates: { key: value.txn_id, ttl: 1h }`",
 		Example: `route: payments-once
 source: { topic: payments, event_time: value.ts }
 sink: { topic: payments.unique }

@@ -29,6 +29,9 @@ type Spec struct {
 	// Otherwise the step's value is a mapping of Keys.
 	Body *Key
 	Keys []Key
+	// KeyedBy names the key whose value partitions the state of a Keyed
+	// step, for the docs ("" for other steps).
+	KeyedBy string
 	// Usage is how the step is written, for messages: "`join: { table:
 	// merchants, on: value.merchant_id }`".
 	Usage string

@@ -60,7 +60,8 @@ func init() {
 				Doc:   "The row's values, each `NAME: AGGREGATE(...)` (see Aggregates).",
 				Needs: "the values each window computes, e.g. `aggregate: { n: count(), total: sum(value.amount) }`"},
 		},
-		Usage: "`window: { kind: tumbling, size: 1m, key: value.user_id, aggregate: { n: count() } }`",
+		KeyedBy: "key",
+		Usage:   "`window: { kind: tumbling, size: 1m, key: value.user_id, aggregate: { n: count() } }`",
 		Example: `route: clicks-per-minute
 source: { topic: clicks, event_time: value.ts, watermark: 5s }
 sink: { topic: clicks.per-minute }
