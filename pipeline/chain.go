@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/rtproxy/rtproxy/operators"
@@ -154,6 +155,8 @@ func (c *chain) snapshotInto(into map[string]*memSnapshot) error {
 	}
 	return nil
 }
+
+func atomicAdd(p *int32, d int32) int32 { return atomic.AddInt32(p, d) }
 
 func (t *ticket) hold() { atomicAdd(&t.n, 1) }
 

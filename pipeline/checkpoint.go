@@ -1,0 +1,213 @@
+package pipeline
+
+// Checkpoints: a consistent cut every checkpoint_interval, committed once
+// its outputs are acknowledged (changelog, then pebble, then the group).
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rtproxy/rtproxy/state"
+)
+
+type stateCheckpoint = state.Checkpoint
+
+// checkpointLoop writes a checkpoint every checkpoint_interval.
+func (r *route) checkpointLoop() {
+	iv := r.def.CheckpointInterval
+	if iv <= 0 {
+		iv = 5 * time.Second
+	}
+	t := time.NewTicker(iv)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stopping:
+			return
+		case <-t.C:
+		}
+		r.cpMu.Lock()
+		if len(r.pendingCuts) > 0 {
+			// The last commit failed (brokers refused the changelog, the
+			// disk is full): commit what is pending before cutting again,
+			// so at most one cut (with its copies of snapshots) waits.
+			if err := r.commitCuts(0, r.stopping); err != nil {
+				r.cpMu.Unlock()
+				if !errors.Is(err, errStopping) {
+					r.noteError(fmt.Errorf("checkpoint: %w", err))
+				}
+				continue
+			}
+		}
+		r.cut.Lock()
+		if r.halted {
+			r.cut.Unlock()
+			r.cpMu.Unlock()
+			return
+		}
+		paused := time.Now()
+		c, err := r.takeCutLocked()
+		r.cut.Unlock()
+		r.notePause(time.Since(paused))
+		if err == nil {
+			r.pendingCuts = append(r.pendingCuts, c)
+			// Dispatch runs again while the cut waits for its outputs.
+			err = r.commitCuts(0, r.stopping)
+		}
+		r.cpMu.Unlock()
+		if err != nil && !errors.Is(err, errStopping) {
+			r.noteError(fmt.Errorf("checkpoint: %w", err))
+		}
+	}
+}
+
+// cutPoint is a consistent cut waiting for its outputs to be acknowledged.
+type cutPoint struct {
+	t0     time.Time
+	frozen *state.Frozen
+	offs   map[int32]int64
+	snaps  map[string]*memSnapshot
+	tasks  []*task
+	epoch  int64
+}
+
+var errStopping = errors.New("route stopping")
+
+// takeCutLocked takes a consistent cut; cut is held, so every task sits at
+// a record boundary.
+//
+// Invariants kept here:
+//  1. Every task runs its steps in its own goroutine, which holds cut.RLock
+//     per record, so the state and the snapshots reflect exactly the
+//     records below each task's pos.
+//  2. Outputs produced before the cut (sink, dead letters, repartition
+//     records) carry an epoch <= cut.epoch; the cut is committed only once
+//     all of them are acknowledged (commitCuts).
+//  3. Cuts are committed in the order they were taken (state.Frozen's rule),
+//     and each cut's changelog is written before its offsets commit.
+//
+// Dispatch stays paused only for the in-memory snapshot copy and the Freeze
+// swap; the wait for acknowledgements, the changelog and the pebble write
+// happen while records flow again.
+func (r *route) takeCutLocked() (*cutPoint, error) {
+	c := &cutPoint{t0: time.Now(), offs: make(map[int32]int64, len(r.tasks)), snaps: map[string]*memSnapshot{}}
+	for _, t := range r.tasks {
+		c.offs[t.id] = t.pos
+		c.tasks = append(c.tasks, t)
+		if t.seg.idx == 0 {
+			continue
+		}
+		if err := t.chain.snapshotInto(c.snaps); err != nil {
+			return nil, err
+		}
+		c.snaps[t.inboxName] = t.inboxSnapshot()
+	}
+	f, err := r.m.db.Freeze(r.name)
+	if err != nil {
+		return nil, err
+	}
+	c.frozen = f
+	r.inflight.Lock()
+	c.epoch = r.inflight.epoch
+	r.inflight.epoch++
+	r.inflight.Unlock()
+	return c, nil
+}
+
+// commitCuts commits the pending cuts in order, each once its outputs are
+// acknowledged: changelog, then pebble, then the group. limit bounds the
+// wait (0: none); abort ends it early.
+func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
+	for len(r.pendingCuts) > 0 {
+		c := r.pendingCuts[0]
+		if err := r.waitEpoch(c.epoch, limit, abort); err != nil {
+			return err
+		}
+		if r.abandoned.Load() {
+			// Outputs were dropped unacknowledged: committing would skip them.
+			return errors.New("outputs abandoned at stop")
+		}
+		if err := r.logChanges(c); err != nil {
+			return err
+		}
+		snaps := make(map[string]func(state.Writer) error, len(c.snaps))
+		for name, ms := range c.snaps {
+			snaps[name] = ms.writeTo
+		}
+		if err := c.frozen.Commit(c.offs, snaps); err != nil {
+			return err
+		}
+		r.grp.mu.Lock()
+		r.grp.mu.lastOffs = c.offs
+		r.grp.mu.Unlock()
+		r.commitGroup(c)
+		r.pendingCuts = r.pendingCuts[1:]
+		r.checkpointed(c)
+	}
+	return nil
+}
+
+func (r *route) checkpointed(c *cutPoint) {
+	now := time.Now()
+	r.cpSeq.Add(1)
+	r.st.Lock()
+	r.st.lastCheckpoint = now
+	r.st.Unlock()
+	met := r.m.met
+	met.checkpointDur.WithLabelValues(r.name).Observe(now.Sub(c.t0).Seconds())
+	met.checkpointLast.WithLabelValues(r.name).Set(float64(now.UnixNano()) / 1e9)
+	// Sizes as committed: keyed state (KV) plus snapshots, per step summed
+	// over its workers.
+	steps, err := r.m.db.StepStats(r.name)
+	if err != nil {
+		r.noteError(fmt.Errorf("state stats: %w", err))
+		return
+	}
+	keysByStep := map[string]int64{}
+	var bytes int64
+	for _, si := range steps {
+		if strings.HasSuffix(si.Step, "/in") {
+			bytes += si.KVBytes + si.SnapBytes
+			continue // a task's inbox: bookkeeping, not the step's keys
+		}
+		keysByStep[stepOfWorkerName(si.Step)] += si.KVKeys + si.SnapKeys
+		bytes += si.KVBytes + si.SnapBytes
+	}
+	for step, k := range keysByStep {
+		met.stateKeys.WithLabelValues(r.name, step).Set(float64(k))
+	}
+	met.stateBytes.WithLabelValues(r.name).Set(float64(bytes))
+}
+
+func stepOfWorkerName(n string) string {
+	for i := 0; i < len(n); i++ {
+		if n[i] == '/' {
+			return n[:i]
+		}
+	}
+	return n
+}
+
+// formatOffsets writes partition offsets as "0:120,1:98" in partition
+// order: one token in text and JSON logs, easy to read back.
+func formatOffsets(offs map[int32]int64) string {
+	ps := make([]int32, 0, len(offs))
+	for p := range offs {
+		ps = append(ps, p)
+	}
+	slices.Sort(ps)
+	var b []byte
+	for i, p := range ps {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(p), 10)
+		b = append(b, ':')
+		b = strconv.AppendInt(b, offs[p], 10)
+	}
+	return string(b)
+}

@@ -1,0 +1,165 @@
+package pipeline
+
+// Outputs: a record that left its segment is written to the sink (output)
+// or to the next segment's repartition topic (repartition). The names of
+// our headers on outputs and dead letters are here too.
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+)
+
+// Header names on outputs and dead letters. They are a contract with
+// consumers: they tell a repeat after recovery apart and say why a record
+// was dead-lettered.
+const (
+	HeaderSource = "rtproxy-source" // topic/partition/offset of the source record
+	HeaderWindow = "rtproxy-window" // <start>-<end> epoch millis of a window row
+	HeaderReason = "rtproxy-reason"
+	HeaderError  = "rtproxy-error"
+	HeaderRoute  = "rtproxy-route"
+	HeaderStep   = "rtproxy-step" // "<index>:<kind>", or "source" / "sink"
+	// HeaderTarget names the topic an output was meant for when the
+	// brokers refused it (dead letters with reason "sink").
+	HeaderTarget = "rtproxy-target"
+)
+
+// output writes a record that left the last step to the sink.
+func (r *route) output(rec *operators.Record, tk *ticket) {
+	key := rec.Key
+	if k := r.def.Sink.Key; k != nil {
+		v, err := k.Eval(rec)
+		if err != nil {
+			r.deadLetter(rec, operators.ReasonError, err, "sink", tk)
+			return
+		}
+		key = keyBytes(v)
+	}
+	val, err := r.encodeValue(rec)
+	if err != nil {
+		r.deadLetter(rec, operators.ReasonError, err, "sink", tk)
+		return
+	}
+	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+1)
+	for _, h := range rec.Headers {
+		if strings.HasPrefix(h.Key, "rtproxy-") {
+			continue // a route reading another route's sink: ours replace theirs
+		}
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	if w := rec.Window; w != nil {
+		hs = append(hs, kgo.RecordHeader{Key: HeaderWindow, Value: fmt.Appendf(nil, "%d-%d", w.Start, w.End)})
+	} else {
+		hs = append(hs, kgo.RecordHeader{Key: HeaderSource, Value: sourceRef(rec)})
+	}
+	kr := &kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs}
+	r.produce(kr, tk, true, rec.Timestamp)
+}
+
+// repartition writes a record that left task t's segment to the next
+// segment's repartition topic, keyed by the next keyed step's key.
+func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
+	key, err := t.keyer.ShuffleKey(rec)
+	if err != nil {
+		r.deadLetter(rec, operators.ReasonError, err, stepLabel(t.seg.next.keyStep), tk)
+		return
+	}
+	raw := false
+	var val []byte
+	switch v := rec.Value.(type) {
+	case string:
+		if r.def.Source.Format == "raw" && rec.Window == nil {
+			raw, val = true, []byte(v)
+		}
+	case nil:
+		if rec.Raw == nil {
+			break
+		}
+		if rec.Window == nil && r.def.Source.Format == "raw" {
+			raw, val = true, rec.Raw
+		}
+	}
+	if !raw && !(rec.Value == nil && rec.Raw == nil) {
+		if val, err = r.encodeValue(rec); err != nil {
+			r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)
+			return
+		}
+	}
+	f, _ := t.frontier()
+	env, err := encodeEnvelope(nil, rec, t.part, t.curOff, t.seq, f, raw)
+	if err != nil {
+		r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)
+		return
+	}
+	t.seq++
+	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+1)
+	for _, h := range rec.Headers {
+		if strings.HasPrefix(h.Key, "rtproxy-") {
+			continue
+		}
+		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	hs = append(hs, kgo.RecordHeader{Key: headerEnvelope, Value: env})
+	kr := &kgo.Record{Topic: t.seg.next.topic, Key: []byte(key), Value: val, Headers: hs}
+	r.produceTo(kr, tk, false, rec.Timestamp, func(got *kgo.Record) {
+		t.noteDelivered(got.Partition, f, time.Now())
+	})
+}
+
+func sourceRef(rec *operators.Record) []byte {
+	b := make([]byte, 0, len(rec.Topic)+24)
+	b = append(b, rec.Topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(rec.Partition), 10)
+	b = append(b, '/')
+	return strconv.AppendInt(b, rec.Offset, 10)
+}
+
+// encodeValue is the sink value of rec. A value decoded from JSON that no
+// step changed (filters, joins, drop_duplicates) is forwarded as the bytes
+// the producer sent, without encoding; a window row, or a value set or map
+// changed, is encoded as canonical JSON.
+func (r *route) encodeValue(rec *operators.Record) ([]byte, error) {
+	if rec.Window == nil {
+		if raw, ok := rec.ValueBytes(); ok {
+			return raw, nil
+		}
+	}
+	switch v := rec.Value.(type) {
+	case string:
+		if r.def.Source.Format == "raw" && rec.Window == nil {
+			return []byte(v), nil
+		}
+	case []byte:
+		return v, nil
+	case nil:
+		if rec.Window == nil && rec.Raw != nil && r.def.Source.Format == "raw" {
+			return rec.Raw, nil
+		}
+	}
+	return operators.AppendJSON(nil, rec.Value)
+}
+
+func keyBytes(v any) []byte {
+	switch x := v.(type) {
+	case nil:
+		return nil
+	case string:
+		return []byte(x)
+	case []byte:
+		return x
+	case float64:
+		return strconv.AppendFloat(nil, x, 'f', -1, 64)
+	}
+	b, err := operators.AppendJSON(nil, v)
+	if err != nil {
+		return fmt.Append(nil, v)
+	}
+	return b
+}

@@ -1,0 +1,152 @@
+package pipeline
+
+// Source records: each fetched record is decoded, given its event time and
+// run through its partition's chain; the idle loop keeps watermarks and
+// markers moving while writers are idle.
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+)
+
+// processSource turns one fetched record into a step record and runs the
+// partition's chain on it.
+func (r *route) processSource(t *task, kr *kgo.Record) {
+	now := time.Now()
+	t.mIn.Inc()
+	r.tracker.Begin(t.id, kr.Offset)
+	t.curOff, t.seq = kr.Offset, 0
+	tk := &ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1}
+	rec := &operators.Record{
+		Topic:     kr.Topic,
+		Partition: kr.Partition,
+		Offset:    kr.Offset,
+		Key:       kr.Key,
+		Raw:       kr.Value,
+		Timestamp: kr.Timestamp.UnixMilli(),
+	}
+	if len(kr.Headers) > 0 {
+		rec.Headers = make([]operators.Header, len(kr.Headers))
+		for i, h := range kr.Headers {
+			rec.Headers[i] = operators.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	defer tk.release()
+	if r.def.Source.Format == "raw" {
+		rec.Value = string(kr.Value)
+	} else {
+		// SetJSON remembers the bytes, so a value no step changes goes to
+		// the sink as it arrived (encodeValue). On error rec keeps Raw and a
+		// nil Value: the dead letter carries the bytes as received.
+		if err := rec.SetJSON(kr.Value); err != nil {
+			r.deadLetter(rec, operators.ReasonDecode, err, "source", tk)
+			return
+		}
+	}
+	rec.EventTime = rec.Timestamp
+	if et := r.def.Source.EventTime; et != nil {
+		v, err := et.Eval(rec)
+		if err == nil {
+			rec.EventTime, err = eventMillis(v)
+		}
+		if err != nil {
+			r.deadLetter(rec, operators.ReasonError, fmt.Errorf("event_time %s: %w", et.Source, err), "source", tk)
+			return
+		}
+	}
+	if r.timed {
+		// The record's own event time is in the frontier it carries: the
+		// reader applies the record before the frontier, so a watermark
+		// never overtakes the record that raised it.
+		t.observeEvent(rec.EventTime)
+	}
+	c := t.chain
+	c.cur = tk
+	c.run(0, rec)
+	c.cur = nil
+	if r.timed {
+		t.sendMarkers(now, false)
+	}
+}
+
+// idleLoop moves keyed tasks' watermarks when their writers go idle, and
+// has writers send the markers that say they are alive.
+func (r *route) idleLoop() {
+	iv := min(r.def.Source.IdleTimeout/4, 200*time.Millisecond)
+	iv = max(iv, 10*time.Millisecond)
+	tick := time.NewTicker(iv)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.halt:
+			return
+		case now := <-tick.C:
+			r.cut.RLock()
+			if !r.halted {
+				for _, t := range r.tasks {
+					if isClosed(t.stop) {
+						continue
+					}
+					if t.seg.idx > 0 && t.seg.timed {
+						if wm, moved := t.wm.tick(now); moved {
+							// An idle advance emits without a source
+							// record; its origin follows the last one.
+							r.advanceTask(t, wm, nil)
+						}
+					}
+					t.sendMarkers(now, true)
+				}
+			}
+			r.cut.RUnlock()
+		}
+	}
+}
+
+// eventMillis reads an event_time value: epoch millis as a number, an RFC
+// 3339 string, or a time.
+func eventMillis(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case int:
+		return int64(x), nil
+	case int32:
+		return int64(x), nil
+	case uint64:
+		if x > math.MaxInt64 {
+			return 0, errNoEventTime
+		}
+		return int64(x), nil
+	case float64:
+		if math.IsNaN(x) || math.IsInf(x, 0) || math.Abs(x) > 1<<62 {
+			return 0, errNoEventTime
+		}
+		return int64(x), nil
+	case float32:
+		return eventMillis(float64(x))
+	case json.Number:
+		if n, err := x.Int64(); err == nil {
+			return n, nil
+		}
+		f, err := x.Float64()
+		if err != nil {
+			return 0, errNoEventTime
+		}
+		return eventMillis(f)
+	case string:
+		t, err := time.Parse(time.RFC3339Nano, x)
+		if err != nil {
+			return 0, fmt.Errorf("%w: %v", errNoEventTime, err)
+		}
+		return t.UnixMilli(), nil
+	case time.Time:
+		return x.UnixMilli(), nil
+	}
+	return 0, fmt.Errorf("%w: got %T", errNoEventTime, v)
+}

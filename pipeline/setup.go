@@ -1,0 +1,390 @@
+package pipeline
+
+// Route setup: the route's topics (checked, the missing ones created), its
+// segments and state namespaces, its clients; and the teardown of a setup
+// that failed.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/offsets"
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// stepName is a step's state and snapshot name: index, kind and fingerprint,
+// so a changed step gets a fresh namespace.
+func stepName(s *rules.StepSpec) string {
+	return fmt.Sprintf("%02d-%s-%s", s.Index, s.Kind, s.Fingerprint)
+}
+
+// taskStepName names the state of a keyed step in one partition of its
+// repartition topic: state belongs to the partition, never to a worker or
+// a process, so any instance that owns the partition can hold it.
+func taskStepName(s *rules.StepSpec, part int32) string {
+	return fmt.Sprintf("%s/p%d", stepName(s), part)
+}
+
+// inboxName names the snapshot of a keyed task's inbox (repartition.go).
+func inboxName(s *rules.StepSpec, part int32) string { return taskStepName(s, part) + "/in" }
+
+// isBoundary reports whether step s opens a segment of its own: a keyed
+// step (operators.Keyed) reads through a repartition topic. The step says
+// so by its type, not its kind name: a throwaway instance is built (Build
+// never touches state; tables are not needed to build).
+func isBoundary(s *rules.StepSpec) bool {
+	st, err := s.Build(rules.BuildEnv{})
+	if err != nil {
+		return false
+	}
+	_, keyed := st.(operators.Keyed)
+	return keyed
+}
+
+func (r *route) setup() error {
+	d := r.def
+	cfg := r.m.cfg
+	base := append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...)}, cfg.ClientOpts...)
+	admCl, err := kgo.NewClient(base...)
+	if err != nil {
+		return fmt.Errorf("route %q: client: %w", d.Name, err)
+	}
+	defer admCl.Close()
+	adm := kadm.NewClient(admCl)
+	ctx, cancel := context.WithTimeout(r.ctx, cfg.SetupTimeout)
+	defer cancel()
+
+	parts, created, err := ensureTopicsCreated(ctx, adm, d)
+	if err != nil {
+		return err
+	}
+	r.recreate.created = created
+	nparts := parts[d.Source.Topic]
+
+	// Topic tables are read to their end before the first source record, so
+	// a join is right from the start.
+	tables := map[string]operators.Table{}
+	for name, ts := range d.Tables {
+		if ts.Topic == "" {
+			tables[name] = ts.Table
+			continue
+		}
+		// The catch-up has no setup deadline: a large table takes as long
+		// as it takes, with progress in the log (table.go).
+		tt, err := openTopicTable(ctx, r.ctx, r, base, adm, ts)
+		if err != nil {
+			return err
+		}
+		r.tables = append(r.tables, tt)
+		tables[name] = tt.table
+	}
+	r.tableOf = tables
+	if len(d.Tables) > 0 {
+		// The rest of setup gets its own deadline after the catch-up.
+		cancel()
+		ctx, cancel = context.WithTimeout(r.ctx, cfg.SetupTimeout)
+		defer cancel()
+	}
+	if err := r.buildSegments(parts); err != nil {
+		return err
+	}
+
+	// Changed steps (new fingerprint) start empty: their old namespaces are
+	// dropped. Every partition's namespaces of an unchanged step stay, the
+	// ones this instance does not own among them: it may own them again.
+	keep := []string{kafkaStateStep}
+	for _, seg := range r.segs[1:] {
+		for q := int32(0); q < int32(max(seg.nparts, nparts)); q++ {
+			keep = append(keep, taskStepName(seg.keyStep, q), inboxName(seg.keyStep, q))
+		}
+	}
+	if err := r.m.db.DropStepsExcept(d.Name, keep); err != nil {
+		return fmt.Errorf("route %q: drop changed steps: %w", d.Name, err)
+	}
+	prevSource, err := r.recordKafkaState()
+	if err != nil {
+		return err
+	}
+	cp, ok, err := r.m.db.LoadCheckpoint(d.Name)
+	if err != nil {
+		return fmt.Errorf("route %q: load checkpoint: %w", d.Name, err)
+	}
+	if ok && prevSource != "" && prevSource != d.Source.Topic {
+		// The checkpoint's source offsets are positions in the old topic:
+		// the new one starts where the group has committed it (never, or
+		// when the route ran on it before), else at source.start.
+		r.grp.sourceChanged = true
+		r.log.Info("source topic changed; the checkpoint's offsets of the old topic are not used for the new one",
+			"from", prevSource, "to", d.Source.Topic, "start", d.Source.Start)
+	}
+	if ok {
+		r.grp.local = cp
+		r.st.Lock()
+		r.st.lastCheckpoint = cp.Time
+		r.st.Unlock()
+	}
+	r.tracker = offsets.NewTracker()
+	r.tasks = map[int32]*task{}
+	r.tg.byTopic = map[string]map[int32]*task{}
+
+	topics := []string{d.Source.Topic}
+	manual := map[string]bool{}
+	hashed := map[string]bool{}
+	for _, seg := range r.segs[1:] {
+		topics = append(topics, seg.topic)
+		hashed[seg.topic] = true
+		manual[seg.changelog] = true
+	}
+	// Batches never exceed a topic's max.message.bytes: a batch the broker
+	// refuses as too large would take its well-sized records down with the
+	// one that is too large, and a single record over the limit is then
+	// refused alone, as a poison (produceTo).
+	limits := batchLimits(ctx, adm, append([]string{d.Sink.Topic, deadLetterTopic(d)}, slices.Collect(maps.Keys(parts))...))
+	// A broker unreachable for a minute of setup retries no longer holds
+	// the protocol choice (groupProtocolOpts).
+	if r.setupSince.IsZero() {
+		r.setupSince = time.Now()
+	}
+	groupOpts, proto, err := groupProtocolOpts(ctx, adm, cfg.GroupProtocol, time.Since(r.setupSince) > time.Minute)
+	if err != nil {
+		return fmt.Errorf("route %q: %w", d.Name, err)
+	}
+	r.grp.protocol = proto
+	opts := append(base, groupOpts...)
+	opts = append(opts,
+		kgo.ConsumerGroup(d.GroupID()),
+		kgo.ConsumeTopics(topics...),
+		kgo.DisableAutoCommit(),
+		kgo.SessionTimeout(cfg.SessionTimeout),
+		kgo.OnOffsetsFetched(r.onOffsetsFetched),
+		kgo.AdjustFetchOffsetsFn(r.adjustOffsets),
+		kgo.OnPartitionsAssigned(r.onAssigned),
+		kgo.OnPartitionsRevoked(r.onRevoked),
+		kgo.OnPartitionsLost(r.onLost),
+		// Partitions added to the source are seen within this.
+		kgo.MetadataMaxAge(cfg.MetadataMaxAge),
+		kgo.RecordPartitioner(routePartitioner{
+			manual: func(t string) bool { return manual[t] },
+			hashed: func(t string) bool { return hashed[t] },
+		}),
+		kgo.ProducerBatchMaxBytesFn(limits.of),
+		kgo.FetchMaxWait(fetchMaxWait),
+		kgo.FetchMinBytes(1),
+		kgo.ProducerLinger(0),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordDeliveryTimeout(10*time.Second),
+		kgo.WithHooks(&connHook{r: r}),
+	)
+	if r.log.Enabled(r.ctx, slog.LevelDebug) {
+		// The client's own account of the group (joins, heartbeats,
+		// assignments) at log_level debug.
+		opts = append(opts, kgo.WithLogger(kgoLogger{r.log.With("component", "kgo")}))
+	}
+	// The route's own non-group client exists before the group client
+	// starts: the group calls adjustOffsets (which lists offsets through
+	// r.grp.adm) as soon as it joins. It also writes changelog records: a
+	// checkpoint logs every key it changed at once, and through the group
+	// client that burst would queue ahead of the repartition records,
+	// adding its time to their latency.
+	r.logCl, err = kgo.NewClient(append(append([]kgo.Opt(nil), base...),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.ProducerBatchMaxBytesFn(limits.of),
+		kgo.ProducerLinger(0),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.RecordDeliveryTimeout(10*time.Second),
+	)...)
+	if err != nil {
+		return fmt.Errorf("route %q: client: %w", d.Name, err)
+	}
+	r.grp.adm = kadm.NewClient(r.logCl)
+	r.cl, err = kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("route %q: client: %w", d.Name, err)
+	}
+
+	return nil
+}
+
+// buildSegments cuts the route's steps at each keyed step (ARCHITECTURE.md).
+func (r *route) buildSegments(parts map[string]int) error {
+	d := r.def
+	seg := &segment{idx: 0, topic: d.Source.Topic, from: 0, nparts: parts[d.Source.Topic]}
+	r.segs = []*segment{seg}
+	for i := range d.Steps {
+		s := &d.Steps[i]
+		if !isBoundary(s) {
+			continue
+		}
+		seg.to = i
+		next := &segment{idx: len(r.segs), topic: repartitionTopic(d.Name, s), from: i, keyStep: s,
+			changelog: changelogTopic(d.Name, s)}
+		next.nparts = parts[next.topic]
+		if next.nparts >= maxTaskPartitions {
+			return fmt.Errorf("route %q: %s has %d partitions; at most %d are supported", d.Name, next.topic, next.nparts, maxTaskPartitions-1)
+		}
+		seg.next = next
+		seg = next
+		r.segs = append(r.segs, seg)
+	}
+	seg.to = len(d.Steps)
+	// Which segments react to the watermark: ask a throwaway instance of
+	// each step (state is never touched by Build).
+	for _, sg := range r.segs {
+		for i := sg.from; i < sg.to; i++ {
+			st, err := d.Steps[i].Build(rules.BuildEnv{Tables: r.tableOf})
+			if err != nil {
+				return fmt.Errorf("route %q step %d (%s): %w", d.Name, d.Steps[i].Index, d.Steps[i].Kind, err)
+			}
+			if _, ok := st.(operators.Timed); ok {
+				sg.timed, r.timed = true, true
+			}
+		}
+	}
+	// A segment's writers send watermark markers only when a segment after
+	// it reacts to the watermark: markers to untimed steps would only cost
+	// produce and fetch.
+	for i := len(r.segs) - 2; i >= 0; i-- {
+		next := r.segs[i+1]
+		r.segs[i].markers = next.timed || next.markers
+	}
+	return nil
+}
+
+// teardown releases what a failed setup opened.
+func (r *route) teardown() {
+	for _, t := range r.tables {
+		t.close()
+	}
+	r.tables = nil
+	if r.cl != nil {
+		r.cl.Close()
+		r.cl = nil
+	}
+	if r.logCl != nil {
+		r.logCl.Close()
+		r.logCl = nil
+	}
+	r.segs, r.tasks = nil, nil
+}
+
+var kerrTopicExists = kerr.TopicAlreadyExists
+
+// ensureTopics checks the source and creates what is missing of the sink,
+// the dead-letter topic, and each keyed step's repartition topic and
+// compacted changelog topic, each with the source's partition count. It
+// returns every topic's partition count.
+func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, error) {
+	parts, _, err := ensureTopicsCreated(ctx, adm, d)
+	return parts, err
+}
+
+// ensureTopicsCreated is ensureTopics that also says which topics it
+// created.
+func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, map[string]bool, error) {
+	dlq := deadLetterTopic(d)
+	want := []string{d.Sink.Topic, dlq}
+	compact := map[string]bool{}
+	for i := range d.Steps {
+		if s := &d.Steps[i]; isBoundary(s) {
+			want = append(want, repartitionTopic(d.Name, s), changelogTopic(d.Name, s))
+			compact[changelogTopic(d.Name, s)] = true
+		}
+	}
+	md, err := adm.Metadata(ctx, append([]string{d.Source.Topic}, want...)...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("route %q: metadata: %w", d.Name, err)
+	}
+	src, ok := md.Topics[d.Source.Topic]
+	if !ok || errors.Is(src.Err, kerr.UnknownTopicOrPartition) || (src.Err == nil && len(src.Partitions) == 0) {
+		return nil, nil, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, errSourceMissing)
+	}
+	if src.Err != nil {
+		return nil, nil, fmt.Errorf("route %q: source topic %s: %w", d.Name, d.Source.Topic, src.Err)
+	}
+	n := len(src.Partitions)
+	parts := map[string]int{d.Source.Topic: n}
+	created := map[string]bool{}
+	for _, t := range want {
+		if td, ok := md.Topics[t]; ok && td.Err == nil && len(td.Partitions) > 0 {
+			parts[t] = len(td.Partitions)
+			continue
+		}
+		var cfgs map[string]*string
+		if compact[t] {
+			pol := "compact"
+			cfgs = map[string]*string{"cleanup.policy": &pol}
+		}
+		resp, err := adm.CreateTopic(ctx, int32(n), -1, cfgs, t)
+		if err == nil {
+			err = resp.Err
+		}
+		if err != nil && !errors.Is(err, kerrTopicExists) {
+			return nil, nil, fmt.Errorf("route %q: create topic %s: %w", d.Name, t, err)
+		}
+		parts[t] = n
+		if err == nil {
+			created[t] = true
+		}
+		if errors.Is(err, kerrTopicExists) {
+			// Created by another instance a moment ago: ask its real size.
+			if md2, err := adm.Metadata(ctx, t); err == nil && len(md2.Topics[t].Partitions) > 0 {
+				parts[t] = len(md2.Topics[t].Partitions)
+			}
+		}
+	}
+	return parts, created, nil
+}
+
+// defaultBatchMaxBytes is franz-go's default record batch limit, used for
+// topics whose max.message.bytes could not be read.
+const defaultBatchMaxBytes = 1_000_012
+
+// topicLimits is max.message.bytes by topic.
+type topicLimits map[string]int32
+
+// of is topic's limit, franz-go's default for a topic that was not read.
+func (l topicLimits) of(topic string) int32 {
+	if v, ok := l[topic]; ok {
+		return v
+	}
+	return defaultBatchMaxBytes
+}
+
+// batchLimits reads max.message.bytes of topics. A topic it cannot read
+// keeps the default limit: the worst case is a poison batch, retried.
+func batchLimits(ctx context.Context, adm *kadm.Client, topics []string) topicLimits {
+	out := topicLimits{}
+	rcs, err := adm.DescribeTopicConfigs(ctx, topics...)
+	if err != nil {
+		return out
+	}
+	for _, rc := range rcs {
+		if rc.Err != nil {
+			continue
+		}
+		for _, c := range rc.Configs {
+			if c.Key != "max.message.bytes" || c.Value == nil {
+				continue
+			}
+			if n, err := strconv.ParseInt(*c.Value, 10, 64); err == nil {
+				out[rc.Name] = int32(min(max(n, 512), 1<<30))
+			}
+		}
+	}
+	return out
+}
+
+// errSourceMissing is a setup failure because the source topic does not
+// exist (yet): the route waits for it rather than being in error.
+var errSourceMissing = errors.New("does not exist")
