@@ -54,6 +54,9 @@ func isBoundary(s *rules.StepSpec) bool {
 
 func (r *route) setup() error {
 	d := r.def
+	if err := checkDefinition(d); err != nil {
+		return err
+	}
 	cfg := r.m.cfg
 	base := append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...)}, cfg.ClientOpts...)
 	admCl, err := kgo.NewClient(base...)

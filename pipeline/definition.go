@@ -1,0 +1,51 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// checkDefinition refuses a route that lacks a value the pipeline needs.
+// Defaults are rules'; rules.Load fills every one in, and the pipeline
+// never fills in one of its own, so a route built another way must carry
+// them all. A refused route stays in state error with the reason.
+func checkDefinition(d *rules.Route) error {
+	var errs []error
+	bad := func(f string, args ...any) { errs = append(errs, fmt.Errorf(f, args...)) }
+	s := d.Source
+	if s.Topic == "" {
+		bad("source.topic is empty")
+	}
+	if s.Format != "json" && s.Format != "raw" {
+		bad("source.format %q is neither json nor raw", s.Format)
+	}
+	if s.Start != "earliest" && s.Start != "latest" {
+		bad("source.start %q is neither earliest nor latest", s.Start)
+	}
+	if s.IdleTimeout <= 0 {
+		bad("source.idle_timeout %v must be positive", s.IdleTimeout)
+	}
+	if s.Watermark < 0 {
+		bad("source.watermark %v must not be negative", s.Watermark)
+	}
+	if d.Sink.Topic == "" {
+		bad("sink.topic is empty")
+	}
+	if d.DeadLetter == "" {
+		bad("dead_letter is empty")
+	}
+	if d.CheckpointInterval <= 0 {
+		bad("checkpoint_interval %v must be positive", d.CheckpointInterval)
+	}
+	for i := range d.Steps {
+		if d.Steps[i].Build == nil {
+			bad("step %d (%s) cannot be built", d.Steps[i].Index, d.Steps[i].Kind)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("route %q: %w", d.Name, err)
+	}
+	return nil
+}
