@@ -7,6 +7,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -57,15 +58,13 @@ func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis i
 				dl := r.sinkDeadLetter(got, err, diverted == 2)
 				r.log.Warn("output refused by the brokers; written to the dead-letter topic",
 					"topic", got.Topic, "dead_letter", dl.Topic, "bytes", len(got.Value), "err", err)
-				r.cl.Produce(r.prodCtx, dl, cb)
+				r.send(dl, cb)
 				return
 			}
 			attempt++
 			r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
 			r.missingTopic(got.Topic, err)
-			backoff := min(50*time.Millisecond<<min(attempt, 7), 5*time.Second)
-			again := &kgo.Record{Topic: got.Topic, Key: got.Key, Value: got.Value, Headers: got.Headers}
-			time.AfterFunc(backoff, func() { r.cl.Produce(r.prodCtx, again, cb) })
+			r.retryLater(got, cb)
 			return
 		}
 		if attempt > 0 {
@@ -83,7 +82,7 @@ func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis i
 			tk.release()
 		}
 	}
-	r.cl.Produce(r.prodCtx, kr, cb)
+	r.send(kr, cb)
 }
 
 // poisonErr reports whether a produce error is about the record itself, so
@@ -96,4 +95,137 @@ func poisonErr(err error) bool {
 		}
 	}
 	return false
+}
+
+// Retries keep the order of writes. kgo keeps a partition's writes in
+// order while it retries them itself; a write it gives up on (a deleted
+// topic, a sink down past the delivery timeout) comes back to produceTo,
+// together with every write buffered after it in that partition. Those
+// are retried by one loop per topic, in the order they failed, and every
+// new write to the topic waits behind them until the loop has handed them
+// all back to kgo. So per partition the sink receives outputs in the order
+// the route wrote them: a retried window update never lands after a newer
+// one, and a watermark marker never overtakes the records it follows.
+
+// retryQueue holds the writes waiting to be retried, by topic.
+type retryQueue struct {
+	mu     sync.Mutex
+	topics map[string]*retryTopic
+}
+
+// retryTopic is one topic's queue: failed are writes kgo gave up on, in
+// the order it did (per partition, the order they were written); pending
+// are writes made since, which no write of failed may follow.
+type retryTopic struct {
+	failed, pending []pendingWrite
+}
+
+type pendingWrite struct {
+	kr *kgo.Record
+	cb func(*kgo.Record, error)
+}
+
+// send hands kr to kgo, or queues it behind the topic's retries.
+func (r *route) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	r.retries.mu.Lock()
+	if t := r.retries.topics[kr.Topic]; t != nil {
+		t.pending = append(t.pending, pendingWrite{kr, cb})
+		r.retries.mu.Unlock()
+		return
+	}
+	r.retries.mu.Unlock()
+	r.cl.Produce(r.prodCtx, kr, cb)
+}
+
+// retryLater queues a write kgo gave up on, starting the topic's retry
+// loop if it is not running.
+func (r *route) retryLater(got *kgo.Record, cb func(*kgo.Record, error)) {
+	w := pendingWrite{retryRecord(got), cb}
+	r.retries.mu.Lock()
+	defer r.retries.mu.Unlock()
+	if r.retries.topics == nil {
+		r.retries.topics = map[string]*retryTopic{}
+	}
+	t := r.retries.topics[got.Topic]
+	if t == nil {
+		t = &retryTopic{}
+		r.retries.topics[got.Topic] = t
+		go r.retryLoop(got.Topic, t)
+	}
+	t.failed = append(t.failed, w)
+}
+
+// retryRecord is a fresh record for writing got again: the same topic,
+// partition (markers are sent to one), key, value and headers.
+func retryRecord(got *kgo.Record) *kgo.Record {
+	return &kgo.Record{Topic: got.Topic, Partition: got.Partition, Key: got.Key, Value: got.Value, Headers: got.Headers}
+}
+
+// retryLoop writes the topic's queue again, oldest first, waiting for the
+// outcome of each round: writes that fail again go back to the front of
+// the queue, ahead of every later one. The loop ends, and new writes go
+// straight to kgo again, when a round leaves nothing queued; when the
+// route stops, what is queued fails with the stop (abandoned).
+func (r *route) retryLoop(topic string, t *retryTopic) {
+	attempt := 1
+	for {
+		wait := min(50*time.Millisecond<<min(attempt, 7), 5*time.Second)
+		if attempt == 0 {
+			wait = 0
+		}
+		select {
+		case <-r.prodCtx.Done():
+		case <-time.After(wait):
+		}
+		r.retries.mu.Lock()
+		batch := append(t.failed, t.pending...)
+		t.failed, t.pending = nil, nil
+		if r.prodCtx.Err() != nil {
+			delete(r.retries.topics, topic)
+			r.retries.mu.Unlock()
+			for _, w := range batch {
+				w.cb(w.kr, r.prodCtx.Err())
+			}
+			return
+		}
+		r.retries.mu.Unlock()
+
+		again := make([]*pendingWrite, len(batch))
+		var wg sync.WaitGroup
+		for i := range batch {
+			w := &batch[i]
+			wg.Add(1)
+			r.cl.Produce(r.prodCtx, w.kr, func(got *kgo.Record, err error) {
+				defer wg.Done()
+				if err != nil && !poisonErr(err) && !errors.Is(err, kgo.ErrClientClosed) && r.prodCtx.Err() == nil {
+					r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
+					r.missingTopic(got.Topic, err)
+					again[i] = &pendingWrite{retryRecord(got), w.cb}
+					return
+				}
+				w.cb(got, err)
+			})
+		}
+		wg.Wait()
+
+		var front []pendingWrite
+		for _, w := range again {
+			if w != nil {
+				front = append(front, *w)
+			}
+		}
+		r.retries.mu.Lock()
+		t.failed = append(front, t.failed...)
+		if len(front) > 0 {
+			attempt++
+		} else {
+			attempt = 0
+		}
+		if len(t.failed) == 0 && len(t.pending) == 0 {
+			delete(r.retries.topics, topic)
+			r.retries.mu.Unlock()
+			return
+		}
+		r.retries.mu.Unlock()
+	}
 }

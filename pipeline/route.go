@@ -108,6 +108,7 @@ type route struct {
 	prodCtx    context.Context
 	prodCancel context.CancelFunc
 	abandoned  atomic.Bool
+	retries    retryQueue // writes kgo gave up on, retried in order (produce.go)
 
 	// Metric children resolved once: a label lookup per record would cost
 	// more than the rest of a filter step.
