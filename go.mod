@@ -9,7 +9,6 @@ require (
 	github.com/cockroachdb/pebble v1.1.5
 	github.com/expr-lang/expr v1.17.8
 	github.com/fsnotify/fsnotify v1.10.1
-	github.com/goccy/go-json v0.12.0
 	github.com/google/btree v1.1.3
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

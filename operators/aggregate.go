@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // AggFunc is an aggregate function of window.aggregate.
@@ -303,7 +305,7 @@ func (firstLastAgg) encode(b []byte, c *acc) ([]byte, error) {
 		return b, nil
 	}
 	b = putTime(b, c.t)
-	j, err := AppendJSON(nil, c.v)
+	j, err := jsoncodec.Append(nil, c.v)
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +321,7 @@ func (firstLastAgg) decode(d *snapDec, c *acc) {
 		c.t = d.time()
 		j := d.bytes()
 		if d.err == nil {
-			v, err := DecodeJSON(j)
+			v, err := jsoncodec.Decode(j)
 			if err != nil {
 				d.fail("%v", err)
 			}
@@ -390,7 +392,7 @@ func distinctKey(v any) (string, error) {
 	if f, ok := toFloat(v); ok {
 		return "n" + strconv.FormatFloat(f, 'g', -1, 64), nil
 	}
-	b, err := AppendJSON([]byte{'j'}, v)
+	b, err := jsoncodec.Append([]byte{'j'}, v)
 	if err != nil {
 		return "", err
 	}

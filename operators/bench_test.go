@@ -1,12 +1,12 @@
 package operators
 
 // Benchmarks of issue 3, on 1 KiB payment-like JSON records. Each has a
-// "json" variant that includes DecodeJSON of the input and AppendJSON of
-// every output (what the pipeline pays per record) and an "op" variant on
-// already-decoded values (the operator alone). Steps that leave the value
-// unchanged also have "json-raw": decoded with Record.SetJSON, and the sink
-// forwards Record.ValueBytes instead of encoding (what a pipeline using
-// ValueBytes would pay). The json inputs cycle through 4096 distinct
+// "json" variant that includes jsoncodec.Decode of the input and
+// jsoncodec.Append of every output (what the pipeline pays per record) and
+// an "op" variant on already-decoded values (the operator alone). Steps
+// that leave the value unchanged also have "json-raw": decoded with
+// Record.SetJSON, and the sink forwards Record.ValueBytes instead of
+// encoding (what a pipeline using ValueBytes would pay). The json inputs cycle through 4096 distinct
 // payments (ids, amounts, times, ips differ) with the benchmark's key
 // stamped in, so the decoder's intern caches see a realistic mix of
 // repeated and fresh values, not one record over and over. Run:
@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // payment is a payment-like JSON object of exactly 1024 bytes. The txn id
@@ -31,21 +33,6 @@ import (
 func payment(i int) []byte {
 	s := fmt.Sprintf(`{"txn_id":"txn-%08d","user_id":"user-%05d","merchant_id":"m-%05d","amount":%d.%02d,"currency":"EUR","status":"settled","ts":%d,"card":{"bin":"424242","last4":"%04d","brand":"visa","country":"DE","expiry":"12/29"},"device":{"id":"dev-%08x","os":"android","version":"14.2.1","ip":"10.%d.%d.%d","user_agent":"Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Mobile Safari/537.36"},"shipping":{"name":"Erika Mustermann","street":"Heidestrasse 17","city":"Koeln","zip":"51147","country":"DE"},"items":[{"sku":"sku-1001","qty":1,"price":19.99},{"sku":"sku-2002","qty":2,"price":5.5},{"sku":"sku-3003","qty":1,"price":42}],"risk":{"score":0.137,"rules":["velocity","geo","bin"],"reviewed":false},"tags":["online","recurring","eu"],"note":"`,
 		i%100000000, i%10000, i%100000, i%500, i%100, 1700000000000+int64(i)*7, i%10000, i, i%256, (i/256)%256, i%200)
-	b := []byte(s)
-	for len(b) < 1022 {
-		b = append(b, 'x')
-	}
-	return append(b, '"', '}')
-}
-
-// uniquePayment is payment(i) with every string and number distinct for
-// each i < 1e6: the worst case for the decoder's intern caches
-// (json_intern.go), whose hits payment's repeated values (currency, status,
-// country, items...) show at their best.
-func uniquePayment(i int) []byte {
-	u := fmt.Sprintf("%06d", i%1000000)
-	s := fmt.Sprintf(`{"txn_id":"txn-%[1]s","user_id":"user-%[1]s","merchant_id":"m-%[1]s","amount":%[2]d.%[3]s,"currency":"C%[1]s","status":"s%[1]s","ts":%[4]d,"card":{"bin":"b%[1]s","last4":"l%[1]s","brand":"v%[1]s","country":"c%[1]s","expiry":"e%[1]s"},"device":{"id":"dev-%[1]s","os":"os%[1]s","version":"v%[1]s","ip":"10.%[1]s","user_agent":"Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 %[1]s"},"shipping":{"name":"n%[1]s","street":"s%[1]s","city":"c%[1]s","zip":"z%[1]s","country":"c%[1]s"},"items":[{"sku":"a%[1]s","qty":1%[1]s,"price":1.%[1]s},{"sku":"b%[1]s","qty":2%[1]s,"price":2.%[1]s},{"sku":"c%[1]s","qty":3%[1]s,"price":3.%[1]s}],"risk":{"score":0.%[1]s,"rules":["r%[1]s","g%[1]s","b%[1]s"],"reviewed":false},"tags":["t%[1]s","u%[1]s","v%[1]s"],"note":"`,
-		u, i%500, u, 1700000000000+int64(i)*7)
 	b := []byte(s)
 	for len(b) < 1022 {
 		b = append(b, 'x')
@@ -80,7 +67,7 @@ type encodeSink struct {
 
 func (s *encodeSink) Emit(r *Record) {
 	var err error
-	s.buf, err = AppendJSON(s.buf[:0], r.Value)
+	s.buf, err = jsoncodec.Append(s.buf[:0], r.Value)
 	if err != nil {
 		panic(err)
 	}
@@ -179,7 +166,7 @@ func inputs(n int) [][]byte {
 func decodeAll(b *testing.B, in [][]byte) []any {
 	out := make([]any, len(in))
 	for i, p := range in {
-		v, err := DecodeJSON(p)
+		v, err := jsoncodec.Decode(p)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -211,7 +198,7 @@ func BenchmarkChainFilterSetMap(b *testing.B) {
 		for b.Loop() {
 			raw := in[i%len(in)]
 			i++
-			v, err := DecodeJSON(raw)
+			v, err := jsoncodec.Decode(raw)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -271,7 +258,7 @@ func BenchmarkFilter(b *testing.B) {
 					b.Fatal(err)
 				}
 			} else {
-				v, err := DecodeJSON(raw)
+				v, err := jsoncodec.Decode(raw)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -301,7 +288,7 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 	run := func(b *testing.B, decode bool) {
 		w := NewWindow(spec)
 		in := inputs(4096)
-		tmpl, _ := DecodeJSON(payment(0))
+		tmpl, _ := jsoncodec.Decode(payment(0))
 		users := make([]string, 10000)
 		for k := range users {
 			users[k] = fmt.Sprintf("user-%05d", k)
@@ -321,7 +308,7 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 				raw := in[i%len(in)]
 				stamp(raw, userAt, 5, k)
 				var err error
-				if v, err = DecodeJSON(raw); err != nil {
+				if v, err = jsoncodec.Decode(raw); err != nil {
 					b.Fatal(err)
 				}
 			} else {
@@ -364,7 +351,7 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 	next := 0 // ids already used by an earlier run of a variant
 	in := inputs(4096)
 	run := func(b *testing.B, mode string) {
-		v, _ := DecodeJSON(payment(0))
+		v, _ := jsoncodec.Decode(payment(0))
 		tmpl := v.(map[string]any)
 		var sink interface {
 			Emitter
@@ -390,7 +377,7 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 			case "json":
 				stampTxn(raw, k)
 				var err error
-				if r.Value, err = DecodeJSON(raw); err != nil {
+				if r.Value, err = jsoncodec.Decode(raw); err != nil {
 					b.Fatal(err)
 				}
 			case "json-raw":
@@ -445,7 +432,7 @@ func BenchmarkJoin100kRows(b *testing.B) {
 		for b.Loop() {
 			raw := in[i%len(in)]
 			stamp(raw, merchantAt, 5, i%100_000) // every row in turn
-			v, err := DecodeJSON(raw)
+			v, err := jsoncodec.Decode(raw)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -479,7 +466,7 @@ func BenchmarkJoin100kRows(b *testing.B) {
 		}
 	})
 	b.Run("op", func(b *testing.B) {
-		tmpl, _ := DecodeJSON(payment(0))
+		tmpl, _ := jsoncodec.Decode(payment(0))
 		m := tmpl.(map[string]any)
 		sink := &countSink{}
 		b.ReportAllocs()
@@ -497,67 +484,14 @@ func BenchmarkJoin100kRows(b *testing.B) {
 	})
 }
 
-func BenchmarkJSON(b *testing.B) {
-	raw := payment(7)
-	b.Run("decode", func(b *testing.B) {
-		b.SetBytes(int64(len(raw)))
-		b.ReportAllocs()
-		cpu0 := cpuNow()
-		for b.Loop() {
-			if _, err := DecodeJSON(raw); err != nil {
-				b.Fatal(err)
-			}
-		}
-		recPerSec(b, cpu0)
-	})
-	decodeEach := func(b *testing.B, in [][]byte) {
-		b.SetBytes(1024)
-		b.ReportAllocs()
-		i := 0
-		cpu0 := cpuNow()
-		for b.Loop() {
-			if _, err := DecodeJSON(in[i%len(in)]); err != nil {
-				b.Fatal(err)
-			}
-			i++
-		}
-		recPerSec(b, cpu0)
-	}
-	// The 4096 payments of the chain benchmark (ids, amounts, times differ).
-	b.Run("decode-4096", func(b *testing.B) { decodeEach(b, inputs(4096)) })
-	// 4096 payments with no value in common.
-	b.Run("decode-unique", func(b *testing.B) {
-		in := make([][]byte, 4096)
-		for i := range in {
-			in[i] = uniquePayment(i)
-		}
-		decodeEach(b, in)
-	})
-	b.Run("encode", func(b *testing.B) {
-		v, _ := DecodeJSON(raw)
-		var buf []byte
-		b.ReportAllocs()
-		cpu0 := cpuNow()
-		for b.Loop() {
-			buf, _ = AppendJSON(buf[:0], v)
-		}
-		recPerSec(b, cpu0)
-	})
-}
-
 func TestPaymentIs1KiB(t *testing.T) {
 	for _, i := range []int{0, 7, 99_999_999} {
-		if u := uniquePayment(i); len(u) != 1024 {
-			t.Fatalf("uniquePayment(%d) is %d bytes", i, len(u))
-		} else if _, err := DecodeJSON(u); err != nil {
-			t.Fatalf("uniquePayment(%d): %v", i, err)
-		}
 		p := payment(i)
 		if len(p) != 1024 {
 			t.Fatalf("payment(%d) is %d bytes", i, len(p))
 		}
 		stampTxn(p, 12345678)
-		v, err := DecodeJSON(p)
+		v, err := jsoncodec.Decode(p)
 		if err != nil {
 			t.Fatal(err)
 		}

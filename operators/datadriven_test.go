@@ -26,6 +26,8 @@ import (
 
 	"github.com/cockroachdb/datadriven"
 	"gopkg.in/yaml.v3"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // collect is an Emitter that records what a step produced.
@@ -53,13 +55,13 @@ func (c *collect) String() string {
 func formatRecord(r *Record) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "key=%s t=%d", r.Key, r.EventTime)
-	v, err := AppendJSON(nil, r.Value)
+	v, err := jsoncodec.Append(nil, r.Value)
 	if err != nil {
 		v = []byte(err.Error())
 	}
 	fmt.Fprintf(&b, " value=%s", v)
 	if len(r.Bound) > 0 {
-		bb, _ := AppendJSON(nil, r.Bound)
+		bb, _ := jsoncodec.Append(nil, r.Bound)
 		fmt.Fprintf(&b, " bound=%s", bb)
 	}
 	if r.Window != nil {
@@ -90,7 +92,7 @@ func parseRecord(line string) (*Record, error) {
 	r := &Record{Topic: "in", Key: []byte(in.Key), Timestamp: in.T, EventTime: in.T, Offset: in.Offset}
 	switch {
 	case in.Value != nil:
-		v, err := DecodeJSON(in.Value)
+		v, err := jsoncodec.Decode(in.Value)
 		if err != nil {
 			return nil, err
 		}
@@ -260,7 +262,7 @@ func TestGolden(t *testing.T) {
 				}
 				mt := NewMapTable()
 				for _, line := range strings.Split(d.Input, "\n") {
-					v, err := DecodeJSON([]byte(line))
+					v, err := jsoncodec.Decode([]byte(line))
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // event is one step of a random stream: a record, or a watermark advance.
@@ -144,7 +146,7 @@ func refWindows(evs []event, size, slide int64) (rows []string, late []int) {
 			return 1
 		})
 		for _, w := range closing {
-			b, _ := AppendJSON(nil, w.row())
+			b, _ := jsoncodec.Append(nil, w.row())
 			rows = append(rows, string(b))
 		}
 	}
@@ -192,7 +194,7 @@ type lateCollect struct {
 }
 
 func (c *lateCollect) Emit(r *Record) {
-	b, _ := AppendJSON(nil, r.Value)
+	b, _ := jsoncodec.Append(nil, r.Value)
 	c.rows = append(c.rows, string(b))
 	if c.lastRow != nil {
 		c.lastRow[fmt.Sprintf("%d/%s", r.Window.End, r.Key)] = string(b)
@@ -285,7 +287,7 @@ func TestWindowMatchesBruteForce(t *testing.T) {
 			}
 			var got []string
 			for _, r := range wantRows {
-				v, _ := DecodeJSON([]byte(r))
+				v, _ := jsoncodec.Decode([]byte(r))
 				m := v.(map[string]any)
 				got = append(got, c.lastRow[fmt.Sprintf("%v/%v", m["window_end"], m["key"])])
 			}

@@ -1,12 +1,16 @@
 package operators
 
-import "reflect"
+import (
+	"reflect"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+)
 
 // Encoding a 1 KiB JSON object costs about as much CPU as the steps of a
 // short chain. A record whose value no step changed (a route of filters,
 // joins and drop_duplicates) can go to the sink as the bytes it arrived
-// with, so the sink skips AppendJSON. SetJSON remembers which value was
-// decoded from Raw; ValueBytes hands Raw back while Value is still that
+// with, so the sink skips jsoncodec.Append. SetJSON remembers which value
+// was decoded from Raw; ValueBytes hands Raw back while Value is still that
 // value. A step that changes the value in place (set) calls ValueChanged;
 // replacing Value (map, or code outside the steps) is noticed by identity.
 
@@ -14,7 +18,7 @@ import "reflect"
 // the one is the decoding of the other (see ValueBytes). On error r is
 // left unchanged.
 func (r *Record) SetJSON(raw []byte) error {
-	v, err := DecodeJSON(raw)
+	v, err := jsoncodec.Decode(raw)
 	if err != nil {
 		return err
 	}
@@ -25,10 +29,10 @@ func (r *Record) SetJSON(raw []byte) error {
 
 // ValueBytes returns r.Raw when r.Raw and r.Value are still what SetJSON
 // set: the same bytes and the same object (or an equal scalar), not changed
-// in place since. The bytes then encode the same JSON value as AppendJSON(nil, r.Value),
-// though not necessarily byte for byte (AppendJSON sorts keys and writes
-// numbers and escapes its own way; Raw is what the producer sent). ok is
-// false when the sink has to encode Value.
+// in place since. The bytes then encode the same JSON value as
+// jsoncodec.Append(nil, r.Value), though not necessarily byte for byte
+// (Append sorts keys and writes numbers and escapes its own way; Raw is
+// what the producer sent). ok is false when the sink has to encode Value.
 func (r *Record) ValueBytes() (raw []byte, ok bool) {
 	if !r.rawSet || r.valueChanged || !sameBytes(r.Raw, r.rawFrom) || !sameValue(r.Value, r.rawValue) {
 		return nil, false

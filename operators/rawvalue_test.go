@@ -3,6 +3,8 @@ package operators
 import (
 	"bytes"
 	"testing"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 func TestValueBytes(t *testing.T) {
@@ -48,7 +50,7 @@ func TestValueBytes(t *testing.T) {
 		if b, ok := r.ValueBytes(); ok {
 			t.Fatalf("after set: %q", b)
 		}
-		if out, _ := AppendJSON(nil, r.Value); string(out) != `{"a":"x","amount":5,"b":1,"c":2}` {
+		if out, _ := jsoncodec.Append(nil, r.Value); string(out) != `{"a":"x","amount":5,"b":1,"c":2}` {
 			t.Fatalf("value %s", out)
 		}
 	})

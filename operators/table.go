@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // FileTable is a join table loaded from a file: JSON lines (one object per
@@ -89,7 +91,7 @@ func readJSONLinesTable(r io.Reader, keyField string) (map[string]map[string]any
 		if len(b) == 0 {
 			continue
 		}
-		v, err := DecodeJSON(b)
+		v, err := jsoncodec.Decode(b)
 		if err != nil {
 			return nil, fmt.Errorf("%d: %w", line, err)
 		}

@@ -3,7 +3,6 @@ package operators
 import (
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,33 +10,6 @@ import (
 	"testing"
 	"time"
 )
-
-func TestJSONRoundTrip(t *testing.T) {
-	v, err := DecodeJSON([]byte(`{"b":1,"a":[true,null,"x",2.5],"c":{"z":1e3,"y":-0.5}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := v.(map[string]any)
-	if n, ok := m["b"].(float64); !ok || n != 1 {
-		t.Fatalf("numbers must decode as float64, got %T %v", m["b"], m["b"])
-	}
-	out, err := AppendJSON([]byte("prefix:"), v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Keys sorted, numbers in shortest form, appended after dst.
-	if want := `prefix:{"a":[true,null,"x",2.5],"b":1,"c":{"y":-0.5,"z":1000}}`; string(out) != want {
-		t.Fatalf("got %s\nwant %s", out, want)
-	}
-	for _, bad := range []string{``, `{`, `{"a":1} x`, `{"a":}`, `nul`} {
-		if _, err := DecodeJSON([]byte(bad)); err == nil || !strings.HasPrefix(err.Error(), "decode json: ") {
-			t.Errorf("DecodeJSON(%q) = %v, want a decode json error", bad, err)
-		}
-	}
-	if _, err := AppendJSON(nil, math.Inf(1)); err == nil || !strings.HasPrefix(err.Error(), "encode json: ") {
-		t.Errorf("AppendJSON(+Inf) = %v, want an encode json error", err)
-	}
-}
 
 func TestEnvFollowsValueChanges(t *testing.T) {
 	r := &Record{Key: []byte("k"), Value: map[string]any{"a": 1.0}, Headers: []Header{{Key: "h", Value: []byte("v")}}}

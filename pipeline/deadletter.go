@@ -8,6 +8,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -25,7 +26,7 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	r.m.met.deadLetters.WithLabelValues(r.name, string(reason)).Inc()
 	val := rec.Raw
 	if val == nil && rec.Value != nil {
-		val, _ = operators.AppendJSON(nil, rec.Value)
+		val, _ = jsoncodec.Append(nil, rec.Value)
 	}
 	msg := ""
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/operators"
 )
 
@@ -143,7 +144,7 @@ func (r *route) encodeValue(rec *operators.Record) ([]byte, error) {
 			return rec.Raw, nil
 		}
 	}
-	return operators.AppendJSON(nil, rec.Value)
+	return jsoncodec.Append(nil, rec.Value)
 }
 
 func keyBytes(v any) []byte {
@@ -157,7 +158,7 @@ func keyBytes(v any) []byte {
 	case float64:
 		return strconv.AppendFloat(nil, x, 'f', -1, 64)
 	}
-	b, err := operators.AppendJSON(nil, v)
+	b, err := jsoncodec.Append(nil, v)
 	if err != nil {
 		return fmt.Append(nil, v)
 	}

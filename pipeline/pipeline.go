@@ -5,8 +5,8 @@
 // watermarks, writes outputs and dead letters through an idempotent producer,
 // and checkpoints state and offsets together as a consistent cut.
 //
-// It may import operators, state, offsets, rules (types) and franz-go; it
-// must never import protocol/, config/ or cmd/.
+// It may import operators, internal/jsoncodec, state, offsets, rules (types)
+// and franz-go; it must never import protocol/, config/ or cmd/.
 package pipeline
 
 import (

@@ -39,6 +39,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/operators"
 )
 
@@ -84,7 +85,7 @@ func encodeEnvelope(b []byte, rec *operators.Record, wp int32, woff int64, seq u
 	var bound []byte
 	if len(rec.Bound) > 0 {
 		var err error
-		bound, err = operators.AppendJSON(nil, rec.Bound)
+		bound, err = jsoncodec.Append(nil, rec.Bound)
 		if err != nil {
 			return nil, fmt.Errorf("encode join bindings: %w", err)
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -31,7 +32,7 @@ func applyTableRecord(t *operators.MapTable, rec *kgo.Record) error {
 		t.Delete(key)
 		return nil
 	}
-	v, err := operators.DecodeJSON(rec.Value)
+	v, err := jsoncodec.Decode(rec.Value)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -295,7 +296,7 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 		}
 	}
 	if e.bound != nil {
-		v, err := operators.DecodeJSON(e.bound)
+		v, err := jsoncodec.Decode(e.bound)
 		m, ok := v.(map[string]any)
 		if err != nil || !ok {
 			r.deadLetter(rec, operators.ReasonDecode, fmt.Errorf("join bindings: %v", err), stepLabel(t.seg.keyStep), tk)

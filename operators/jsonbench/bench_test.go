@@ -1,5 +1,5 @@
-// Package jsonbench compares JSON libraries (and rtproxy's own decoder,
-// operators.DecodeJSON) on rtproxy's workload: decode a
+// Package jsonbench compares JSON libraries (and rtproxy's own codec,
+// jsoncodec.Decode and jsoncodec.Append) on rtproxy's workload: decode a
 // 1 KiB payment-like object into `any` (numbers as float64) and encode it
 // back. It is its own module so the candidates never enter rtproxy's go.mod.
 package jsonbench
@@ -15,7 +15,7 @@ import (
 	gojson "github.com/goccy/go-json"
 	jsoniter "github.com/json-iterator/go"
 
-	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // payment builds a payment-like JSON object of about 1 KiB.
@@ -63,9 +63,9 @@ var libs = []lib{
 		return v, err
 	}, jsoniter.ConfigCompatibleWithStandardLibrary.Marshal},
 	{"sonic", func(b []byte) (any, error) { var v any; err := sonic.ConfigStd.Unmarshal(b, &v); return v, err }, sonic.ConfigStd.Marshal},
-	// AppendJSON appends to the caller's buffer; the sink reuses one, so
+	// jsoncodec.Append appends to the caller's buffer; the sink reuses one, so
 	// the benchmark does too.
-	{"rtproxy", operators.DecodeJSON, func(v any) ([]byte, error) { return operators.AppendJSON(encBuf[:0], v) }},
+	{"rtproxy", jsoncodec.Decode, func(v any) ([]byte, error) { return jsoncodec.Append(encBuf[:0], v) }},
 }
 
 func BenchmarkDecode(b *testing.B) {

@@ -40,7 +40,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -460,7 +460,7 @@ func startHandLoopFrom(addrs []string, src, sink string, from kgo.Offset) func()
 				return
 			}
 			fs.EachRecord(func(r *kgo.Record) {
-				v, err := operators.DecodeJSON(r.Value)
+				v, err := jsoncodec.Decode(r.Value)
 				if err != nil {
 					return
 				}
@@ -472,7 +472,7 @@ func startHandLoopFrom(addrs []string, src, sink string, from kgo.Offset) func()
 				if amount < 0 {
 					return
 				}
-				out, err := operators.AppendJSON(nil, map[string]any{"id": m["id"], "user": m["user"], "amount": amount * 100, "send_ns": m["send_ns"]})
+				out, err := jsoncodec.Append(nil, map[string]any{"id": m["id"], "user": m["user"], "amount": amount * 100, "send_ns": m["send_ns"]})
 				if err != nil {
 					return
 				}

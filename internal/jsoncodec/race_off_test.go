@@ -1,5 +1,5 @@
 //go:build !race
 
-package operators
+package jsoncodec
 
 const raceEnabled = false

@@ -1,55 +1,18 @@
-package operators
+package jsoncodec
 
 import (
-	"errors"
 	"fmt"
-	"math"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf16"
 	"unicode/utf8"
-
-	gojson "github.com/goccy/go-json"
 )
 
-// JSON in rtproxy is decoded by the small decoder below and encoded with
-// github.com/goccy/go-json. Both were chosen by measurement on 1 KiB
-// payment records (operators/jsonbench; numbers in docs/BENCHMARKS.md):
-// goccy/go-json was the fastest of encoding/json, goccy/go-json,
-// json-iterator and bytedance/sonic at both decode and encode on this Go
-// version, and this decoder, written for the one shape rtproxy needs
-// (any value into map[string]any / []any / float64 / string / bool / nil),
-// was faster again at decode, with a fraction of the allocations:
-//
-//   - the input is copied once into a string, and every string without
-//     escapes (keys and values) is a substring of it, so strings cost no
-//     allocation. The price: one retained string keeps the whole record's
-//     bytes alive, which is what a record does anyway while it is in flight.
-//   - objects and arrays collect their members on a scratch stack and are
-//     allocated once at their final size (the top-level object with room
-//     for two more, see object), so maps never grow while decoding.
-//   - decoders are pooled with their scratch stacks, and strings and numbers
-//     that repeat from record to record share one box (json_intern.go).
-//
-// Numbers decode as float64, like encoding/json into `any`: expr
-// arithmetic and comparisons work on them directly, and integers up to
-// 2^53 round-trip exactly. A number out of float64 range is an error, as
-// in encoding/json. Invalid UTF-8 inside strings becomes U+FFFD, as in
-// encoding/json. Objects encode with their keys sorted, so the same value
-// always gives the same bytes.
-
-// maxDepth bounds nesting so hostile input cannot exhaust the stack; it is
-// encoding/json's limit.
-const maxDepth = 10000
-
-var errJSONDepth = errors.New("exceeds max nesting depth")
-
-// DecodeJSON decodes one JSON value. Objects become map[string]any,
+// Decode decodes one JSON value. Objects become map[string]any,
 // arrays []any, numbers float64. Anything but whitespace after the value
 // is an error.
-func DecodeJSON(b []byte) (any, error) {
+func Decode(b []byte) (any, error) {
 	d := decoders.Get().(*jsonDecoder)
 	d.s, d.i, d.err = string(b), 0, nil
 	d.ws()
@@ -69,7 +32,7 @@ func DecodeJSON(b []byte) (any, error) {
 }
 
 // decoders recycles decoders with their scratch stacks and intern caches
-// (json_intern.go): building them per call was ten allocations of a 1 KiB
+// (intern.go): building them per call was ten allocations of a 1 KiB
 // record, and the caches only pay off when they outlive a record.
 var decoders = sync.Pool{New: func() any { return new(jsonDecoder) }}
 
@@ -515,176 +478,3 @@ func (d *jsonDecoder) number() (float64, bool) {
 }
 
 var pow10 = [...]float64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
-
-// AppendJSON appends the JSON encoding of v to dst. The output is
-// byte-for-byte what encoding/json.Marshal writes (sorted object keys,
-// HTML-safe escapes, its float format); the types decoding and the
-// operators produce (maps, slices, strings, numbers, bools, nil) are
-// written here without reflection, anything else by goccy/go-json.
-func AppendJSON(dst []byte, v any) ([]byte, error) {
-	out, err := appendJSON(dst, v, 0)
-	if err != nil {
-		return dst, fmt.Errorf("encode json: %w", err)
-	}
-	return out, nil
-}
-
-func appendJSON(b []byte, v any, depth int) ([]byte, error) {
-	if depth > maxDepth {
-		return b, errJSONDepth
-	}
-	switch x := v.(type) {
-	case nil:
-		return append(b, "null"...), nil
-	case string:
-		return appendJSONString(b, x), nil
-	case float64:
-		return appendJSONFloat(b, x, 64)
-	case bool:
-		return strconv.AppendBool(b, x), nil
-	case map[string]any:
-		return appendJSONObject(b, x, depth)
-	case []any:
-		b = append(b, '[')
-		for i, e := range x {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			var err error
-			if b, err = appendJSON(b, e, depth+1); err != nil {
-				return b, err
-			}
-		}
-		return append(b, ']'), nil
-	case int64:
-		return strconv.AppendInt(b, x, 10), nil
-	case int:
-		return strconv.AppendInt(b, int64(x), 10), nil
-	case int32:
-		return strconv.AppendInt(b, int64(x), 10), nil
-	case uint64:
-		return strconv.AppendUint(b, x, 10), nil
-	case float32:
-		return appendJSONFloat(b, float64(x), 32)
-	}
-	enc, err := gojson.Marshal(v)
-	if err != nil {
-		return b, err
-	}
-	return append(b, enc...), nil
-}
-
-// appendJSONObject writes m with its keys sorted. Keys are sorted in a
-// stack buffer for the common object of up to 32 fields.
-func appendJSONObject(b []byte, m map[string]any, depth int) ([]byte, error) {
-	var buf [32]string
-	keys := buf[:0]
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	b = append(b, '{')
-	for i, k := range keys {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendJSONString(b, k)
-		b = append(b, ':')
-		var err error
-		if b, err = appendJSON(b, m[k], depth+1); err != nil {
-			return b, err
-		}
-	}
-	return append(b, '}'), nil
-}
-
-// appendJSONFloat formats like encoding/json (ES6 number to string).
-func appendJSONFloat(b []byte, f float64, bits int) ([]byte, error) {
-	if math.IsInf(f, 0) || math.IsNaN(f) {
-		return b, fmt.Errorf("unsupported value: %s", strconv.FormatFloat(f, 'g', -1, bits))
-	}
-	abs := math.Abs(f)
-	format := byte('f')
-	if abs != 0 {
-		if bits == 64 && (abs < 1e-6 || abs >= 1e21) || bits == 32 && (float32(abs) < 1e-6 || float32(abs) >= 1e21) {
-			format = 'e'
-		}
-	}
-	b = strconv.AppendFloat(b, f, format, -1, bits)
-	if format == 'e' {
-		// e-09 becomes e-9
-		n := len(b)
-		if n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
-			b[n-2] = b[n-1]
-			b = b[:n-1]
-		}
-	}
-	return b, nil
-}
-
-const hexDigits = "0123456789abcdef"
-
-// jsonPlain[c] is true for the ASCII bytes a JSON string carries as they
-// are (encoding/json's htmlSafeSet); one table load per byte beats six
-// comparisons.
-var jsonPlain = func() (t [utf8.RuneSelf]bool) {
-	for c := 0x20; c < utf8.RuneSelf; c++ {
-		t[c] = c != '"' && c != '\\' && c != '<' && c != '>' && c != '&'
-	}
-	return t
-}()
-
-// appendJSONString quotes s as encoding/json does with HTML escaping on:
-// <, > and & as \u003c..., control characters, invalid UTF-8 as \ufffd,
-// and U+2028 / U+2029 escaped.
-func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if jsonPlain[c] {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '\\', '"':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		if r == utf8.RuneError && size == 1 {
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-			i++
-			start = i
-			continue
-		}
-		if r == '\u2028' || r == '\u2029' {
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
-			i += size
-			start = i
-			continue
-		}
-		i += size
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
-}

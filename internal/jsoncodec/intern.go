@@ -1,4 +1,4 @@
-package operators
+package jsoncodec
 
 import (
 	"hash/maphash"

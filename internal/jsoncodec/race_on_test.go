@@ -1,6 +1,6 @@
 //go:build race
 
-package operators
+package jsoncodec
 
 // raceEnabled: the race detector makes sync.Pool drop items at random, so
 // allocation counts are not meaningful under it.

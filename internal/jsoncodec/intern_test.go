@@ -1,4 +1,4 @@
-package operators
+package jsoncodec
 
 import (
 	"bytes"
@@ -6,50 +6,14 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strconv"
 	"testing"
 	"unsafe"
 )
 
-// The decimal fast path (n / 10^frac) must give exactly ParseFloat's bits.
-func TestDecodeJSONNumbersMatchParseFloat(t *testing.T) {
-	cases := []string{"0", "-0", "-0.0", "0.0", "1", "1023", "1024", "-1", "19.99", "5.5", "0.137",
-		"0.000000000000001", "123456789012345", "12345678901234.5", "1234567890123456",
-		"9007199254740993", "0.1", "0.3", "2.675", "1e3", "1.5E-3", "-123.456e+2",
-		"1.7976931348623157e308", "4.9e-324", "999999999999999.9", "0.30000000000000004"}
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 20000 {
-		intDigits := 1 + rng.IntN(15)
-		frac := rng.IntN(16)
-		s := strconv.FormatUint(rng.Uint64N(uint64(math.Pow10(intDigits))), 10)
-		if frac > 0 {
-			f := strconv.FormatUint(rng.Uint64N(uint64(math.Pow10(frac))), 10)
-			for len(f) < frac {
-				f = "0" + f
-			}
-			s += "." + f
-		}
-		if rng.IntN(2) == 0 {
-			s = "-" + s
-		}
-		cases = append(cases, s)
-	}
-	for _, s := range cases {
-		got, err := DecodeJSON([]byte(s))
-		if err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-		want, _ := strconv.ParseFloat(s, 64)
-		if g, ok := got.(float64); !ok || math.Float64bits(g) != math.Float64bits(want) {
-			t.Fatalf("%s decoded to %v (%T), ParseFloat says %v", s, got, got, want)
-		}
-	}
-}
-
 // Strings and numbers from the intern caches are the right values, however
 // the slots collide and repeat: many documents over a small alphabet
 // against encoding/json.
-func TestDecodeJSONInternedValues(t *testing.T) {
+func TestDecodeInternedValues(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	words := make([]string, 2000) // more than the slots, so slots collide
 	for i := range words {
@@ -72,7 +36,7 @@ func TestDecodeJSONInternedValues(t *testing.T) {
 			}
 		}
 		b.WriteString("}")
-		got, err := DecodeJSON(b.Bytes())
+		got, err := Decode(b.Bytes())
 		if err != nil {
 			t.Fatalf("%s: %v", b.Bytes(), err)
 		}
@@ -90,9 +54,9 @@ func TestDecodeJSONInternedValues(t *testing.T) {
 
 // -0 keeps its sign (encoding/json writes it as -0), small integers come
 // from the shared table.
-func TestDecodeJSONNegativeZero(t *testing.T) {
+func TestDecodeNegativeZero(t *testing.T) {
 	for range 3 { // the second and third time through the caches
-		v, err := DecodeJSON([]byte(`[-0, 0, -0.0, 0.0, 1, 1023.0, 1024]`))
+		v, err := Decode([]byte(`[-0, 0, -0.0, 0.0, 1, 1023.0, 1024]`))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +66,7 @@ func TestDecodeJSONNegativeZero(t *testing.T) {
 				t.Fatalf("element %d = %v: sign bit %v, want %v", i, a[i], !neg, neg)
 			}
 		}
-		if out, _ := AppendJSON(nil, v); string(out) != `[-0,0,-0,0,1,1023,1024]` {
+		if out, _ := Append(nil, v); string(out) != `[-0,0,-0,0,1,1023,1024]` {
 			t.Fatalf("re-encoded as %s", out)
 		}
 	}
@@ -134,15 +98,15 @@ func TestInternStringOwnsItsBytes(t *testing.T) {
 
 // Decoding repeated values allocates less than decoding distinct ones, and
 // a pooled decoder starts clean after a failed document.
-func TestDecodeJSONReusesBoxes(t *testing.T) {
-	if _, err := DecodeJSON([]byte(`{"a":[1,2,{"b":"x","c":[3,`)); err == nil {
+func TestDecodeReusesBoxes(t *testing.T) {
+	if _, err := Decode([]byte(`{"a":[1,2,{"b":"x","c":[3,`)); err == nil {
 		t.Fatal("truncated document accepted")
 	}
-	v, err := DecodeJSON([]byte(`{"x":[3,{"y":"z"}]}`))
+	v, err := Decode([]byte(`{"x":[3,{"y":"z"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, _ := AppendJSON(nil, v); string(out) != `{"x":[3,{"y":"z"}]}` {
+	if out, _ := Append(nil, v); string(out) != `{"x":[3,{"y":"z"}]}` {
 		t.Fatalf("after a failed document: %s", out)
 	}
 	if raceEnabled {
@@ -159,8 +123,8 @@ func TestDecodeJSONReusesBoxes(t *testing.T) {
 		docs[k] = distinct()
 	}
 	k := 0
-	aSame := testing.AllocsPerRun(200, func() { _, _ = DecodeJSON(same) })
-	aDistinct := testing.AllocsPerRun(200, func() { _, _ = DecodeJSON(docs[k%len(docs)]); k++ })
+	aSame := testing.AllocsPerRun(200, func() { _, _ = Decode(same) })
+	aDistinct := testing.AllocsPerRun(200, func() { _, _ = Decode(docs[k%len(docs)]); k++ })
 	// distinct: the input copy, the slice, 5 strings, 3 numbers; same: the
 	// input copy and the slice.
 	if aSame > 3 || aDistinct < 9 {
