@@ -13,7 +13,7 @@ func init() {
 		Summary: "Turns one record into one record per element of a list, in order, each with the element bound under a name for the steps after it.",
 		Keys: []Key{
 			{Name: "each", Type: TypeExpr, Required: true,
-				Doc: "The list. Null or an empty list gives no record (counted as dropped); anything else that is not a list, or a list of more than 10,000 elements, is a dead letter (reason `error`).",
+				Doc:   "The list. Null or an empty list gives no record (counted as dropped); anything else that is not a list, or a list of more than 10,000 elements, is a dead letter (reason `error`).",
 				Needs: "the expression that gives the list, e.g. `each: value.items`"},
 			{Name: "as", Type: TypeName, Required: true,
 				Doc:   "The name each element is bound under. It must not hide a built-in name, an expr-lang function or an earlier step's name.",
