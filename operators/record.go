@@ -1,5 +1,6 @@
-// Package operators holds the pure stream operators of rtproxy: filter, set,
-// map, broadcast join, tumbling and sliding windows, and drop_duplicates.
+// Package operators holds the pure stream operators of rtproxy, one file per
+// step kind, each declared once by its Spec (spec.go): filter, set, map,
+// explode, broadcast join, tumbling and sliding windows, drop_duplicates.
 //
 // An operator is a function of (record, state) to output records and dead
 // letters. It performs no I/O: it never imports franz-go, pebble, or anything
