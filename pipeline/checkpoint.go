@@ -37,6 +37,10 @@ func (r *route) checkpointLoop() {
 			// so at most one cut (with its copies of snapshots) waits.
 			if err := r.commitCuts(0, r.stopping); err != nil {
 				r.cpMu.Unlock()
+				if errors.Is(err, state.ErrBroken) {
+					r.stateFailed(err)
+					return
+				}
 				if !errors.Is(err, errStopping) {
 					r.noteError(fmt.Errorf("checkpoint: %w", err))
 				}
@@ -59,10 +63,27 @@ func (r *route) checkpointLoop() {
 			err = r.commitCuts(0, r.stopping)
 		}
 		r.cpMu.Unlock()
+		if errors.Is(err, state.ErrBroken) {
+			r.stateFailed(err)
+			return
+		}
 		if err != nil && !errors.Is(err, errStopping) {
 			r.noteError(fmt.Errorf("checkpoint: %w", err))
 		}
 	}
+}
+
+// stateFailed stops a route whose checkpoint found the state store broken
+// (a full or failing disk; state.ErrBroken): it cannot commit again in
+// this process. It leaves its group, so the other instances running the
+// route take its partitions over from the last commit, and it stays in
+// state error until the process restarts.
+func (r *route) stateFailed(err error) {
+	r.noteError(fmt.Errorf("checkpoint: %w", err))
+	r.m.met.stateFailed.Set(1)
+	r.log.Error("the state store failed: the route stops and leaves its group; restart the process once the disk is fixed",
+		"err", err)
+	go r.stop()
 }
 
 // cutPoint is a consistent cut waiting for its outputs to be acknowledged.

@@ -33,6 +33,9 @@ type Config struct {
 	ClientOpts []kgo.Opt
 	// StateDir holds the pebble state of every route.
 	StateDir string
+	// StateOptions tune the state store (tests inject disk errors
+	// through its FS).
+	StateOptions state.Options
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
 	// Registerer receives the pipeline metrics; nil uses a private registry.
@@ -132,7 +135,7 @@ func New(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
-	db, err := state.Open(cfg.StateDir, cfg.Logger)
+	db, err := state.OpenWithOptions(cfg.StateDir, cfg.Logger, cfg.StateOptions)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: open state %s: %w", cfg.StateDir, err)
 	}
@@ -174,6 +177,12 @@ func (m *Manager) Run(ctx context.Context) error {
 	wg.Wait()
 	m.applyMu.Unlock()
 	if err := m.db.Close(); err != nil {
+		if errors.Is(err, state.ErrBroken) {
+			// Reported when it happened, and shown by every route since;
+			// the last checkpoint on disk is where the next run starts.
+			m.log.Warn("state store left unclosed: it failed earlier", "err", err)
+			return nil
+		}
 		return fmt.Errorf("pipeline: close state: %w", err)
 	}
 	return nil

@@ -48,6 +48,8 @@ type route struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the route has fully stopped
 	halt   chan struct{} // closed once dispatch stopped for good
+	// stopOnce runs stopNow once, whoever calls stop first.
+	stopOnce sync.Once
 
 	// setupSince is when the first setup attempt began.
 	setupSince time.Time
@@ -238,10 +240,17 @@ func (r *route) run() {
 
 // stop pauses dispatch at a record boundary, drains the workers, waits for
 // every output to be acknowledged, writes the final checkpoint and closes.
+// It may be called more than once, also concurrently (a route that stops
+// itself, then the manager): each call returns once the route is done.
 func (r *route) stop() {
 	if r.cancel == nil {
 		return
 	}
+	r.stopOnce.Do(r.stopNow)
+	<-r.done
+}
+
+func (r *route) stopNow() {
 	select {
 	case <-r.done:
 		return

@@ -57,6 +57,11 @@ func (r *route) setup() error {
 	if err := checkDefinition(d); err != nil {
 		return err
 	}
+	if err := r.m.db.Broken(); err != nil {
+		// Nothing could be checkpointed: the route waits in state error
+		// for a restart of the process.
+		return fmt.Errorf("route %q: %w", d.Name, err)
+	}
 	cfg := r.m.cfg
 	base := append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...)}, cfg.ClientOpts...)
 	admCl, err := kgo.NewClient(base...)

@@ -51,6 +51,9 @@ func (r *route) status() RouteStatus {
 		s.State = "error"
 	}
 	s.LastError = r.st.lastErr
+	if err := r.m.db.Broken(); err != nil {
+		s.State, s.LastError = "error", err.Error()
+	}
 	s.CheckpointPauseMs = float64(r.st.lastPause) / 1e6
 	s.MaxCheckpointPauseMs = float64(r.st.maxPause) / 1e6
 	if !r.st.lastCheckpoint.IsZero() {

@@ -163,7 +163,7 @@ func (f *Frozen) Commit(offs map[int32]int64, snaps map[string]func(Writer) erro
 		return err
 	}
 	size := b.Len()
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := db.fatal.guard(func() error { return b.Commit(pebble.Sync) }); err != nil {
 		return fmt.Errorf("state: checkpoint of route %q: %w", rs.name, err)
 	}
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cockroachdb/pebble"
 	"github.com/cockroachdb/pebble/bloom"
+	"github.com/cockroachdb/pebble/vfs"
 )
 
 // Sentinel errors callers branch on.
@@ -40,6 +41,9 @@ type Options struct {
 	// four are queued before writes stall, bounding memtable memory at
 	// 64 MiB.
 	MemTableBytes uint64
+	// FS is the file system pebble writes to; nil is the operating
+	// system's. Tests use it to inject disk errors.
+	FS vfs.FS
 }
 
 func (o Options) withDefaults() Options {
@@ -58,6 +62,7 @@ type DB struct {
 	pdb    *pebble.DB
 	log    *slog.Logger
 	closed atomic.Bool
+	fatal  *fatalGuard
 
 	mu struct {
 		sync.Mutex
@@ -99,11 +104,13 @@ func OpenWithOptions(dir string, log *slog.Logger, o Options) (*DB, error) {
 	o = o.withDefaults()
 	cache := pebble.NewCache(o.CacheBytes)
 	defer cache.Unref() // the DB holds its own reference
+	fatal := &fatalGuard{log: log}
 	popts := &pebble.Options{
 		Cache:                       cache,
 		MemTableSize:                o.MemTableBytes,
 		MemTableStopWritesThreshold: 4,
-		Logger:                      pebbleLogger{log},
+		Logger:                      fatal,
+		FS:                          o.FS,
 	}
 	popts.EnsureDefaults()
 	for i := range popts.Levels {
@@ -111,11 +118,15 @@ func OpenWithOptions(dir string, log *slog.Logger, o Options) (*DB, error) {
 		// answers those without reading data blocks.
 		popts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
-	pdb, err := pebble.Open(dir, popts)
+	var pdb *pebble.DB
+	err := fatal.guard(func() (err error) {
+		pdb, err = pebble.Open(dir, popts)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("state: open %s: %w", dir, err)
 	}
-	db := &DB{pdb: pdb, log: log}
+	db := &DB{pdb: pdb, log: log, fatal: fatal}
 	db.mu.routes = make(map[string]*routeState)
 	if err := db.checkFormat(); err != nil {
 		pdb.Close()
@@ -127,7 +138,7 @@ func OpenWithOptions(dir string, log *slog.Logger, o Options) (*DB, error) {
 func (db *DB) checkFormat() error {
 	v, closer, err := db.pdb.Get(formatKey)
 	if errors.Is(err, pebble.ErrNotFound) {
-		return db.pdb.Set(formatKey, []byte{formatVersion}, pebble.Sync)
+		return db.fatal.guard(func() error { return db.pdb.Set(formatKey, []byte{formatVersion}, pebble.Sync) })
 	}
 	if err != nil {
 		return err
@@ -157,8 +168,18 @@ func (db *DB) Close() error {
 		rs.commitMu.Lock()
 		defer rs.commitMu.Unlock()
 	}
+	if err := db.fatal.err(); err != nil {
+		// Pebble's commit pipeline is unusable, and a goroutine of its own
+		// may be parked holding its locks: closing could hang. What is on
+		// disk is the last checkpoint.
+		return err
+	}
 	return db.pdb.Close()
 }
+
+// Broken is nil, or ErrBroken with pebble's message once the database has
+// failed (see ErrBroken).
+func (db *DB) Broken() error { return db.fatal.err() }
 
 // route returns the in-memory state of route, loading its last sequence
 // number on first use.
@@ -416,7 +437,7 @@ func (db *DB) PutDurable(route, step string, val []byte) error {
 	if db.closed.Load() {
 		return ErrClosed
 	}
-	if err := db.pdb.Set(stepPrefix(route, tagDurable, step), val, pebble.Sync); err != nil {
+	if err := db.fatal.guard(func() error { return db.pdb.Set(stepPrefix(route, tagDurable, step), val, pebble.Sync) }); err != nil {
 		return fmt.Errorf("state: route %q step %q: put durable: %w", route, step, err)
 	}
 	return nil
@@ -458,7 +479,7 @@ func (db *DB) DropRoute(route string) error {
 		return fmt.Errorf("state: drop route %q: %w", route, ErrFrozenPending)
 	}
 	p := routePrefix(route)
-	if err := db.pdb.DeleteRange(p, prefixEnd(p), pebble.Sync); err != nil {
+	if err := db.fatal.guard(func() error { return db.pdb.DeleteRange(p, prefixEnd(p), pebble.Sync) }); err != nil {
 		rs.mu.Unlock()
 		return fmt.Errorf("state: drop route %q: %w", route, err)
 	}
@@ -527,7 +548,7 @@ func (db *DB) DropStepsExcept(route string, keep []string) error {
 			}
 		}
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := db.fatal.guard(func() error { return b.Commit(pebble.Sync) }); err != nil {
 		return fmt.Errorf("state: drop steps of route %q: %w", route, err)
 	}
 	if len(dropped) > 0 {
@@ -574,18 +595,4 @@ func (db *DB) Discard(route string) (cuts int, bytes int64, err error) {
 		db.log.Info("state uncommitted writes discarded", "route", route, "frozen_cuts", cuts, "bytes", bytes, "seq", rs.mu.seq)
 	}
 	return cuts, bytes, nil
-}
-
-// pebbleLogger sends pebble's log lines to slog.
-type pebbleLogger struct{ log *slog.Logger }
-
-func (l pebbleLogger) Infof(format string, args ...any) {
-	l.log.Info(fmt.Sprintf(format, args...), "component", "pebble")
-}
-
-// Fatalf must not return (pebble's contract); panicking keeps the stack.
-func (l pebbleLogger) Fatalf(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	l.log.Error(msg, "component", "pebble")
-	panic("pebble: " + msg)
 }

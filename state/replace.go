@@ -87,7 +87,7 @@ func (db *DB) ReplaceStep(route, step string, kv, snap map[string][]byte) error 
 	if err := b.Set(stepPrefix(route, tagMeta, step), m.encode(), nil); err != nil {
 		return err
 	}
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := db.fatal.guard(func() error { return b.Commit(pebble.Sync) }); err != nil {
 		return fmt.Errorf("state: route %q step %q: replace: %w", route, step, err)
 	}
 	if ns, ok := rs.mu.namespaces[step]; ok {

@@ -1,0 +1,98 @@
+package state
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// ErrBroken is returned by every write once pebble has reported a fatal
+// error (a WAL or MANIFEST write that failed: a full or failing disk).
+// Pebble's commit pipeline is unusable after one, so the database stays
+// broken until the process restarts; the last checkpoint on disk is
+// intact, and recovery starts from it.
+var ErrBroken = errors.New("state: the state store failed")
+
+// fatalGuard turns pebble's fatal errors into ErrBroken instead of a
+// process exit. Pebble reports them through Logger.Fatalf and requires
+// that Fatalf not return. On a goroutine inside one of our writes
+// (guard), Fatalf panics with a fatalPanic that the write recovers into
+// ErrBroken. On one of pebble's own goroutines (a flush or a compaction)
+// nothing could recover the panic, so Fatalf parks that goroutine for
+// good instead: the database is marked broken first, every later write
+// fails fast, and the proxy goes on forwarding.
+type fatalGuard struct {
+	log    *slog.Logger
+	broken atomic.Pointer[error]
+	inside sync.Map // goroutine id -> struct{}: goroutines inside guard
+	parked atomic.Int32
+}
+
+type fatalPanic struct{ err error }
+
+// err is ErrBroken with pebble's message once the database is broken.
+func (g *fatalGuard) err() error {
+	if p := g.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Fatalf implements pebble's Logger.
+func (g *fatalGuard) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	err := fmt.Errorf("%w: %s", ErrBroken, msg)
+	g.broken.CompareAndSwap(nil, &err)
+	g.log.Error("pebble reported a fatal error; every route with state stops, the proxy goes on",
+		"component", "pebble", "err", msg)
+	if _, ok := g.inside.Load(goid()); ok {
+		panic(fatalPanic{err})
+	}
+	g.parked.Add(1)
+	select {}
+}
+
+// Infof implements pebble's Logger.
+func (g *fatalGuard) Infof(format string, args ...any) {
+	g.log.Info(fmt.Sprintf(format, args...), "component", "pebble")
+}
+
+// guard runs op, one pebble write, returning ErrBroken if the database is
+// broken or breaks during op.
+func (g *fatalGuard) guard(op func() error) (err error) {
+	if err := g.err(); err != nil {
+		return err
+	}
+	id := goid()
+	g.inside.Store(id, struct{}{})
+	defer g.inside.Delete(id)
+	defer func() {
+		if p := recover(); p != nil {
+			f, ok := p.(fatalPanic)
+			if !ok {
+				panic(p)
+			}
+			err = f.err
+		}
+	}()
+	return op()
+}
+
+// goid is the current goroutine's id, from the first line of its stack
+// ("goroutine 123 [running]:"). It costs a microsecond or two; guard runs
+// once per write batch, never per record.
+func goid() int64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	if i := bytes.IndexByte(b, ' '); i > 0 {
+		b = b[:i]
+	}
+	id, _ := strconv.ParseInt(string(b), 10, 64)
+	return id
+}

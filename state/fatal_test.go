@@ -1,0 +1,70 @@
+package state
+
+import (
+	"errors"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/cockroachdb/pebble/vfs"
+	"github.com/cockroachdb/pebble/vfs/errorfs"
+)
+
+// TestFatalDiskErrorBreaksTheStoreNotTheProcess: a write-ahead log that
+// cannot be written (a full disk) is a fatal error for pebble, which it
+// reports through Logger.Fatalf. It used to panic and take the proxy
+// down with every route. Now the write returns ErrBroken, every later
+// write fails fast with it, and the process goes on (issue 10).
+func TestFatalDiskErrorBreaksTheStoreNotTheProcess(t *testing.T) {
+	var full atomic.Bool
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op, path string) error {
+		if full.Load() && op.OpKind() == errorfs.OpKindWrite && strings.HasSuffix(path, ".log") {
+			return syscall.ENOSPC
+		}
+		return nil
+	}))
+	db, err := OpenWithOptions("db", nil, Options{FS: fs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv := db.Namespace("r", "s")
+	commit := func(k string) error {
+		if err := kv.Set([]byte(k), []byte("v")); err != nil {
+			return err
+		}
+		fz, err := db.Freeze("r")
+		if err != nil {
+			return err
+		}
+		return fz.Commit(map[int32]int64{0: 1}, nil)
+	}
+	if err := commit("a"); err != nil {
+		t.Fatalf("a checkpoint before the disk fills: %v", err)
+	}
+	if db.Broken() != nil {
+		t.Fatalf("broken before any error: %v", db.Broken())
+	}
+
+	full.Store(true)
+	err = commit("b")
+	if !errors.Is(err, ErrBroken) {
+		t.Fatalf("checkpoint on a full disk: %v, want ErrBroken", err)
+	}
+	if !strings.Contains(err.Error(), "no space left") {
+		t.Errorf("the error does not say why: %v", err)
+	}
+	if !errors.Is(db.Broken(), ErrBroken) {
+		t.Errorf("Broken() = %v after a fatal error", db.Broken())
+	}
+	if err := db.PutDurable("r", "s", []byte("x")); !errors.Is(err, ErrBroken) {
+		t.Errorf("a later write: %v, want ErrBroken at once", err)
+	}
+	// Reads still answer from what pebble holds.
+	if v, ok, err := kv.Get([]byte("a")); err != nil || !ok || string(v) != "v" {
+		t.Errorf("read after the failure: %q %v %v", v, ok, err)
+	}
+	if err := db.Close(); !errors.Is(err, ErrBroken) {
+		t.Errorf("Close: %v, want ErrBroken (pebble is not closed, it could hang)", err)
+	}
+}
