@@ -67,7 +67,11 @@ steps:
 `,
 		Compile: func(a *Args) (*Plan, error) {
 			key, ttl := a.Expr("key"), a.Duration("ttl")
-			return &Plan{New: func(env BuildEnv) (Step, error) { return NewDropDuplicates(key, ttl, env.KV), nil }}, nil
+			plan := &Plan{New: func(env BuildEnv) (Step, error) { return NewDropDuplicates(key, ttl, env.KV), nil }}
+			if ttl == 0 {
+				plan.Warnings = KeyErrors{{Msg: "drop_duplicates without `ttl` remembers every key for good: its state grows with each new key and is never trimmed; give it a `ttl` (e.g. `ttl: 24h`) unless the keys are few"}}
+			}
+			return plan, nil
 		},
 	})
 }

@@ -143,6 +143,10 @@ type Plan struct {
 	Binds       string
 	ClearsNames bool
 	Table       string // the table the step reads, "" for none
+	// Warnings are what the analyzer can tell will grow without bound (the
+	// step's state, its work per record); the rule runs, and `rtproxy
+	// check` shows them.
+	Warnings KeyErrors
 }
 
 // ValueEffect is what a step does to the shape of the value.

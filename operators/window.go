@@ -106,13 +106,35 @@ func compileWindow(a *Args) (*Plan, error) {
 	if len(errs) > 0 {
 		return nil, errs
 	}
-	return &Plan{
+	plan := &Plan{
 		New:         func(BuildEnv) (Step, error) { return NewWindow(ws), nil },
 		Value:       ValueReplaced,
 		Fields:      fields,
 		ClearsNames: true,
-	}, nil
+	}
+	if ws.Kind == "sliding" {
+		if n := WindowsPerRecord(ws.Size, ws.Slide); n > warnWindowsPerRecord {
+			plan.Warnings = append(plan.Warnings, &KeyError{Key: "slide",
+				Msg: fmt.Sprintf("every record updates %d windows (size / slide), and the open windows per key are as many: a larger slide costs less", n)})
+		}
+	}
+	if ws.Size >= warnDistinctWindow {
+		for _, g := range ws.Aggregates {
+			if g.Func == AggCountDistinct {
+				plan.Warnings = append(plan.Warnings, &KeyError{Key: "aggregate", Entry: g.Name,
+					Msg: fmt.Sprintf("count_distinct is exact: it keeps every distinct value of an open window, for %s here; a value with many distinct values grows the state with them", ws.Size)})
+			}
+		}
+	}
+	return plan, nil
 }
+
+// The analyzer warns above these: a sliding window updating more windows
+// per record, and count_distinct over a window at least this long.
+const (
+	warnWindowsPerRecord = 1000
+	warnDistinctWindow   = time.Hour
+)
 
 // Aggregate is one `name: func(arg)` entry of window.aggregate. Arg is nil
 // for count().

@@ -184,6 +184,9 @@ func CheckPathsWith(w io.Writer, paths []string, o Options) bool {
 	for _, fr := range results {
 		if len(fr.res.errs) == 0 {
 			fmt.Fprintf(w, "ok %s\n", fr.path)
+			for _, e := range fr.res.warns {
+				fmt.Fprintf(w, "warning: %s\n", e.Error())
+			}
 			continue
 		}
 		ok = false

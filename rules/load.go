@@ -86,6 +86,7 @@ func LoadFileWith(path string, o Options) (*Route, error) {
 type loadResult struct {
 	route      *Route
 	errs       ErrorList
+	warns      ErrorList // of a valid file only
 	tableFiles []string
 	name       string   // the route name as written, even when invalid
 	nameNode   position // where the name is written
@@ -102,6 +103,7 @@ type loader struct {
 	src   []byte
 	lines []string
 	errs  ErrorList
+	warns ErrorList // constructs that can grow without bound (Plan.Warnings)
 	res   *loadResult
 	opts  Options
 
@@ -124,8 +126,20 @@ func loadBytes(path string, src []byte, o Options) *loadResult {
 	res.errs = l.errs
 	if len(l.errs) == 0 {
 		res.route = route
+		l.warns.sort()
+		res.warns = l.warns
 	}
 	return res
+}
+
+// warnAt records a warning at a YAML node: the rule runs, but a construct
+// in it can grow without bound (its state, its work per record).
+func (l *loader) warnAt(n *yaml.Node, text string, format string, args ...any) {
+	line, col := 0, 0
+	if n != nil {
+		line, col = n.Line, n.Column
+	}
+	l.warns = append(l.warns, &Error{File: l.file, Line: line, Col: col, Text: shorten(text), Msg: fmt.Sprintf(format, args...)})
 }
 
 // errAt records a refusal at a YAML node.

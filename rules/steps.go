@@ -356,6 +356,7 @@ func (l *loader) step(i int, item *yaml.Node, sc *scope, r *Route) (*StepSpec, s
 	}
 	def := p.def()
 	p.apply(plan, st)
+	p.warn(plan.Warnings)
 	if len(l.errs) > n {
 		return nil, ""
 	}
@@ -641,19 +642,33 @@ func (p *stepParse) report(err error) {
 		if p.refused[e.Key] {
 			continue
 		}
-		x := p.given[e.Key]
-		switch {
-		case e.Key == "" || x == nil:
-			l.errAt(p.step.key, kind, "%s", e.Msg)
-		case e.Entry != "" && p.entries[e.Key][e.Entry] != nil:
-			n := p.entries[e.Key][e.Entry]
-			l.errAt(n, n.Value, "%s", e.Msg)
-		case e.AtName:
-			l.errAt(x.key, x.key.Value, "%s", e.Msg)
-		default:
-			l.errAt(x.val, x.val.Value, "%s", e.Msg)
-		}
+		n, text := p.place(e)
+		l.errAt(n, text, "%s", e.Msg)
 	}
+}
+
+// warn reports the plan's warnings, each at the place of its key.
+func (p *stepParse) warn(list operators.KeyErrors) {
+	for _, e := range list {
+		n, text := p.place(e)
+		p.l.warnAt(n, text, "%s", e.Msg)
+	}
+}
+
+// place is where in the file a KeyError belongs: the entry's name, the
+// key's name or value, or the step when the key is not written.
+func (p *stepParse) place(e *operators.KeyError) (*yaml.Node, string) {
+	x := p.given[e.Key]
+	switch {
+	case e.Key == "" || x == nil:
+		return p.step.key, p.spec.Kind
+	case e.Entry != "" && p.entries[e.Key][e.Entry] != nil:
+		n := p.entries[e.Key][e.Entry]
+		return n, n.Value
+	case e.AtName:
+		return x.key, x.key.Value
+	}
+	return x.val, x.val.Value
 }
 
 // apply records what the plan does on the step and on what later steps

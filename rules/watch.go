@@ -339,6 +339,9 @@ func (w *Watcher) scan() {
 		wf.tableHash = hashFiles(res.tableFiles)
 		wf.name, wf.namePos = res.name, res.nameNode
 		wf.cur, wf.errs = res.route, res.errs
+		for _, e := range res.warns {
+			w.log.Warn("rules: "+e.Msg, "at", fmt.Sprintf("%s:%d:%d", e.File, e.Line, e.Col))
+		}
 	}
 	for path := range w.files {
 		if !present[path] {
