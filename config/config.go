@@ -81,6 +81,10 @@ type ProxyLimits struct {
 	// MaxConnections caps the client connections open at once; one more
 	// is closed at accept and counted. 0: no cap. Default 10000.
 	MaxConnections int `yaml:"max_connections"`
+	// MaxHeldBytes bounds the bytes of frames the proxy holds whole in
+	// memory to rewrite them (large Fetch responses), all connections
+	// together; a frame waits while they are used up. 0: no bound.
+	MaxHeldBytes int64 `yaml:"max_held_bytes"`
 	// ClientIdleTimeout closes a client connection with no request and no
 	// response for this long while nothing is in flight (Kafka's
 	// connections.max.idle.ms). 0: never. Default 10m.
@@ -158,6 +162,7 @@ func Default() *Config {
 		GroupSessionTimeout: 10 * time.Second,
 		Proxy: ProxyLimits{
 			MaxConnections:     10000,
+			MaxHeldBytes:       256 << 20,
 			ClientIdleTimeout:  10 * time.Minute,
 			RequestReadTimeout: 60 * time.Second,
 		},
@@ -254,6 +259,9 @@ func (c *Config) Validate() error {
 	}
 	if c.GroupSessionTimeout < time.Second || c.GroupSessionTimeout > 30*time.Minute {
 		bad("group_session_timeout", "must be between 1s and 30m (e.g. 10s), got %s", c.GroupSessionTimeout)
+	}
+	if c.Proxy.MaxHeldBytes < 0 {
+		bad("proxy.max_held_bytes", "must be 0 (no bound) or positive, got %d", c.Proxy.MaxHeldBytes)
 	}
 	if c.Proxy.MaxConnections < 0 {
 		bad("proxy.max_connections", "must be 0 (no cap) or positive, got %d", c.Proxy.MaxConnections)

@@ -392,8 +392,15 @@ func (pr *pair) brokerLoop() {
 			pr.close()
 			return
 		}
+		var held int64
 		if rest > 0 && needsBody(req.key, req.version) {
+			var ok bool
+			if held, ok = p.held.acquire(int64(len(frame)+rest), pr.done); !ok {
+				ReleaseFrame(frame)
+				return
+			}
 			if frame, err = completeFrame(pr.upstream, frame, rest); err != nil {
+				p.held.release(held)
 				am.errors.Inc()
 				pr.report("closing client connection: upstream connection failed",
 					"upstream", pr.upstream.RemoteAddr().String(), "err", err)
@@ -407,6 +414,7 @@ func (pr *pair) brokerLoop() {
 			rewritten, err := pr.rewrite(rw, req, frame)
 			if err != nil {
 				ReleaseFrame(frame)
+				p.held.release(held)
 				am.errors.Inc()
 				pr.report("closing client connection: cannot rewrite response",
 					"api", kmsg.NameForKey(req.key), "version", req.version, "err", err)
@@ -421,6 +429,7 @@ func (pr *pair) brokerLoop() {
 		p.m.bytesB2C.Add(float64(len(out) + rest))
 		_, err = pr.client.Write(out)
 		ReleaseFrame(out)
+		p.held.release(held)
 		if err == nil && rest > 0 {
 			err = copyBody(pr.client, pr.upstream, rest)
 		}

@@ -18,6 +18,8 @@ type metrics struct {
 	bytesC2B     prometheus.Counter
 	bytesB2C     prometheus.Counter
 	frameErrors  *prometheus.CounterVec
+	heldBytes    prometheus.Gauge
+	heldWaits    prometheus.Counter
 
 	reqs *prometheus.CounterVec
 	errs *prometheus.CounterVec
@@ -72,6 +74,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		frameErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_frame_errors_total", Help: "Client connections closed for a malformed frame, by reason.",
 		}, []string{"reason"}),
+		heldBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rtproxy_proxy_held_bytes", Help: "Bytes of frames held whole in memory to be rewritten, all connections together (bounded by proxy.max_held_bytes).",
+		}),
+		heldWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_held_waits_total", Help: "Frames that waited for proxy.max_held_bytes to be read whole.",
+		}),
 	}
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtproxy_proxy_bytes_total", Help: "Bytes forwarded, by direction.",
@@ -91,7 +99,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2.5, 14),
 	}, []string{"api"})
 	m.reqs, m.errs, m.lat = reqs, errs, lat
-	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, bytes, reqs, errs, lat} {
+	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, m.heldBytes, m.heldWaits, bytes, reqs, errs, lat} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -49,8 +49,12 @@ type Config struct {
 	// fully arrived this long after its first byte (a slow or stalled
 	// sender holding a frame buffer). 0: never.
 	RequestReadTimeout time.Duration
-	Logger             *slog.Logger // default: discard
-	Registerer         prometheus.Registerer
+	// MaxHeldBytes bounds the bytes of frames held whole in memory (to be
+	// rewritten) across every connection; a frame waits while they are
+	// used up. 0: no bound.
+	MaxHeldBytes int64
+	Logger       *slog.Logger // default: discard
+	Registerer   prometheus.Registerer
 	// FetchMetadata, when set, is how the proxy reads cluster metadata on
 	// its own (at start, for readiness, and at every refresh) instead of
 	// dialing a seed itself. cmd/rtproxy sets it to a franz-go client that
@@ -140,6 +144,8 @@ type Proxy struct {
 	// (MaxConnections); refusedLogAt rate-limits the refusal log line.
 	active       atomic.Int64
 	refusedLogAt atomic.Int64
+	// held bounds the bytes of frames read whole (MaxHeldBytes).
+	held *heldBudget
 
 	// stopCtx ends accept loops and the metadata refresher.
 	stopCtx context.Context
@@ -194,6 +200,7 @@ func New(cfg Config) (*Proxy, error) {
 		bootstrap:  ln,
 		listenHost: host,
 		ports:      NewPortMap(cfg.BrokerPortFirst, cfg.BrokerPortCount),
+		held:       &heldBudget{max: cfg.MaxHeldBytes, gauge: m.heldBytes, waits: m.heldWaits},
 	}
 	p.stopCtx, p.stop = context.WithCancel(context.Background())
 	p.topics.byID = make(map[[16]byte]string)

@@ -40,6 +40,7 @@ func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls
 		UpstreamTLS:        proxiedTLS(upstreamTLS, cfg.TLS.Upstream.ForwardIdentity),
 		ShutdownGrace:      cfg.ShutdownGrace,
 		MaxConnections:     cfg.Proxy.MaxConnections,
+		MaxHeldBytes:       cfg.Proxy.MaxHeldBytes,
 		ClientIdleTimeout:  cfg.Proxy.ClientIdleTimeout,
 		RequestReadTimeout: cfg.Proxy.RequestReadTimeout,
 		Logger:             log,
