@@ -9,39 +9,19 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/rtproxy/rtproxy/internal/jsoncodec"
-	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
 
 // topicTable feeds a join table from a (usually compacted) topic: the
 // record key is the row key, the JSON value the row, a tombstone deletes it.
+// The rows live in the state store (storeTable), rebuilt from the topic's
+// start whenever the route starts.
 type topicTable struct {
 	topic  string
 	cl     *kgo.Client
-	table  *operators.MapTable
+	table  *storeTable
 	cancel context.CancelFunc
 	done   chan struct{}
-}
-
-// applyTableRecord applies one table-topic record: a tombstone deletes the
-// row, anything else must be a JSON object.
-func applyTableRecord(t *operators.MapTable, rec *kgo.Record) error {
-	key := string(rec.Key)
-	if rec.Value == nil {
-		t.Delete(key)
-		return nil
-	}
-	v, err := jsoncodec.Decode(rec.Value)
-	if err != nil {
-		return err
-	}
-	row, ok := v.(map[string]any)
-	if !ok {
-		return fmt.Errorf("row is %T, not a JSON object", v)
-	}
-	t.Set(key, row)
-	return nil
 }
 
 // openTopicTable reads the table topic from its start to the high
@@ -81,7 +61,15 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 	if err != nil {
 		return nil, err
 	}
-	tt := &topicTable{topic: ts.Topic, cl: cl, table: operators.NewMapTable(), done: make(chan struct{})}
+	rows := r.m.db.Rows(r.name, ts.Name)
+	if err := rows.Reset(); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("route %q table %s: %w", r.name, ts.Name, err)
+	}
+	tt := &topicTable{topic: ts.Topic, cl: cl, table: newStoreTable(rows, tableCacheRows), done: make(chan struct{})}
+	skipped := func(rec *kgo.Record, err error) {
+		r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %w", ts.Name, rec.Topic, rec.Partition, rec.Offset, err))
+	}
 	caught := func() bool {
 		for p, e := range end {
 			if next[p] < e {
@@ -110,15 +98,14 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 		fs.EachError(func(t string, p int32, err error) {
 			r.noteError(fmt.Errorf("table %s: fetch %s[%d]: %w", ts.Name, t, p, err))
 		})
-		fs.EachRecord(func(rec *kgo.Record) {
+		recs := fs.Records()
+		for _, rec := range recs {
 			next[rec.Partition] = rec.Offset + 1
-			if rec.Attrs.IsControl() {
-				return
-			}
-			if err := applyTableRecord(tt.table, rec); err != nil {
-				r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %w", ts.Name, rec.Topic, rec.Partition, rec.Offset, err))
-			}
-		})
+		}
+		if err := tt.table.apply(recs, skipped); err != nil {
+			cl.Close()
+			return nil, fmt.Errorf("route %q table %s: %w", r.name, ts.Name, err)
+		}
 	}
 	fctx, cancel := context.WithCancel(context.Background())
 	tt.cancel = cancel
@@ -134,14 +121,11 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 					r.noteError(fmt.Errorf("table %s: fetch %s[%d]: %w", ts.Name, t, p, err))
 				}
 			})
-			fs.EachRecord(func(rec *kgo.Record) {
-				if rec.Attrs.IsControl() {
-					return
-				}
-				if err := applyTableRecord(tt.table, rec); err != nil {
-					r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %w", ts.Name, rec.Topic, rec.Partition, rec.Offset, err))
-				}
-			})
+			if err := tt.table.apply(fs.Records(), skipped); err != nil {
+				// The state store failed (state.ErrBroken): the route's
+				// next checkpoint stops it.
+				r.noteError(fmt.Errorf("table %s: %w", ts.Name, err))
+			}
 		}
 	}()
 	return tt, nil

@@ -20,6 +20,7 @@ import (
 //	keyed state    route prefix | 'k' | step id | user key  → user value
 //	snapshot       route prefix | 's' | step id | snap key  → snapshot value
 //	durable        route prefix | 'j' | step id             → caller's bytes
+//	table rows     route prefix | 't' | table id | row key  → row bytes (rows.go)
 //
 //	step id        uvarint len(step) | step
 //
