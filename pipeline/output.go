@@ -59,7 +59,9 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 	} else {
 		hs = append(hs, kgo.RecordHeader{Key: HeaderSource, Value: sourceRef(rec)})
 	}
-	kr := &kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs}
+	// The source record's timestamp (a window row's is window_end − 1):
+	// consumers and time-based retention see event time, not our write.
+	kr := &kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
 	r.produce(kr, tk, true, rec.Timestamp)
 }
 
@@ -107,7 +109,7 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 		hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 	}
 	hs = append(hs, kgo.RecordHeader{Key: headerEnvelope, Value: env})
-	kr := &kgo.Record{Topic: t.seg.next.topic, Key: []byte(key), Value: val, Headers: hs}
+	kr := &kgo.Record{Topic: t.seg.next.topic, Key: []byte(key), Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
 	r.produceTo(kr, tk, false, rec.Timestamp, func(got *kgo.Record) {
 		t.noteDelivered(got.Partition, f, time.Now())
 	})

@@ -156,9 +156,9 @@ func (r *route) retryLater(got *kgo.Record, cb func(*kgo.Record, error)) {
 }
 
 // retryRecord is a fresh record for writing got again: the same topic,
-// partition (markers are sent to one), key, value and headers.
+// partition (markers are sent to one), key, value, headers and timestamp.
 func retryRecord(got *kgo.Record) *kgo.Record {
-	return &kgo.Record{Topic: got.Topic, Partition: got.Partition, Key: got.Key, Value: got.Value, Headers: got.Headers}
+	return &kgo.Record{Topic: got.Topic, Partition: got.Partition, Key: got.Key, Value: got.Value, Headers: got.Headers, Timestamp: got.Timestamp}
 }
 
 // retryLoop writes the topic's queue again, oldest first, waiting for the

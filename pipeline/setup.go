@@ -191,7 +191,12 @@ func (r *route) setup() error {
 		kgo.FetchMinBytes(1),
 		kgo.ProducerLinger(0),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordDeliveryTimeout(10*time.Second),
+		// No delivery timeout: franz-go measures it from a record's
+		// timestamp, and outputs carry their source record's (an hour old
+		// when a route replays an hour), so any retry would time out at
+		// once. A write is retried until it succeeds, fails for itself
+		// (poison, unknown topic: produceTo) or the route stops; the
+		// sink's health comes from connHook.
 		kgo.WithHooks(&connHook{r: r}),
 	)
 	if r.log.Enabled(r.ctx, slog.LevelDebug) {
