@@ -93,6 +93,10 @@ func (l *loader) exprNode(n, keyNode *yaml.Node, what string, sc *scope, kind ex
 		return nil
 	}
 	if kind == exprBool {
+		if part, gives := neverBool(src); gives != "" {
+			l.errAt(n, src, "%s must be true or false, but `%s` always gives %s; write a condition such as `value.amount > 0`", what, shorten(part), gives)
+			return nil
+		}
 		if _, err := compileExpr(src, sc.bound, expr.AsBool()); err != nil {
 			msg := err.Error()
 			var fe *file.Error
@@ -104,6 +108,43 @@ func (l *loader) exprNode(n, keyNode *yaml.Node, what string, sc *scope, kind ex
 		}
 	}
 	return e
+}
+
+// neverBool reports an expression whose value can never be true or false,
+// whatever the record holds: arithmetic, string concatenation, a literal
+// number, string, list or map. It returns the offending part and what it
+// gives; gives is "" when the expression may be a condition. expr's own
+// type check cannot see it: a member of value has no type until run time.
+func neverBool(src string) (part, gives string) {
+	tree, err := parser.ParseWithConfig(src, aggConfig())
+	if err != nil {
+		return "", ""
+	}
+	node := tree.Node
+	switch x := node.(type) {
+	case *ast.BinaryNode:
+		switch x.Operator {
+		case "+":
+			return x.String(), "a number or a string"
+		case "-", "*", "/", "%", "**", "^":
+			return x.String(), "a number"
+		case "..":
+			return x.String(), "a list"
+		}
+	case *ast.UnaryNode:
+		if x.Operator == "-" || x.Operator == "+" {
+			return x.String(), "a number"
+		}
+	case *ast.IntegerNode, *ast.FloatNode:
+		return x.String(), "a number"
+	case *ast.StringNode:
+		return x.String(), "a string"
+	case *ast.ArrayNode:
+		return x.String(), "a list"
+	case *ast.MapNode:
+		return x.String(), "a map"
+	}
+	return "", ""
 }
 
 // exprError reports a compile error at the file position of the error

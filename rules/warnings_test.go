@@ -41,3 +41,23 @@ func TestCheckWarnsOnUnboundedConstructs(t *testing.T) {
 		})
 	}
 }
+
+// TestConditionThatIsNeverBool: `filter: value.x + 1` can never be true or
+// false, whatever the record holds; the check refuses it instead of
+// dead-lettering every record at run time (issue 14).
+func TestConditionThatIsNeverBool(t *testing.T) {
+	for _, tc := range []struct{ filter, want string }{
+		{"value.x + 1", "r.yaml:7:13: filter must be true or false, but `value.x + 1` always gives a number or a string; write a condition such as `value.amount > 0` (near `value.x + 1`)"},
+		{`value.a * 2`, "r.yaml:7:13: filter must be true or false, but `value.a * 2` always gives a number; write a condition such as `value.amount > 0` (near `value.a * 2`)"},
+		{`"yes"`, "r.yaml:7:13: filter must be true or false, but `\"yes\"` always gives a string; write a condition such as `value.amount > 0` (near `\"yes\"`)"},
+		{`1..3`, "r.yaml:7:13: filter must be true or false, but `1..3` always gives a list; write a condition such as `value.amount > 0` (near `1..3`)"},
+		{`value.x + 1 > 2`, ""},
+		{`value.ok`, ""},
+		{`value.a ? true : false`, ""},
+	} {
+		got := loadErrors(t, map[string]string{"r.yaml": base + "steps:\n  - filter: '" + strings.ReplaceAll(tc.filter, "'", "''") + "'\n"})
+		if strings.Join(got, "\n") != tc.want {
+			t.Errorf("filter %s:\n got: %s\nwant: %s", tc.filter, strings.Join(got, "\n"), tc.want)
+		}
+	}
+}
