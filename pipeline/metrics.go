@@ -107,3 +107,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// forgetRoute deletes every series of a route whose state retention
+// dropped: a route that is gone for good leaves nothing on /metrics.
+func (m *metrics) forgetRoute(route string) {
+	only := prometheus.Labels{"route": route}
+	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+		m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing, m.endToEnd, m.lag, m.watermark,
+		m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.partitionsOwned,
+		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped,
+	} {
+		v.DeletePartialMatch(only)
+	}
+}

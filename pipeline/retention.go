@@ -117,6 +117,7 @@ func (m *Manager) dropExpired(now time.Time, d time.Duration, absentSince map[st
 		m.mu.Lock()
 		delete(m.mu.stopped, info.Route)
 		m.mu.Unlock()
+		m.met.forgetRoute(info.Route)
 		m.log.Info("state retention: the route's rule file has been gone longer than state_retention; its state is dropped and a restored file starts from source.start",
 			"route", info.Route, "gone_since", since.UTC().Format(time.RFC3339), "state_retention", d)
 	}

@@ -1,0 +1,46 @@
+package pipeline
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// TestForgetRouteDeletesItsSeries: a route whose state retention dropped
+// leaves no series on /metrics; other routes keep theirs (issue 14).
+func TestForgetRouteDeletesItsSeries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []string{"gone", "stays"} {
+		m.recordsIn.WithLabelValues(r, "0").Inc()
+		m.recordsOut.WithLabelValues(r).Inc()
+		m.dropped.WithLabelValues(r, "0:filter").Inc()
+		m.lag.WithLabelValues(r, "0").Set(3)
+		m.checkpointDur.WithLabelValues(r).Observe(0.1)
+		m.partitionsOwned.WithLabelValues(r).Set(2)
+	}
+	m.forgetRoute("gone")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stays := 0
+	for _, mf := range mfs {
+		for _, mt := range mf.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "route" && l.GetValue() == "gone" {
+					t.Errorf("%s still has a series of the dropped route", mf.GetName())
+				}
+				if l.GetName() == "route" && l.GetValue() == "stays" {
+					stays++
+				}
+			}
+		}
+	}
+	if stays != 6 {
+		t.Errorf("%d series of the other route, want 6", stays)
+	}
+}
