@@ -29,6 +29,7 @@ type metrics struct {
 	restoreSeconds  *prometheus.HistogramVec // route
 	repeatsSkipped  *prometheus.CounterVec   // route
 	stateFailed     prometheus.Gauge
+	retentionSweeps prometheus.Counter
 }
 
 // latencyBuckets span 100µs to ~10s: the pipeline aims at single-digit
@@ -95,11 +96,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		repeatsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_pipeline_repartition_repeats_skipped_total", Help: "Repartitioned records written again by a replaying writer and skipped.",
 		}, []string{"route"}),
+		retentionSweeps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtproxy_state_retention_sweeps_total", Help: "Passes of state_retention over the routes with state (every state_retention / 10, at least 100ms).",
+		}),
 		stateFailed: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rtproxy_state_store_failed", Help: "1 once the state store (pebble) has failed: routes with state stop until the process restarts.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.stateFailed, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing,
+	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing,
 		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)

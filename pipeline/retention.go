@@ -46,6 +46,7 @@ func (m *Manager) retentionLoop(ctx context.Context) {
 			return
 		case now := <-t.C:
 			m.dropExpired(now, d, absentSince)
+			m.met.retentionSweeps.Inc()
 		}
 	}
 }

@@ -59,6 +59,8 @@ type route struct {
 	// began, and "latest" at the retry would skip what arrived since the
 	// topic was created. Only the start goroutine touches it.
 	sourceWasMissing bool
+	// setupAttempts counts setups tried (tests wait on it, not on time).
+	setupAttempts atomic.Int64
 
 	cl      *kgo.Client // group consumer, and producer of every output
 	tables  []*topicTable
@@ -141,6 +143,7 @@ func (r *route) start(parent context.Context) {
 		waiting := "" // the waiting message while the source topic is missing
 		for {
 			err := r.setup()
+			r.setupAttempts.Add(1)
 			if err == nil {
 				r.cut.Lock()
 				if r.halted {

@@ -65,7 +65,11 @@ func TestRouteWaitsForMissingSourceTopic(t *testing.T) {
 	if st := m.Routes()[0]; st.LastError != msg {
 		t.Errorf("last_error %q, want %q", st.LastError, msg)
 	}
-	time.Sleep(600 * time.Millisecond) // several more attempts
+	m.mu.Lock()
+	r := m.mu.routes["clicks-route"]
+	m.mu.Unlock()
+	tried := r.setupAttempts.Load()
+	waitFor(t, 10*time.Second, "five more attempts", func() bool { return r.setupAttempts.Load() >= tried+5 })
 	if st := m.Routes()[0]; st.State != "waiting" || st.LastError != msg {
 		t.Errorf("after retries: state %q last_error %q", st.State, st.LastError)
 	}

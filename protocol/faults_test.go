@@ -396,7 +396,25 @@ func TestSlowConsumerBackpressure(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(1500 * time.Millisecond)
+	// Wait on the counters, not the clock: every fetch forwarded, then
+	// what the proxy passes on to the client stops growing (its writes
+	// block on the full socket, and it reads no more from the broker).
+	fetches := tp.m.api(int16(kmsg.Fetch)).requests
+	for deadline := time.Now().Add(10 * time.Second); metricValue(t, fetches) < n; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v of %d fetches forwarded", metricValue(t, fetches), n)
+		}
+	}
+	for last, still, deadline := -1.0, 0, time.Now().Add(10*time.Second); still < 5; time.Sleep(20 * time.Millisecond) {
+		if v := metricValue(t, tp.m.bytesB2C); v != last {
+			last, still = v, 0
+		} else {
+			still++
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the bytes passed to the client never settled")
+		}
+	}
 	runtime.GC()
 	runtime.ReadMemStats(&ms)
 	grew := int64(ms.HeapInuse) - int64(before)

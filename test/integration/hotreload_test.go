@@ -586,7 +586,14 @@ func TestHotReloadStateRetentionAcrossRestart(t *testing.T) {
 	}
 	broken := WriteRuleFile(t, dir, "broken.yaml", "route: hx\nsource: { topic: hx\n")
 	p.Restart()
-	time.Sleep(2500 * time.Millisecond) // well past the retention
+	// Well past the retention: 25 sweeps of it (one every 100ms), counted
+	// by the process itself rather than by our clock.
+	Eventually(t, 30*time.Second, "25 retention sweeps", func() error {
+		if v, _ := metricValue(p.Metrics(t), "rtproxy_state_retention_sweeps_total"); v < 25 {
+			return fmt.Errorf("%v sweeps", v)
+		}
+		return nil
+	})
 	if strings.Contains(p.Logs(), "state retention:") {
 		t.Fatalf("state dropped while a refused rule file had no running route; logs:\n%s", p.Logs())
 	}
