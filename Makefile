@@ -36,7 +36,9 @@ test:
 	$(MAKE) helm-check --no-print-directory
 	$(MAKE) image-check --no-print-directory
 
+## vet: go.mod and go.sum as `go mod tidy` would write them, then go vet
 vet:
+	$(GO) mod tidy -diff
 	$(GO) vet ./...
 
 unit:
