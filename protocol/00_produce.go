@@ -8,17 +8,17 @@ import (
 //
 // Requests: acks=0 produces get no response, so the connection does not
 // queue them as in flight (see conn.go). Responses v0-v9 carry no address
-// and are forwarded raw (v0-v8 have no tagged fields at all). v10+ (KIP-951) may carry, in top-level tag 0, the
-// endpoints of the new leaders of partitions that failed with
-// NOT_LEADER_OR_FOLLOWER; the partition's CurrentLeader names the node id.
-// The body is walked without decoding to see whether any top-level tag is
-// present; only then is it decoded, the endpoints mapped to the proxy's
-// listeners (node ids unchanged, so CurrentLeader stays consistent) and
-// re-encoded. A healthy produce path never decodes. v9 is flexible too and
-// kmsg reads tag 0 there as well; it is walked the same way so that a broker
-// sending endpoints early cannot leak an address.
+// and are forwarded raw, and stream (v0-v8 have no tagged fields at all; v9
+// is flexible, but the endpoints field exists from KIP-951's v10 on). v10+
+// may carry, in top-level tag 0, the endpoints of the new leaders of
+// partitions that failed with NOT_LEADER_OR_FOLLOWER; the partition's
+// CurrentLeader names the node id. The body is walked without decoding to
+// see whether any top-level tag is present; only then is it decoded, the
+// endpoints mapped to the proxy's listeners (node ids unchanged, so
+// CurrentLeader stays consistent) and re-encoded. A healthy produce path
+// never decodes.
 //
-// v9+ layout walked (all compact, flexible):
+// v10+ layout walked (all compact, flexible):
 //
 //	[topics: name (v0-12) | topic id (v13+),
 //	  [partitions: int32 index, int16 error, int64 base offset,
@@ -29,7 +29,7 @@ import (
 //	int32 throttle millis
 //	tags  <- node endpoints live here
 func rewriteProduce(m Mapper, version int16, body, dst []byte) ([]byte, bool, error) {
-	if version < 9 { // non-flexible: no tagged fields, so no endpoints
+	if version < 10 { // no endpoints field before KIP-951's v10
 		return nil, false, nil
 	}
 	if !produceHasTopTags(version, body) {

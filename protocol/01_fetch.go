@@ -6,16 +6,17 @@ import (
 
 // Fetch (key 1).
 //
-// Responses v0-v11 have no tagged fields and are forwarded raw. v16+ (KIP-951)
-// may carry, in top-level tag 0, the endpoints of new partition leaders
-// (named by each partition's CurrentLeader tag). As for Produce, the body is
-// walked without decoding — the record batches are skipped by length — and
+// Responses before v16 are forwarded raw, and stream (needsBody): v0-v11
+// have no tagged fields, and v12-v15, flexible, do not have the endpoints
+// field, which KIP-951 defines from v16 on (a broker does not send it
+// there, and a client does not read it there). v16+ may carry, in
+// top-level tag 0, the endpoints of new partition leaders (named by each
+// partition's CurrentLeader tag). As for Produce, the body is walked
+// without decoding — the record batches are skipped by length — and
 // decoded, rewritten and re-encoded only when a top-level tag is present.
 // Node ids are kept, so CurrentLeader stays consistent with the endpoints.
-// v12-v15 are flexible too and kmsg reads tag 0 there as well; they are
-// walked the same way so that no broker can leak an address through them.
 //
-// v12+ layout walked (all compact, flexible):
+// v16+ layout walked (all compact, flexible):
 //
 //	int32 throttle, int16 error, int32 session id
 //	[topics: name (v12) | uuid topic id (v13+),
@@ -26,7 +27,7 @@ import (
 //	  tags]
 //	tags  <- node endpoints live here
 func rewriteFetch(m Mapper, version int16, body, dst []byte) ([]byte, bool, error) {
-	if version < 12 { // non-flexible: no tagged fields, so no endpoints
+	if version < 16 { // no endpoints field before KIP-951's v16
 		return nil, false, nil
 	}
 	if !fetchHasTopTags(version, body) {

@@ -473,9 +473,9 @@ func needsBody(key, version int16) bool {
 	case rewriterFor(key) == nil:
 		return false
 	case key == int16(kmsg.Produce):
-		return version >= 9
+		return version >= 10 // KIP-951 endpoints (00_produce.go)
 	case key == int16(kmsg.Fetch):
-		return version >= 12
+		return version >= 16 // KIP-951 endpoints (01_fetch.go)
 	}
 	return true
 }

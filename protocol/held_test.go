@@ -5,11 +5,14 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // TestHeldBytesBounded: fetch responses from v12 on that are larger than
@@ -82,5 +85,73 @@ func TestHeldBytesBounded(t *testing.T) {
 	}
 	if h := metricValue(t, tp.m.heldBytes); h != 0 {
 		t.Errorf("rtproxy_proxy_held_bytes = %v after every response was written, want 0", h)
+	}
+}
+
+// TestFetchBelowV16Streams: a Fetch response before v16 cannot carry
+// KIP-951 endpoints, so it streams however large it is; from v16 on a
+// large one is held whole (until issue 14's length-preserving rewrite).
+func TestFetchBelowV16Streams(t *testing.T) {
+	upstream := startKfake(t, "-topics", "fv:1")
+	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = 64 << 20 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pc, err := kgo.NewClient(kgo.SeedBrokers(upstream...), kgo.ProducerLinger(0), kgo.DefaultProduceTopic("fv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := make([]byte, 64<<10)
+	rand.Read(v)
+	for range 16 { // 1 MiB
+		pc.Produce(ctx, &kgo.Record{Value: v}, nil)
+	}
+	if err := pc.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	details, err := kadm.NewClient(pc).ListTopics(ctx, "fv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := details["fv"].ID
+	pc.Close()
+	c, err := net.Dial("tcp", leaderAddr(t, tp.Addr(), "fv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fetch := func(version int16, corr int32) int {
+		f := kmsg.NewPtrFetchRequest()
+		f.SetVersion(version)
+		f.MaxWaitMillis, f.MinBytes, f.MaxBytes = 100, 1, 4<<20
+		ft := kmsg.NewFetchRequestTopic()
+		ft.Topic = "fv"
+		ft.TopicID = id
+		fp := kmsg.NewFetchRequestTopicPartition()
+		fp.PartitionMaxBytes = 4 << 20
+		ft.Partitions = append(ft.Partitions, fp)
+		f.Topics = append(f.Topics, ft)
+		if _, err := c.Write(rawRequest(f, corr)); err != nil {
+			t.Fatal(err)
+		}
+		got, body := readResponse(t, c)
+		if got != corr {
+			t.Fatalf("v%d: correlation id %d, want %d", version, got, corr)
+		}
+		return len(body)
+	}
+	for i, version := range []int16{12, 13, 15} {
+		if n := fetch(version, int32(i)); n <= streamAbove {
+			t.Fatalf("v%d: a %d-byte response, want one over the %d bytes that stream", version, n, streamAbove)
+		}
+	}
+	if p := tp.held.peakBytes(); p != 0 {
+		t.Errorf("v12-v15 responses held %d bytes whole; they must stream", p)
+	}
+	n := fetch(16, 9)
+	if n <= streamAbove {
+		t.Fatalf("v16: a %d-byte response", n)
+	}
+	if p := tp.held.peakBytes(); p < int64(n) {
+		t.Errorf("v16: held %d bytes, want the whole response (it may carry endpoints)", p)
 	}
 }

@@ -197,7 +197,12 @@ func TestRewriteProduce(t *testing.T) {
 		if _, changed := runRewrite(t, newFakeMapper(), produceResponse(v, false)); changed {
 			t.Errorf("v%d without endpoints must be forwarded raw", v)
 		}
-		if v < 9 {
+		if v < 10 {
+			// KIP-951 endpoints exist from v10 on: a v9 response is
+			// forwarded as it is, and so can stream (needsBody).
+			if _, changed := runRewrite(t, newFakeMapper(), produceResponse(v, true)); changed && v >= 9 {
+				t.Errorf("v%d is below KIP-951's v10 and must be forwarded raw", v)
+			}
 			continue
 		}
 		got, changed := runRewrite(t, newFakeMapper(), produceResponse(v, true))
@@ -249,7 +254,12 @@ func TestRewriteFetch(t *testing.T) {
 		if _, changed := runRewrite(t, newFakeMapper(), fetchResponse(v, false)); changed {
 			t.Errorf("v%d without endpoints must be forwarded raw", v)
 		}
-		if v < 12 {
+		if v < 16 {
+			// KIP-951 endpoints exist from v16 on: v12-v15 are flexible,
+			// but a response is forwarded as it is, and so can stream.
+			if _, changed := runRewrite(t, newFakeMapper(), fetchResponse(v, true)); changed && v >= 12 {
+				t.Errorf("v%d is below KIP-951's v16 and must be forwarded raw", v)
+			}
 			continue
 		}
 		in := fetchResponse(v, true)
