@@ -392,6 +392,25 @@ func (pr *pair) brokerLoop() {
 			pr.close()
 			return
 		}
+		if rest > 0 && req.key == int16(kmsg.Fetch) && needsBody(req.key, req.version) && p.streamable() {
+			// Streamed, its endpoints rewritten at the same length
+			// (stream.go): no frame is held whole.
+			p.m.bytesB2C.Add(float64(len(frame) + rest))
+			err := streamFetch(pr.client, pr.upstream, frame, rest, p)
+			ReleaseFrame(frame)
+			if err != nil {
+				select {
+				case <-pr.done:
+				default:
+					am.errors.Inc()
+					pr.report("closing client connection: fetch response not streamed", "err", err)
+				}
+				pr.close()
+				return
+			}
+			pr.finishIfIdle()
+			continue
+		}
 		var held int64
 		if rest > 0 && needsBody(req.key, req.version) {
 			var ok bool

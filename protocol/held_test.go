@@ -25,6 +25,7 @@ func TestHeldBytesBounded(t *testing.T) {
 	const budget = 512 << 10
 	upstream := startKfake(t, "-topics", "held:2")
 	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = budget })
+	tp.holdFetches = true // the held path; streaming has TestFetchStreams
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	pc, err := kgo.NewClient(kgo.SeedBrokers(upstream...), kgo.ProducerLinger(0), kgo.DefaultProduceTopic("held"))
@@ -88,10 +89,11 @@ func TestHeldBytesBounded(t *testing.T) {
 	}
 }
 
-// TestFetchBelowV16Streams: a Fetch response before v16 cannot carry
-// KIP-951 endpoints, so it streams however large it is; from v16 on a
-// large one is held whole (until issue 14's length-preserving rewrite).
-func TestFetchBelowV16Streams(t *testing.T) {
+// TestFetchStreams: a Fetch response before v16 cannot carry KIP-951
+// endpoints, so it streams raw however large it is; from v16 on it
+// streams too, its endpoints rewritten in place, when every known broker's
+// host allows that at the same length. Otherwise it is held whole.
+func TestFetchStreams(t *testing.T) {
 	upstream := startKfake(t, "-topics", "fv:1")
 	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = 64 << 20 })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -119,7 +121,8 @@ func TestFetchBelowV16Streams(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fetch := func(version int16, corr int32) int {
+	corr := int32(0)
+	fetch := func(version int16) *kmsg.FetchResponse {
 		f := kmsg.NewPtrFetchRequest()
 		f.SetVersion(version)
 		f.MaxWaitMillis, f.MinBytes, f.MaxBytes = 100, 1, 4<<20
@@ -130,6 +133,7 @@ func TestFetchBelowV16Streams(t *testing.T) {
 		fp.PartitionMaxBytes = 4 << 20
 		ft.Partitions = append(ft.Partitions, fp)
 		f.Topics = append(f.Topics, ft)
+		corr++
 		if _, err := c.Write(rawRequest(f, corr)); err != nil {
 			t.Fatal(err)
 		}
@@ -137,21 +141,37 @@ func TestFetchBelowV16Streams(t *testing.T) {
 		if got != corr {
 			t.Fatalf("v%d: correlation id %d, want %d", version, got, corr)
 		}
-		return len(body)
-	}
-	for i, version := range []int16{12, 13, 15} {
-		if n := fetch(version, int32(i)); n <= streamAbove {
-			t.Fatalf("v%d: a %d-byte response, want one over the %d bytes that stream", version, n, streamAbove)
+		if len(body) <= streamAbove {
+			t.Fatalf("v%d: a %d-byte response, want one over the %d bytes that stream", version, len(body), streamAbove)
 		}
+		resp := kmsg.NewPtrFetchResponse()
+		resp.SetVersion(version)
+		if err := resp.ReadFrom(skipResponseHeaderTags(body)); err != nil {
+			t.Fatalf("v%d: the response does not decode: %v", version, err)
+		}
+		if n := len(resp.Topics[0].Partitions[0].RecordBatches); n < 64<<10 {
+			t.Fatalf("v%d: %d bytes of batches", version, n)
+		}
+		return resp
+	}
+	for _, version := range []int16{12, 13, 15, 16, 17} {
+		fetch(version)
 	}
 	if p := tp.held.peakBytes(); p != 0 {
-		t.Errorf("v12-v15 responses held %d bytes whole; they must stream", p)
+		t.Errorf("responses held %d bytes whole; they must stream", p)
 	}
-	n := fetch(16, 9)
-	if n <= streamAbove {
-		t.Fatalf("v16: a %d-byte response", n)
+	tp.holdFetches = true
+	fetch(16)
+	if p := tp.held.peakBytes(); p <= streamAbove {
+		t.Errorf("with streaming off a v16 response held %d bytes, want it whole", p)
 	}
-	if p := tp.held.peakBytes(); p < int64(n) {
-		t.Errorf("v16: held %d bytes, want the whole response (it may carry endpoints)", p)
-	}
+}
+
+// skipResponseHeaderTags returns the body of a flexible response from the
+// payload readResponse gives (correlation id, header tags, body).
+func skipResponseHeaderTags(payload []byte) []byte {
+	s := skipper{p: payload}
+	s.skip(4)
+	s.tags()
+	return payload[s.off:]
 }

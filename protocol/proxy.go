@@ -146,6 +146,9 @@ type Proxy struct {
 	refusedLogAt atomic.Int64
 	// held bounds the bytes of frames read whole (MaxHeldBytes).
 	held *heldBudget
+	// holdFetches turns streaming of large Fetch responses off (tests of
+	// the held path).
+	holdFetches bool
 
 	// stopCtx ends accept loops and the metadata refresher.
 	stopCtx context.Context

@@ -1,0 +1,406 @@
+package protocol
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+)
+
+// Streaming a large Fetch response (v16+, KIP-951).
+//
+// A Fetch response from v16 on may carry, in its top-level tag 0, the
+// endpoints of new partition leaders, and those come after every record
+// batch: the last bytes of a frame whose length travels first. Rewriting
+// them used to mean holding the whole response before its first byte
+// (about fetch.max.bytes per consumer). Instead the response streams to
+// the client as it arrives, walked on the way, and its endpoints are
+// rewritten in place at the same length: the proxy's host is written in
+// the broker's host's place, and the bytes saved are filled with an
+// unknown tagged field in the endpoint, which the protocol requires every
+// client to skip. Node ids and racks are kept.
+//
+// The length can be kept when the proxy's host encodes no longer than the
+// broker's, and the difference is 0 or at least 2 bytes (a tagged field
+// takes two at least). That is decided before the first byte, from the
+// brokers the proxy knows (streamable); otherwise the response is held
+// whole as before. A response naming a broker the proxy did not know,
+// whose host does not allow it, cannot be finished: the connection is
+// closed, and the client fetches again through fresh metadata.
+
+// padTags are the tag ids of the padding fields, unknown to every client
+// (NodeEndpoint defines no tagged field).
+const padTagA, padTagB = 126, 127
+
+var (
+	errStreamLength = errors.New("endpoint rewrite cannot keep the frame length")
+	errStreamShape  = errors.New("fetch response does not walk")
+)
+
+// encLen is the length of s as a compact string.
+func encLen(s string) int { return uvarintLen(uint64(len(s)+1)) + len(s) }
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
+// padding returns tagged fields (ids padTagA, padTagB) that encode to
+// exactly d bytes, and how many fields they are; ok is false when no such
+// fields exist (d is 1, or negative).
+func padding(d int) (b []byte, fields int, ok bool) {
+	one := func(id byte, n int) ([]byte, bool) {
+		for size := 0; size <= n; size++ {
+			if 1+uvarintLen(uint64(size))+size == n {
+				f := append([]byte{id}, binary.AppendUvarint(nil, uint64(size))...)
+				return append(f, make([]byte, size)...), true
+			}
+		}
+		return nil, false
+	}
+	switch {
+	case d == 0:
+		return nil, 0, true
+	case d < 2:
+		return nil, 0, false
+	}
+	if f, ok := one(padTagA, d); ok {
+		return f, 1, true
+	}
+	for first := 2; first <= d-2; first++ {
+		a, okA := one(padTagA, first)
+		b, okB := one(padTagB, d-first)
+		if okA && okB {
+			return append(a, b...), 2, true
+		}
+	}
+	return nil, 0, false
+}
+
+// hostFits reports whether an endpoint naming upstream host can be
+// rewritten to advertise at the same length.
+func hostFits(upstream, advertise string) bool {
+	_, _, ok := padding(encLen(upstream) - encLen(advertise))
+	return ok
+}
+
+// streamable reports whether every broker the proxy knows has a host that
+// an endpoint rewrite can replace at the same length.
+func (p *Proxy) streamable() bool {
+	if p.holdFetches {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.mu.brokers) == 0 {
+		return false
+	}
+	for _, e := range p.mu.brokers {
+		host, _, err := net.SplitHostPort(e.upstream)
+		if err != nil || !hostFits(host, p.cfg.AdvertiseHost) {
+			return false
+		}
+	}
+	return true
+}
+
+var (
+	streamReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+	streamWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 64<<10) }}
+)
+
+// streamFetch copies one Fetch response (v16+) from src to dst as it
+// arrives: head is what was read of the frame (its size prefix included),
+// rest what is still to come from src. The frame keeps its length; node
+// endpoints are rewritten through m in place.
+func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) error {
+	br := streamReaders.Get().(*bufio.Reader)
+	br.Reset(io.MultiReader(&sliceReader{b: head[4:]}, io.LimitReader(src, int64(rest))))
+	bw := streamWriters.Get().(*bufio.Writer)
+	bw.Reset(dst)
+	defer func() {
+		br.Reset(nil)
+		bw.Reset(nil)
+		streamReaders.Put(br)
+		streamWriters.Put(bw)
+	}()
+	w := &tee{r: br, w: bw, left: int64(len(head)-4) + int64(rest)}
+	if _, err := bw.Write(head[:4]); err != nil {
+		return err
+	}
+	w.take(4) // correlation id
+	w.tags()  // response header tags (flexible)
+	w.take(4 + 2 + 4)
+	for t := w.arrayLen(); t > 0 && w.err == nil; t-- {
+		w.take(16) // topic id
+		for p := w.arrayLen(); p > 0 && w.err == nil; p-- {
+			w.take(4 + 2 + 8 + 8 + 8)
+			for a := w.arrayLen(); a > 0 && w.err == nil; a-- {
+				w.take(16)
+				w.tags()
+			}
+			w.take(4)
+			if n := w.compactLen(); n > 0 {
+				w.copy(int64(n))
+			}
+			w.tags()
+		}
+		w.tags()
+	}
+	if w.err != nil {
+		return w.err
+	}
+	// What is left is the top-level tags: small, read whole, rewritten in
+	// place, then sent.
+	if w.left > 1<<20 {
+		return fmt.Errorf("%w: %d bytes after the topics", errStreamShape, w.left)
+	}
+	tail := make([]byte, w.left)
+	if _, err := io.ReadFull(br, tail); err != nil {
+		return fmt.Errorf("%w: %v", errStreamShape, err)
+	}
+	if err := rewriteTopTags(tail, m); err != nil {
+		return err
+	}
+	if _, err := bw.Write(tail); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// sliceReader reads a byte slice without the bytes.Reader allocation.
+type sliceReader struct{ b []byte }
+
+func (s *sliceReader) Read(p []byte) (int, error) {
+	if len(s.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, s.b)
+	s.b = s.b[n:]
+	return n, nil
+}
+
+// tee reads the fields of a response from r and writes every byte it read
+// to w. It keeps its first error; left is what the frame has still to give.
+type tee struct {
+	r    *bufio.Reader
+	w    *bufio.Writer
+	left int64
+	err  error
+	buf  [64]byte
+}
+
+func (t *tee) fail(err error) {
+	if t.err == nil {
+		t.err = err
+	}
+}
+
+func (t *tee) take(n int) {
+	if t.err != nil {
+		return
+	}
+	if int64(n) > t.left {
+		t.fail(fmt.Errorf("%w: field past the frame's end", errStreamShape))
+		return
+	}
+	b := t.buf[:n]
+	if _, err := io.ReadFull(t.r, b); err != nil {
+		t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
+		return
+	}
+	t.left -= int64(n)
+	if _, err := t.w.Write(b); err != nil {
+		t.fail(err)
+	}
+}
+
+// copy passes n bytes through unread (record batches).
+func (t *tee) copy(n int64) {
+	if t.err != nil {
+		return
+	}
+	if n > t.left {
+		t.fail(fmt.Errorf("%w: %d bytes past the frame's end", errStreamShape, n))
+		return
+	}
+	if _, err := io.CopyN(t.w, t.r, n); err != nil {
+		t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
+		return
+	}
+	t.left -= n
+}
+
+func (t *tee) uvarint() uint64 {
+	var v uint64
+	for i := 0; i < binary.MaxVarintLen64 && t.err == nil; i++ {
+		if t.left < 1 {
+			t.fail(fmt.Errorf("%w: varint past the frame's end", errStreamShape))
+			return 0
+		}
+		c, err := t.r.ReadByte()
+		if err != nil {
+			t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
+			return 0
+		}
+		t.left--
+		if err := t.w.WriteByte(c); err != nil {
+			t.fail(err)
+			return 0
+		}
+		v |= uint64(c&0x7f) << (7 * i)
+		if c < 0x80 {
+			return v
+		}
+	}
+	t.fail(fmt.Errorf("%w: varint too long", errStreamShape))
+	return 0
+}
+
+// compactLen reads a compact length (stored +1; 0 is null, read as 0).
+func (t *tee) compactLen() int {
+	v := t.uvarint()
+	if v == 0 || t.err != nil {
+		return 0
+	}
+	if v-1 > uint64(t.left) {
+		t.fail(fmt.Errorf("%w: length %d past the frame's end", errStreamShape, v-1))
+		return 0
+	}
+	return int(v - 1)
+}
+
+// arrayLen is compactLen for an array, whose elements take a byte at least.
+func (t *tee) arrayLen() int { return t.compactLen() }
+
+func (t *tee) tags() {
+	for n := t.uvarint(); n > 0 && t.err == nil; n-- {
+		t.uvarint()
+		size := t.uvarint()
+		if size > uint64(t.left) {
+			t.fail(fmt.Errorf("%w: tag past the frame's end", errStreamShape))
+			return
+		}
+		t.copy(int64(size))
+	}
+}
+
+// rewriteTopTags rewrites, in place and at the same length, the node
+// endpoints (tag 0) among a response's top-level tags; other tags are kept
+// as they are.
+func rewriteTopTags(tail []byte, m Mapper) error {
+	s := skipper{p: tail}
+	n := s.uvarint()
+	for i := uint64(0); i < n && !s.bad; i++ {
+		id := s.uvarint()
+		size := s.uvarint()
+		if s.bad || size > uint64(len(tail)-s.off) {
+			return fmt.Errorf("%w: top-level tags", errStreamShape)
+		}
+		payload := tail[s.off : s.off+int(size)]
+		if id == 0 {
+			out, err := rewriteEndpoints(payload, m)
+			if err != nil {
+				return err
+			}
+			copy(payload, out)
+		}
+		s.skip(int(size))
+	}
+	if s.bad || s.off != len(tail) {
+		return fmt.Errorf("%w: top-level tags do not end the frame", errStreamShape)
+	}
+	return nil
+}
+
+// rewriteEndpoints re-encodes a NodeEndpoints array (node id, host, port,
+// rack, tags each) with every host and port mapped, each endpoint padded
+// to its original length. The result has the length of payload.
+func rewriteEndpoints(payload []byte, m Mapper) ([]byte, error) {
+	s := skipper{p: payload}
+	out := make([]byte, 0, len(payload))
+	count := s.uvarint()
+	out = binary.AppendUvarint(out, count)
+	for i := uint64(1); i < count && !s.bad; i++ {
+		start := s.off
+		s.skip(4)
+		if s.bad {
+			break
+		}
+		node := int32(binary.BigEndian.Uint32(payload[start:]))
+		hl := s.compactLen()
+		hostAt := s.off
+		s.skip(max(hl, 0))
+		s.skip(4)
+		if s.bad {
+			break
+		}
+		host := ""
+		if hl > 0 {
+			host = string(payload[hostAt : hostAt+hl])
+		}
+		port := int32(binary.BigEndian.Uint32(payload[s.off-4:]))
+		rackAt := s.off
+		if rl := s.compactLen(); rl > 0 {
+			s.skip(rl)
+		}
+		rack := payload[rackAt:s.off]
+		tagCount := s.uvarint()
+		tagFieldsAt := s.off
+		for j := uint64(0); j < tagCount && !s.bad; j++ {
+			s.uvarint()
+			s.skip(int(s.uvarint()))
+		}
+		if s.bad {
+			break
+		}
+		oldLen := s.off - start
+		mh, mp, err := m.MapBroker(node, host, port)
+		if err != nil {
+			return nil, err
+		}
+		e := binary.BigEndian.AppendUint32(nil, uint32(node))
+		e = binary.AppendUvarint(e, uint64(len(mh)+1))
+		e = append(e, mh...)
+		e = binary.BigEndian.AppendUint32(e, uint32(mp))
+		e = append(e, rack...)
+		fields := payload[tagFieldsAt:s.off]
+		// The tag count may grow by one or two; its varint length is
+		// part of what padding has to make up.
+		var pad []byte
+		var ok bool
+		for extra := 0; extra <= 2; extra++ {
+			base := len(e) + uvarintLen(tagCount+uint64(extra)) + len(fields)
+			var k int
+			if pad, k, ok = padding(oldLen - base); ok && k == extra {
+				e = binary.AppendUvarint(e, tagCount+uint64(k))
+				break
+			}
+			ok = false
+		}
+		if !ok {
+			return nil, fmt.Errorf("%w: node %d host %q in place of %q", errStreamLength, node, mh, host)
+		}
+		e = append(e, fields...)
+		e = append(e, pad...)
+		if len(e) != oldLen {
+			return nil, fmt.Errorf("%w: node %d", errStreamLength, node)
+		}
+		out = append(out, e...)
+	}
+	if s.bad {
+		return nil, fmt.Errorf("%w: node endpoints", errStreamShape)
+	}
+	out = append(out, payload[s.off:]...) // the array's own tags, if any follow
+	if len(out) != len(payload) {
+		return nil, fmt.Errorf("%w: endpoints", errStreamLength)
+	}
+	return out, nil
+}
