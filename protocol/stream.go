@@ -121,8 +121,10 @@ var (
 // rest what is still to come from src. The frame keeps its length; node
 // endpoints are rewritten through m in place.
 func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) error {
+	hr := &sliceReader{b: head[4:]}
+	lr := &io.LimitedReader{R: src, N: int64(rest)}
 	br := streamReaders.Get().(*bufio.Reader)
-	br.Reset(io.MultiReader(&sliceReader{b: head[4:]}, io.LimitReader(src, int64(rest))))
+	br.Reset(io.MultiReader(hr, lr))
 	bw := streamWriters.Get().(*bufio.Writer)
 	bw.Reset(dst)
 	defer func() {
@@ -131,7 +133,7 @@ func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) 
 		streamReaders.Put(br)
 		streamWriters.Put(bw)
 	}()
-	w := &tee{r: br, w: bw, left: int64(len(head)-4) + int64(rest)}
+	w := &tee{r: br, w: bw, left: int64(len(head)-4) + int64(rest), head: hr, lr: lr, dst: dst, src: src}
 	if _, err := bw.Write(head[:4]); err != nil {
 		return err
 	}
@@ -195,7 +197,17 @@ type tee struct {
 	left int64
 	err  error
 	buf  [64]byte
+
+	// For copying record batches socket to socket (splice), past the
+	// buffers: head and lr are what r reads from, dst and src the sockets.
+	head *sliceReader
+	lr   *io.LimitedReader
+	dst  io.Writer
+	src  io.Reader
 }
+
+// spliceAbove is the record bytes from which copy goes socket to socket.
+const spliceAbove = 64 << 10
 
 func (t *tee) fail(err error) {
 	if t.err == nil {
@@ -222,7 +234,9 @@ func (t *tee) take(n int) {
 	}
 }
 
-// copy passes n bytes through unread (record batches).
+// copy passes n bytes through unread (record batches). Large ones go
+// socket to socket once the buffers are drained: between two TCP
+// connections the kernel splices them (copyBody).
 func (t *tee) copy(n int64) {
 	if t.err != nil {
 		return
@@ -231,11 +245,33 @@ func (t *tee) copy(n int64) {
 		t.fail(fmt.Errorf("%w: %d bytes past the frame's end", errStreamShape, n))
 		return
 	}
-	if _, err := io.CopyN(t.w, t.r, n); err != nil {
+	t.left -= n
+	_, dstTCP := t.dst.(*net.TCPConn)
+	_, srcTCP := t.src.(*net.TCPConn)
+	if n < spliceAbove || !dstTCP || !srcTCP || len(t.head.b) > 0 {
+		if _, err := io.CopyN(t.w, t.r, n); err != nil {
+			t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
+		}
+		return
+	}
+	buffered := min(int64(t.r.Buffered()), n)
+	if _, err := io.CopyN(t.w, t.r, buffered); err != nil {
 		t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
 		return
 	}
-	t.left -= n
+	if err := t.w.Flush(); err != nil {
+		t.fail(err)
+		return
+	}
+	direct := n - buffered
+	if direct > t.lr.N {
+		t.fail(fmt.Errorf("%w: %d bytes past the frame's end", errStreamShape, direct))
+		return
+	}
+	t.lr.N -= direct
+	if err := copyBody(t.dst, t.src, int(direct)); err != nil {
+		t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
+	}
 }
 
 func (t *tee) uvarint() uint64 {
