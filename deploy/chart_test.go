@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
 // helmBinary finds the helm that deploy/scripts/helm-check.sh uses: $HELM,
@@ -23,7 +25,7 @@ func helmBinary(t *testing.T) string {
 	if h := os.Getenv("HELM"); h != "" {
 		return h
 	}
-	bin := filepath.Join(moduleRoot(t), "bin", "helm")
+	bin := filepath.Join(testkit.ModuleRoot(t), "bin", "helm")
 	if _, err := os.Stat(bin); err != nil {
 		t.Skipf("no helm at %s and $HELM unset: run deploy/scripts/helm-check.sh once (it builds helm into bin/ and renders the same values)", bin)
 	}

@@ -11,13 +11,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -252,68 +250,10 @@ func TestDashboardQueries(t *testing.T) {
 
 // --- the real binary ----------------------------------------------------------
 
-func moduleRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		t.Fatalf("no go.mod in %s", dir)
-	}
-	return dir
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// freeBlock finds n contiguous free ports below the ephemeral range.
-func freeBlock(t *testing.T, n int) int {
-	t.Helper()
-	for first := 20000 + os.Getpid()%5000; first < 32000; first += n + 7 {
-		var ls []net.Listener
-		ok := true
-		for p := first; p < first+n && ok; p++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return first
-		}
-	}
-	t.Fatalf("no %d free contiguous ports", n)
-	return 0
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testkit.Cleanup()
+	os.Exit(code)
 }
 
 func scrape(t *testing.T, url string) (map[string]bool, string) {
@@ -350,14 +290,6 @@ func TestDashboardMetricsExported(t *testing.T) {
 		t.Skip("starts the proxy binary")
 	}
 	qs := parseQueries(t, dashboardQueries(t))
-	root := moduleRoot(t)
-	bin := filepath.Join(t.TempDir(), "rtproxy")
-	build := exec.Command(filepath.Join(goroot(), "bin", "go"), "build", "-o", bin, "./cmd/rtproxy")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("the rtproxy binary does not build, so its metrics cannot be compared: %v\n%s", err, out)
-	}
-
 	rules := t.TempDir()
 	route, err := os.ReadFile("testdata/dashboard-route.yaml")
 	if err != nil {
@@ -366,33 +298,16 @@ func TestDashboardMetricsExported(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rules, "dashboard-route.yaml"), route, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	admin := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	const brokerPortCount = 16
-	brokerFirst := freeBlock(t, brokerPortCount)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "run",
-		"--listen", listen, "--advertise-host", "127.0.0.1",
-		"--broker-ports", fmt.Sprint(brokerFirst), "--admin-listen", admin,
-		"--rules-dir", rules, "--state-dir", t.TempDir(), "--log-level", "debug")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("RTPROXY_BROKER_PORT_COUNT=%d", brokerPortCount))
-	logs := &syncBuf{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = testkit.ChildAttr()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("rtproxy logs:\n%s", logs.String())
-		}
+	p := testkit.StartProxy(t, testkit.ProxyOpts{
+		RulesDir:        rules,
+		StateDir:        t.TempDir(),
+		ExtraArgs:       []string{"--log-level", "debug"},
+		BrokerPortCount: 16, // passed as RTPROXY_BROKER_PORT_COUNT
+		ReadyTimeout:    30 * time.Second,
 	})
-	waitReady(t, "http://"+admin+"/readyz", exited, logs)
+	listen, admin := p.Addr, p.AdminAddr
 
 	// Traffic through the proxy, as a client would send it.
 	cl, err := kgo.NewClient(kgo.SeedBrokers(listen), kgo.ProducerLinger(0),
@@ -489,35 +404,4 @@ func TestDashboardMetricsExported(t *testing.T) {
 		t.Errorf("the dashboard queries %d metric(s) the binary does not export (with series) after traffic through a route:\n  %s\nexported rtproxy_ families:\n  %s",
 			len(missing), strings.Join(missing, "\n  "), strings.Join(exported, "\n  "))
 	}
-}
-
-func waitReady(t *testing.T, url string, exited <-chan struct{}, logs *syncBuf) {
-	t.Helper()
-	hc := &http.Client{Timeout: time.Second}
-	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		select {
-		case <-exited:
-			t.Fatalf("rtproxy exited before ready:\n%s", logs.String())
-		default:
-		}
-		resp, err := hc.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-	}
-	t.Fatalf("rtproxy not ready after 30s:\n%s", logs.String())
-}
-
-func goroot() string {
-	if r := os.Getenv("GOROOT"); r != "" {
-		return r
-	}
-	out, err := exec.Command("go", "env", "GOROOT").Output()
-	if err != nil {
-		return "/usr/local/go"
-	}
-	return strings.TrimSpace(string(out))
 }

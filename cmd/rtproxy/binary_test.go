@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -14,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,39 +27,16 @@ import (
 
 const testVersion = "v0.0.0-cmdtest"
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
-
 // rtproxyBinary builds this command once, version-stamped the way the
 // Makefile does.
 func rtproxyBinary(t *testing.T) string {
 	t.Helper()
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "rtproxy-cmdtest-")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "rtproxy")
-		out, err := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version="+testVersion, "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
+	return testkit.RtproxyBinary(t, "-trimpath", "-ldflags", "-X main.version="+testVersion)
 }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	testkit.Cleanup()
 	os.Exit(code)
 }
 
@@ -192,52 +167,6 @@ func TestBinaryBadConfig(t *testing.T) {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// freeBlock returns the first of n contiguous free ports below the
-// ephemeral range, so no outgoing connection takes one meanwhile.
-func freeBlock(t *testing.T, n int) int {
-	t.Helper()
-	for range 100 {
-		first := 20000 + rand.IntN(10000)
-		var ls []net.Listener
-		ok := true
-		for p := first; p < first+n; p++ {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return first
-		}
-	}
-	t.Fatal("no free port block")
-	return 0
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
-func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
-
 func httpGet(url string) (int, string, error) {
 	c := &http.Client{Timeout: 2 * time.Second}
 	resp, err := c.Get(url)
@@ -249,11 +178,10 @@ func httpGet(url string) (int, string, error) {
 	return resp.StatusCode, string(b), err
 }
 
-// proc is a running rtproxy binary.
+// proc is a running rtproxy binary, under the short names this package's
+// tests use.
 type proc struct {
-	cmd         *exec.Cmd
-	exited      chan error
-	logs        *syncBuf
+	*testkit.Proxy
 	listen      string
 	admin       string // http://host:port
 	brokerFirst int
@@ -262,81 +190,39 @@ type proc struct {
 
 // startRun starts `rtproxy run` on free ports with the given rules directory
 // (embedded mode unless extra names an upstream) and waits for /readyz 200.
-// extra holds more flags, then any RTPROXY_NAME=value environment entries.
+// extra holds more flags, then any RTPROXY_NAME=value environment entries;
+// no other environment reaches the proxy but PATH.
 func startRun(t *testing.T, rulesDir string, extra ...string) *proc {
 	t.Helper()
-	listenPort, adminPort, brokerFirst := freePort(t), freePort(t), freeBlock(t, 100)
-	p := &proc{
-		listen:      "127.0.0.1:" + strconv.Itoa(listenPort),
-		admin:       "http://127.0.0.1:" + strconv.Itoa(adminPort),
-		brokerFirst: brokerFirst,
-		stateDir:    filepath.Join(t.TempDir(), "state"),
-		exited:      make(chan error, 1),
-		logs:        &syncBuf{},
-	}
-	p.cmd = exec.Command(rtproxyBinary(t), "run",
-		"--listen", p.listen, "--advertise-host", "127.0.0.1", "--broker-ports", strconv.Itoa(brokerFirst),
-		"--admin-listen", "127.0.0.1:"+strconv.Itoa(adminPort),
-		"--rules-dir", rulesDir, "--state-dir", p.stateDir)
-	p.cmd.Args = append(p.cmd.Args, extra...)
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	for len(p.cmd.Args) > 0 && strings.HasPrefix(p.cmd.Args[len(p.cmd.Args)-1], "RTPROXY_") {
+	var env []string
+	for len(extra) > 0 && strings.HasPrefix(extra[len(extra)-1], "RTPROXY_") {
 		// Trailing NAME=value arguments are environment, not flags.
-		p.cmd.Env = append(p.cmd.Env, p.cmd.Args[len(p.cmd.Args)-1])
-		p.cmd.Args = p.cmd.Args[:len(p.cmd.Args)-1]
+		env = append(env, extra[len(extra)-1])
+		extra = extra[:len(extra)-1]
 	}
-	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-	p.cmd.SysProcAttr = testkit.ChildAttr()
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { p.exited <- p.cmd.Wait() }()
-	t.Cleanup(func() {
-		if p.cmd.ProcessState == nil {
-			p.cmd.Process.Kill()
-			<-p.exited
-		}
-		if t.Failed() {
-			t.Logf("rtproxy logs:\n%s", p.logs.String())
-		}
+	p := testkit.StartProxy(t, testkit.ProxyOpts{
+		RulesDir:  rulesDir,
+		StateDir:  filepath.Join(t.TempDir(), "state"),
+		ExtraArgs: extra,
+		Env:       env,
+		CleanEnv:  true,
+		Binary:    rtproxyBinary(t),
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		code, body, err := httpGet(p.admin + "/readyz")
-		if err == nil && code == 200 {
-			return p
-		}
-		select {
-		case err := <-p.exited:
-			t.Fatalf("rtproxy exited before ready: %v", err)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not 200 after 20s: %d %q %v", code, body, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return &proc{Proxy: p, listen: p.Addr, admin: p.AdminURL, brokerFirst: p.BrokerPortFirst, stateDir: p.Opts.StateDir}
 }
 
 // stop sends SIGTERM and asserts a clean exit 0 within 15s.
 func (p *proc) stop(t *testing.T) {
 	t.Helper()
 	start := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-p.exited:
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v (want 0)", err)
-		}
-	case <-time.After(15 * time.Second):
+	code, exited := p.Terminate(15 * time.Second)
+	if !exited {
 		t.Fatal("still running 15s after SIGTERM")
 	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("exit code %d", code)
+	if code != 0 {
+		t.Fatalf("exit code %d after SIGTERM (want 0)", code)
 	}
-	l := p.logs.String()
+	l := p.Logs()
 	for _, want := range []string{`msg="shutting down" signal=terminated`, "rtproxy stopped cleanly"} {
 		if !strings.Contains(l, want) {
 			t.Errorf("logs lack %q", want)
@@ -413,10 +299,10 @@ func TestBinaryRunEmbedded(t *testing.T) {
 		}
 	}
 
-	if !strings.Contains(p.logs.String(), `msg="environment variable is not an rtproxy setting; ignored (see docs/OPERATIONS.md)" name=RTPROXY_LISTN`) {
+	if !strings.Contains(p.Logs(), `msg="environment variable is not an rtproxy setting; ignored (see docs/OPERATIONS.md)" name=RTPROXY_LISTN`) {
 		t.Error("a misspelt RTPROXY_ variable was not reported")
 	}
-	if !strings.Contains(p.logs.String(), "EMBEDDED DEVELOPMENT BROKER") {
+	if !strings.Contains(p.Logs(), "EMBEDDED DEVELOPMENT BROKER") {
 		t.Error("no loud warning about the embedded development broker")
 	}
 	cl.Close()
@@ -517,11 +403,11 @@ func TestBinaryRunRoute(t *testing.T) {
 		t.Errorf("promlint: %s: %s", pr.Metric, pr.Text)
 	}
 
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := p.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(p.logs.String(), "rules: reload requested") {
+	for !strings.Contains(p.Logs(), "rules: reload requested") {
 		if time.Now().After(deadline) {
 			t.Fatal("SIGHUP did not reach the rules watcher")
 		}
@@ -563,13 +449,13 @@ func TestBinaryPortInUse(t *testing.T) {
 	addr := busy.Addr().String()
 	dir := t.TempDir()
 	base := []string{"run", "--rules-dir", filepath.Join(dir, "rules"), "--state-dir", filepath.Join(dir, "state"),
-		"--broker-ports", strconv.Itoa(freeBlock(t, 100))}
+		"--broker-ports", strconv.Itoa(testkit.FreePortBlock(t, testkit.BrokerPortCount))}
 
-	code, _, errOut := runBinary(t, nil, append(base, "--admin-listen", addr, "--listen", "127.0.0.1:"+strconv.Itoa(freePort(t)))...)
+	code, _, errOut := runBinary(t, nil, append(base, "--admin-listen", addr, "--listen", "127.0.0.1:"+strconv.Itoa(testkit.FreePorts(t, 1)[0]))...)
 	if code != 1 || !strings.Contains(errOut, "admin_listen "+addr) || !strings.Contains(errOut, "address already in use") {
 		t.Fatalf("admin port in use: exit %d\n%s", code, errOut)
 	}
-	code, _, errOut = runBinary(t, nil, append(base, "--listen", addr, "--admin-listen", "127.0.0.1:"+strconv.Itoa(freePort(t)))...)
+	code, _, errOut = runBinary(t, nil, append(base, "--listen", addr, "--admin-listen", "127.0.0.1:"+strconv.Itoa(testkit.FreePorts(t, 1)[0]))...)
 	if code != 1 || !strings.Contains(errOut, addr) || !strings.Contains(errOut, "address already in use") {
 		t.Fatalf("listen port in use: exit %d\n%s", code, errOut)
 	}

@@ -1,7 +1,9 @@
 // Package testkit holds what several packages' tests share to run real
-// parts: test/kfakebroker as its own process, and child processes that die
-// with the test binary. Only tests import it; it imports only the standard
-// library.
+// parts as processes, started in one way everywhere: the rtproxy binary
+// (RtproxyBinary, StartProxy) and test/kfakebroker (KfakeBinary,
+// StartKfakeWith, StartKfake), built once per test binary, on free ports,
+// as child processes that die with the test binary. Only tests import it;
+// it imports only the standard library.
 package testkit
 
 import (
@@ -9,53 +11,20 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
 
-var kfake struct {
-	once sync.Once
-	dir  string
-	bin  string
-	err  error
-}
-
-// KfakeBinary builds test/kfakebroker once per test binary and returns its
-// path. Call Cleanup from TestMain to remove it.
-func KfakeBinary(t testing.TB) string {
-	t.Helper()
-	kfake.once.Do(func() {
-		kfake.dir, kfake.err = os.MkdirTemp("", "rtproxy-kfake-")
-		if kfake.err != nil {
-			return
-		}
-		kfake.bin = filepath.Join(kfake.dir, "kfakebroker")
-		out, err := exec.Command("go", "build", "-o", kfake.bin, "github.com/rtproxy/rtproxy/test/kfakebroker").CombinedOutput()
-		if err != nil {
-			kfake.err = fmt.Errorf("go build kfakebroker: %v\n%s", err, out)
-		}
-	})
-	if kfake.err != nil {
-		t.Fatal(kfake.err)
-	}
-	return kfake.bin
-}
-
-// Cleanup removes what KfakeBinary built.
-func Cleanup() {
-	if kfake.dir != "" {
-		os.RemoveAll(kfake.dir)
-	}
-}
-
 // StartKfake runs a 3-broker kfake in its own process with the extra
-// kfakebroker flags args, waits until it listens, and returns its broker
-// addresses and the process (for tests that kill it). The process gets
-// SIGTERM, then SIGKILL after 5s, when the test ends.
+// kfakebroker flags args, on ports the kernel picks, waits until it listens,
+// and returns its broker addresses and the process (for tests that kill and
+// Wait for it themselves). Its stderr goes to the test binary's. The process
+// gets SIGTERM, then SIGKILL after 5s, when the test ends. StartKfakeWith
+// starts a broker that can be stopped and restarted on the same ports.
 func StartKfake(t testing.TB, args ...string) ([]string, *exec.Cmd) {
 	t.Helper()
 	cmd := exec.Command(KfakeBinary(t), append([]string{"-brokers", "3"}, args...)...)
@@ -96,3 +65,135 @@ func StartKfake(t testing.TB, args ...string) ([]string, *exec.Cmd) {
 	}
 	return nil, nil
 }
+
+// KfakeOpts configures a kfake broker process started by StartKfakeWith.
+type KfakeOpts struct {
+	Brokers int            // default 3
+	Ports   []int          // default: picked free ports, one per broker
+	DataDir string         // persist here so Restart keeps data; empty = in memory
+	Topics  map[string]int // created up front: name → partitions
+	SASL    string         // "MECH:USER:PASS" enables SASL with that superuser
+}
+
+// Kfake is a running test/kfakebroker process.
+type Kfake struct {
+	Addrs []string
+	Opts  KfakeOpts
+
+	t    testing.TB
+	bin  string
+	run  current
+	logs *logBuf
+}
+
+// StartKfakeWith starts kfake in its own process on fixed ports and waits
+// for its ready line (15s). The process is killed when the test ends; the
+// test's log then shows its output if the test failed.
+func StartKfakeWith(t testing.TB, o KfakeOpts) *Kfake {
+	t.Helper()
+	if o.Brokers == 0 {
+		o.Brokers = 3
+	}
+	if len(o.Ports) == 0 {
+		o.Ports = FreePorts(t, o.Brokers)
+	}
+	if len(o.Ports) != o.Brokers {
+		t.Fatalf("StartKfake: %d ports for %d brokers", len(o.Ports), o.Brokers)
+	}
+	k := &Kfake{Opts: o, t: t, bin: KfakeBinary(t), logs: &logBuf{}}
+	for _, p := range o.Ports {
+		k.Addrs = append(k.Addrs, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	k.start()
+	t.Cleanup(func() {
+		k.Kill()
+		if t.Failed() {
+			t.Logf("kfake output:\n%s", k.Logs())
+		}
+	})
+	return k
+}
+
+func (k *Kfake) args() []string {
+	o := k.Opts
+	ps := make([]string, len(o.Ports))
+	for i, p := range o.Ports {
+		ps[i] = strconv.Itoa(p)
+	}
+	args := []string{"-brokers", strconv.Itoa(o.Brokers), "-ports", strings.Join(ps, ",")}
+	if o.DataDir != "" {
+		args = append(args, "-data-dir", o.DataDir)
+	}
+	if len(o.Topics) > 0 {
+		var ts []string
+		for name, n := range o.Topics {
+			ts = append(ts, fmt.Sprintf("%s:%d", name, n))
+		}
+		sort.Strings(ts)
+		args = append(args, "-topics", strings.Join(ts, ","))
+	}
+	if o.SASL != "" {
+		args = append(args, "-sasl", o.SASL)
+	}
+	return args
+}
+
+func (k *Kfake) start() {
+	t := k.t
+	t.Helper()
+	var lastErr error
+	// A restart can race the kernel releasing the old listeners; retry briefly.
+	for attempt := 0; attempt < 20; attempt++ {
+		ready := make(chan struct{}, 1)
+		stdout := &lineWriter{line: func(line string) {
+			k.logs.Write([]byte(line + "\n"))
+			if strings.HasPrefix(line, "ready ") {
+				select {
+				case ready <- struct{}{}:
+				default:
+				}
+			}
+		}}
+		c, err := startChild(k.bin, k.args(), nil, stdout, k.logs)
+		if err != nil {
+			t.Fatalf("start kfake: %v", err)
+		}
+		select {
+		case <-ready:
+			k.run.set(c)
+			return
+		case <-c.done:
+			lastErr = fmt.Errorf("kfake exited before ready: %s", k.logs.String())
+			time.Sleep(100 * time.Millisecond)
+		case <-time.After(15 * time.Second):
+			c.kill()
+			t.Fatalf("kfake not ready after 15s; output:\n%s", k.logs.String())
+		}
+	}
+	t.Fatalf("%v", lastErr)
+}
+
+// Stop sends SIGTERM and waits for the process to exit (SIGKILL after 10s).
+func (k *Kfake) Stop() {
+	if c := k.run.take(); c != nil {
+		c.stop(syscall.SIGTERM, 10*time.Second)
+	}
+}
+
+// Kill sends SIGKILL and waits for the process to exit.
+func (k *Kfake) Kill() {
+	if c := k.run.take(); c != nil {
+		c.stop(syscall.SIGKILL, 10*time.Second)
+	}
+}
+
+// Restart stops a running broker (SIGTERM) if needed and starts it again on
+// the same ports and data dir.
+func (k *Kfake) Restart() {
+	k.t.Helper()
+	k.Stop()
+	k.start()
+}
+
+// Logs returns everything the process printed so far.
+func (k *Kfake) Logs() string { return k.logs.String() }

@@ -2,9 +2,10 @@
 // brokers (test/kfakebroker), the built rtproxy binary — and drive them with
 // real client libraries written by other people.
 //
-// This file is the shared harness: building the binaries once per test run,
-// starting and restarting brokers and the proxy on fixed ports, and the
-// franz-go helpers tests use to assert on what actually reached the brokers.
+// This file is the shared harness: the kfake and rtproxy processes from
+// internal/testkit (built once per test run, started and restarted on fixed
+// ports), and the franz-go helpers tests use to assert on what actually
+// reached the brokers.
 //
 // Set RTPROXY_IT_DIRECT=1 to run the client cases straight against kfake
 // (no proxy) while the proxy is being developed; the proxy-address checks
@@ -12,24 +13,17 @@
 package integration
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -39,626 +33,38 @@ import (
 	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
-// BrokerPortCount is the size of the per-broker port range the proxy owns
-// (its broker_port_count default). The harness reserves the whole block.
-const BrokerPortCount = 100
-
-var (
-	binOnce sync.Once
-	binDir  string
-	binErr  map[string]error // binary name → build error, nil entries built fine
+// The processes (kfake, rtproxy), their binaries and the ports they listen
+// on come from internal/testkit, under the names the tests here use.
+type (
+	KfakeOpts = testkit.KfakeOpts
+	Kfake     = testkit.Kfake
+	ProxyOpts = testkit.ProxyOpts
+	Proxy     = testkit.Proxy
 )
+
+// ModuleRoot is the folder holding go.mod, above the working directory.
+var ModuleRoot = testkit.ModuleRoot
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	testkit.Cleanup()
 	os.Exit(code)
 }
 
-// ModuleRoot walks up from the working directory to the folder holding go.mod.
-func ModuleRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatalf("getwd: %v", err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatalf("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
-
-// buildBinaries builds cmd/rtproxy and test/kfakebroker once per test binary
-// run. A failed build is remembered per binary, so tests that only need kfake
-// still run while the proxy does not compile.
-func buildBinaries(t testing.TB) {
-	t.Helper()
-	root := ModuleRoot(t)
-	binOnce.Do(func() {
-		binErr = map[string]error{}
-		dir, err := os.MkdirTemp("", "rtproxy-it-bin-")
-		if err != nil {
-			binErr["rtproxy"], binErr["kfakebroker"] = err, err
-			return
-		}
-		binDir = dir
-		goBin := filepath.Join(runtimeGOROOT(), "bin", "go")
-		if _, err := os.Stat(goBin); err != nil {
-			goBin = "go"
-		}
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		for name, pkg := range map[string]string{"rtproxy": "./cmd/rtproxy", "kfakebroker": "./test/kfakebroker"} {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				cmd := exec.Command(goBin, "build", "-o", filepath.Join(dir, name), pkg)
-				cmd.Dir = root
-				cmd.SysProcAttr = testkit.ChildAttr()
-				out, err := cmd.CombinedOutput()
-				if err != nil {
-					err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-				}
-				mu.Lock()
-				binErr[name] = err
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-	})
-}
-
-func runtimeGOROOT() string {
-	if r := os.Getenv("GOROOT"); r != "" {
-		return r
-	}
-	out, err := exec.Command("go", "env", "GOROOT").Output()
-	if err != nil {
-		return "/usr/local/go"
-	}
-	return strings.TrimSpace(string(out))
-}
-
-// binPath returns the path of a built binary or fails the test with the
-// build output.
-func binPath(t testing.TB, name string) string {
-	t.Helper()
-	buildBinaries(t)
-	if err := binErr[name]; err != nil {
-		t.Fatalf("binary %s unavailable: %v", name, err)
-	}
-	return filepath.Join(binDir, name)
-}
-
-// --- ports -----------------------------------------------------------------
-
-// Ports are picked below the kernel's ephemeral range (32768+) so an outgoing
-// connection can never take a port we mean to reuse on a restart.
-const (
-	portLow  = 12000
-	portHigh = 32000
-)
-
-var portMu sync.Mutex
-var portsHanded = map[int]bool{} // within this process, never hand a port out twice
-
-// FreePorts returns n individual free loopback ports.
-func FreePorts(t testing.TB, n int) []int {
-	t.Helper()
-	ps := make([]int, 0, n)
-	for range n {
-		ps = append(ps, FreePortBlock(t, 1))
-	}
-	return ps
-}
-
-// FreePortBlock returns the first of n contiguous free loopback ports.
-func FreePortBlock(t testing.TB, n int) int {
-	t.Helper()
-	portMu.Lock()
-	defer portMu.Unlock()
-	for attempt := 0; attempt < 200; attempt++ {
-		first := portLow + rand.IntN(portHigh-portLow-n)
-		if blockFree(first, n) {
-			for p := first; p < first+n; p++ {
-				portsHanded[p] = true
-			}
-			return first
-		}
-	}
-	t.Fatalf("no block of %d free ports in [%d,%d)", n, portLow, portHigh)
-	return 0
-}
-
-func blockFree(first, n int) bool {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for p := first; p < first+n; p++ {
-		if portsHanded[p] {
-			return false
-		}
-		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-		if err != nil {
-			return false
-		}
-		ls = append(ls, l)
-	}
-	return true
-}
-
-// --- captured output -------------------------------------------------------
-
-// logBuf is a goroutine-safe buffer for a child process's output.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// --- kfake -----------------------------------------------------------------
-
-// KfakeOpts configures a kfake broker process.
-type KfakeOpts struct {
-	Brokers int            // default 3
-	Ports   []int          // default: picked free ports, one per broker
-	DataDir string         // persist here so Restart keeps data; empty = in memory
-	Topics  map[string]int // created up front: name → partitions
-	SASL    string         // "MECH:USER:PASS" enables SASL with that superuser
-}
-
-// Kfake is a running test/kfakebroker process.
-type Kfake struct {
-	Addrs []string
-	Opts  KfakeOpts
-
-	t    testing.TB
-	bin  string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	logs *logBuf
-}
-
-// StartKfake starts kfake in its own process and waits for its ready line.
-// The process is killed when the test ends.
+// StartKfake starts kfake in its own process on fixed ports and waits for
+// its ready line. The process is killed when the test ends.
 func StartKfake(t testing.TB, o KfakeOpts) *Kfake {
 	t.Helper()
-	if o.Brokers == 0 {
-		o.Brokers = 3
-	}
-	if len(o.Ports) == 0 {
-		o.Ports = FreePorts(t, o.Brokers)
-	}
-	if len(o.Ports) != o.Brokers {
-		t.Fatalf("StartKfake: %d ports for %d brokers", len(o.Ports), o.Brokers)
-	}
-	k := &Kfake{Opts: o, t: t, bin: binPath(t, "kfakebroker"), logs: &logBuf{}}
-	for _, p := range o.Ports {
-		k.Addrs = append(k.Addrs, fmt.Sprintf("127.0.0.1:%d", p))
-	}
-	k.start()
-	t.Cleanup(func() {
-		k.Kill()
-		if t.Failed() {
-			t.Logf("kfake output:\n%s", k.Logs())
-		}
-	})
-	return k
-}
-
-func (k *Kfake) args() []string {
-	o := k.Opts
-	ps := make([]string, len(o.Ports))
-	for i, p := range o.Ports {
-		ps[i] = strconv.Itoa(p)
-	}
-	args := []string{"-brokers", strconv.Itoa(o.Brokers), "-ports", strings.Join(ps, ",")}
-	if o.DataDir != "" {
-		args = append(args, "-data-dir", o.DataDir)
-	}
-	if len(o.Topics) > 0 {
-		var ts []string
-		for name, n := range o.Topics {
-			ts = append(ts, fmt.Sprintf("%s:%d", name, n))
-		}
-		sort.Strings(ts)
-		args = append(args, "-topics", strings.Join(ts, ","))
-	}
-	if o.SASL != "" {
-		args = append(args, "-sasl", o.SASL)
-	}
-	return args
-}
-
-func (k *Kfake) start() {
-	t := k.t
-	t.Helper()
-	var lastErr error
-	// A restart can race the kernel releasing the old listeners; retry briefly.
-	for attempt := 0; attempt < 20; attempt++ {
-		cmd := exec.Command(k.bin, k.args()...)
-		cmd.SysProcAttr = testkit.ChildAttr()
-		cmd.Stderr = k.logs
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatalf("kfake stdout: %v", err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start kfake: %v", err)
-		}
-		ready := make(chan string, 1)
-		go func() {
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				line := sc.Text()
-				k.logs.Write([]byte(line + "\n"))
-				if strings.HasPrefix(line, "ready ") {
-					ready <- strings.TrimPrefix(line, "ready ")
-				}
-			}
-			io.Copy(io.Discard, stdout)
-		}()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-ready:
-			k.mu.Lock()
-			k.cmd, k.done = cmd, done
-			k.mu.Unlock()
-			return
-		case <-done:
-			lastErr = fmt.Errorf("kfake exited before ready: %s", k.logs.String())
-			time.Sleep(100 * time.Millisecond)
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-done
-			t.Fatalf("kfake not ready after 15s; output:\n%s", k.logs.String())
-		}
-	}
-	t.Fatalf("%v", lastErr)
-}
-
-func (k *Kfake) signal(sig syscall.Signal) {
-	k.mu.Lock()
-	cmd, done := k.cmd, k.done
-	k.cmd = nil
-	k.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(sig)
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		cmd.Process.Kill()
-		<-done
-	}
-}
-
-// Stop sends SIGTERM and waits for the process to exit.
-func (k *Kfake) Stop() { k.signal(syscall.SIGTERM) }
-
-// Kill sends SIGKILL and waits for the process to exit.
-func (k *Kfake) Kill() { k.signal(syscall.SIGKILL) }
-
-// Restart stops a running broker (SIGTERM) if needed and starts it again on
-// the same ports and data dir.
-func (k *Kfake) Restart() {
-	k.t.Helper()
-	k.Stop()
-	k.start()
-}
-
-// Logs returns everything the process printed so far.
-func (k *Kfake) Logs() string { return k.logs.String() }
-
-// --- proxy -----------------------------------------------------------------
-
-// ProxyOpts configures an rtproxy process.
-type ProxyOpts struct {
-	Upstream  []string
-	RulesDir  string   // default: a fresh temp dir
-	StateDir  string   // default: a fresh temp dir
-	ExtraArgs []string // appended after the harness's flags
-	Env       []string // added to the inherited environment
-}
-
-// Proxy is a running rtproxy binary.
-type Proxy struct {
-	Addr            string // bootstrap, 127.0.0.1:PORT
-	AdminURL        string // http://127.0.0.1:PORT
-	AdminAddr       string
-	BrokerPortFirst int
-	Opts            ProxyOpts
-
-	t    testing.TB
-	bin  string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
-	logs *logBuf
+	testkit.Prebuild() // the proxy builds meanwhile
+	return testkit.StartKfakeWith(t, o)
 }
 
 // StartProxy starts the built rtproxy binary in front of o.Upstream and
 // waits until /readyz answers 200 (20s, failing with the proxy's logs).
 func StartProxy(t testing.TB, o ProxyOpts) *Proxy {
 	t.Helper()
-	if o.RulesDir == "" {
-		o.RulesDir = t.TempDir()
-	}
-	if o.StateDir == "" {
-		o.StateDir = t.TempDir()
-	}
-	ports := FreePorts(t, 2)
-	p := &Proxy{
-		Addr:            fmt.Sprintf("127.0.0.1:%d", ports[0]),
-		AdminAddr:       fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		BrokerPortFirst: FreePortBlock(t, BrokerPortCount),
-		Opts:            o,
-		t:               t,
-		bin:             binPath(t, "rtproxy"),
-		logs:            &logBuf{},
-	}
-	p.AdminURL = "http://" + p.AdminAddr
-	for attempt := 1; ; attempt++ {
-		err := p.start()
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, errPortTaken) || attempt == 3 {
-			t.Fatalf("%v", err)
-		}
-		// Lost a port race with another process: pick new ports.
-		ports := FreePorts(t, 2)
-		p.Addr = fmt.Sprintf("127.0.0.1:%d", ports[0])
-		p.AdminAddr = fmt.Sprintf("127.0.0.1:%d", ports[1])
-		p.AdminURL = "http://" + p.AdminAddr
-		p.BrokerPortFirst = FreePortBlock(t, BrokerPortCount)
-	}
-	t.Cleanup(func() {
-		p.Kill()
-		if t.Failed() {
-			t.Logf("rtproxy logs:\n%s", p.Logs())
-		}
-	})
-	return p
-}
-
-func (p *Proxy) args() []string {
-	args := []string{"run",
-		"--listen", p.Addr,
-		"--advertise-host", "127.0.0.1",
-		"--broker-ports", strconv.Itoa(p.BrokerPortFirst),
-		"--admin-listen", p.AdminAddr,
-		"--rules-dir", p.Opts.RulesDir,
-		"--state-dir", p.Opts.StateDir,
-	}
-	if len(p.Opts.Upstream) > 0 {
-		args = append(args, "--upstream", strings.Join(p.Opts.Upstream, ","))
-	}
-	return append(args, p.Opts.ExtraArgs...)
-}
-
-// errPortTaken marks a start that failed because a port was taken between
-// picking it and binding it (another process won the race).
-var errPortTaken = errors.New("address already in use")
-
-// start runs the binary and waits for /readyz. It returns an error wrapping
-// errPortTaken when the proxy exited because a port was taken.
-func (p *Proxy) start() error {
-	mark := len(p.logs.String())
-	cmd := exec.Command(p.bin, p.args()...)
-	cmd.SysProcAttr = testkit.ChildAttr()
-	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	cmd.Env = append(os.Environ(), p.Opts.Env...)
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start rtproxy: %w", err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	p.mu.Lock()
-	p.cmd, p.done = cmd, done
-	p.mu.Unlock()
-
-	deadline := time.Now().Add(20 * time.Second)
-	hc := &http.Client{Timeout: time.Second}
-	for {
-		select {
-		case <-done:
-			p.mu.Lock()
-			p.cmd = nil
-			p.mu.Unlock()
-			out := p.logs.String()[mark:]
-			if strings.Contains(out, "address already in use") {
-				return fmt.Errorf("rtproxy exited before ready: %w; logs:\n%s", errPortTaken, out)
-			}
-			return fmt.Errorf("rtproxy exited before ready (%v); logs:\n%s", cmd.ProcessState, p.logs.String())
-		default:
-		}
-		resp, err := hc.Get(p.AdminURL + "/readyz")
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("rtproxy /readyz not 200 after 20s (last: %v); logs:\n%s", errOrStatus(resp, err), p.logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func errOrStatus(resp *http.Response, err error) string {
-	if err != nil {
-		return err.Error()
-	}
-	return resp.Status
-}
-
-// PID is the running proxy's process id (0 when stopped).
-func (p *Proxy) PID() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
-
-// Running reports whether the proxy process is alive.
-func (p *Proxy) Running() bool {
-	p.mu.Lock()
-	done := p.done
-	stopped := p.cmd == nil
-	p.mu.Unlock()
-	if stopped || done == nil {
-		return false
-	}
-	select {
-	case <-done:
-		return false
-	default:
-		return true
-	}
-}
-
-// RSSKiB reads the proxy's resident set size (VmRSS) from /proc.
-func (p *Proxy) RSSKiB(t testing.TB) int64 {
-	t.Helper()
-	pid := p.PID()
-	if pid == 0 {
-		t.Fatalf("proxy is not running")
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatalf("read proxy status: %v", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			f := strings.Fields(rest)
-			if len(f) >= 1 {
-				n, err := strconv.ParseInt(f[0], 10, 64)
-				if err == nil {
-					return n
-				}
-			}
-		}
-	}
-	t.Fatalf("no VmRSS in /proc/%d/status", pid)
-	return 0
-}
-
-// Stop sends SIGTERM and returns the exit code (-1 if killed by a signal).
-// It fails the test if the proxy needs more than 20s to exit.
-func (p *Proxy) Stop() int {
-	p.t.Helper()
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.cmd = nil
-	p.mu.Unlock()
-	if cmd == nil {
-		return -1
-	}
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		cmd.Process.Kill()
-		<-done
-		p.t.Errorf("rtproxy did not exit within 20s of SIGTERM; killed")
-	}
-	return cmd.ProcessState.ExitCode()
-}
-
-// Kill sends SIGKILL and waits for exit.
-func (p *Proxy) Kill() {
-	p.mu.Lock()
-	cmd, done := p.cmd, p.done
-	p.cmd = nil
-	p.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Kill()
-	<-done
-}
-
-// Restart stops the proxy (SIGTERM) if it runs and starts it again with the
-// same ports and directories, waiting for /readyz.
-func (p *Proxy) Restart() {
-	p.t.Helper()
-	p.Stop()
-	for attempt := 1; ; attempt++ {
-		err := p.start()
-		if err == nil {
-			return
-		}
-		if !errors.Is(err, errPortTaken) || attempt == 5 {
-			p.t.Fatalf("restart: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// Logs returns the proxy's captured stdout and stderr.
-func (p *Proxy) Logs() string { return p.logs.String() }
-
-// Metrics fetches /metrics as text.
-func (p *Proxy) Metrics(t testing.TB) string {
-	t.Helper()
-	resp, err := http.Get(p.AdminURL + "/metrics")
-	if err != nil {
-		t.Fatalf("GET /metrics: %v", err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s: %s", resp.Status, b)
-	}
-	return string(b)
-}
-
-// GetJSON fetches an admin path (such as "/routes") and decodes its JSON
-// body into out, failing on a non-200 status.
-func (p *Proxy) GetJSON(t testing.TB, path string, out any) {
-	t.Helper()
-	resp, err := http.Get(p.AdminURL + path)
-	if err != nil {
-		t.Fatalf("GET %s: %v", path, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %s: %s", path, resp.Status, b)
-	}
-	if err := json.Unmarshal(b, out); err != nil {
-		t.Fatalf("GET %s: not JSON (%v): %s", path, err, b)
-	}
+	testkit.Prebuild()
+	return testkit.StartProxy(t, o)
 }
 
 // WriteRuleFile writes a rule file atomically (temp file + rename, as an
@@ -778,10 +184,10 @@ func AssertOnlyProxyAddrs(t testing.TB, seen []string, proxy *Proxy) {
 			continue
 		}
 		n, _ := strconv.Atoi(port)
-		inRange := n >= proxy.BrokerPortFirst && n < proxy.BrokerPortFirst+BrokerPortCount
+		inRange := n >= proxy.BrokerPortFirst && n < proxy.BrokerPortFirst+testkit.BrokerPortCount
 		if host != "127.0.0.1" || !(inRange || a == proxy.Addr) {
 			t.Errorf("client saw %q, which is not a proxy address (bootstrap %s, broker ports %d-%d)",
-				a, proxy.Addr, proxy.BrokerPortFirst, proxy.BrokerPortFirst+BrokerPortCount-1)
+				a, proxy.Addr, proxy.BrokerPortFirst, proxy.BrokerPortFirst+testkit.BrokerPortCount-1)
 		}
 	}
 }

@@ -1,0 +1,129 @@
+package testkit
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"os/exec"
+	"sync"
+	"time"
+)
+
+// logBuf is a goroutine-safe buffer for a child process's output.
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// lineWriter hands every complete line written to it, without its newline,
+// to line.
+type lineWriter struct {
+	line func(string)
+	part []byte
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.part = append(w.part, p...)
+	for {
+		i := bytes.IndexByte(w.part, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.line(string(w.part[:i]))
+		w.part = w.part[i+1:]
+	}
+}
+
+// child is one run of a process that dies with the test binary (ChildAttr);
+// a goroutine waits for it and closes done when it has exited.
+type child struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startChild starts bin with args and env (nil: inherit the environment),
+// its output going to stdout and stderr.
+func startChild(bin string, args, env []string, stdout, stderr io.Writer) (*child, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.SysProcAttr = ChildAttr()
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	c := &child{cmd: cmd, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(c.done) }()
+	return c, nil
+}
+
+// exited reports whether the process has exited.
+func (c *child) exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// stop sends sig and waits up to grace for the exit; then it kills the
+// process and waits. It reports whether the process exited within grace.
+func (c *child) stop(sig os.Signal, grace time.Duration) bool {
+	c.cmd.Process.Signal(sig)
+	select {
+	case <-c.done:
+		return true
+	case <-time.After(grace):
+		c.cmd.Process.Kill()
+		<-c.done
+		return false
+	}
+}
+
+// kill sends SIGKILL and waits for the exit.
+func (c *child) kill() {
+	c.cmd.Process.Kill()
+	<-c.done
+}
+
+// exitCode is the exit status, -1 when a signal ended the process.
+func (c *child) exitCode() int { return c.cmd.ProcessState.ExitCode() }
+
+// current holds the running child of a restartable process.
+type current struct {
+	mu sync.Mutex
+	c  *child
+}
+
+func (r *current) set(c *child) {
+	r.mu.Lock()
+	r.c = c
+	r.mu.Unlock()
+}
+
+func (r *current) get() *child {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.c
+}
+
+// take returns the running child and forgets it (nil when none runs).
+func (r *current) take() *child {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.c
+	r.c = nil
+	return c
+}
