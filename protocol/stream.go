@@ -209,6 +209,10 @@ type tee struct {
 // spliceAbove is the record bytes from which copy goes socket to socket.
 const spliceAbove = 64 << 10
 
+// spliceRecords turns the socket-to-socket copy on (BenchmarkFetchResponse
+// measures both).
+var spliceRecords = true
+
 func (t *tee) fail(err error) {
 	if t.err == nil {
 		t.err = err
@@ -248,7 +252,7 @@ func (t *tee) copy(n int64) {
 	t.left -= n
 	_, dstTCP := t.dst.(*net.TCPConn)
 	_, srcTCP := t.src.(*net.TCPConn)
-	if n < spliceAbove || !dstTCP || !srcTCP || len(t.head.b) > 0 {
+	if n < spliceAbove || !dstTCP || !srcTCP || len(t.head.b) > 0 || !spliceRecords {
 		if _, err := io.CopyN(t.w, t.r, n); err != nil {
 			t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
 		}

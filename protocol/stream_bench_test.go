@@ -1,0 +1,123 @@
+package protocol
+
+import (
+	"encoding/binary"
+	"io"
+	"math/rand"
+	"net"
+	"testing"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// BenchmarkFetchResponse moves 1 MiB Fetch v16 responses (8 partitions of
+// 128 KiB batches, without and with node endpoints) between two loopback
+// TCP connections, as the proxy's broker loop does: held whole then
+// rewritten if needed (the path before streaming), or streamed with the
+// endpoints rewritten in place. Compare the two in one run:
+//
+//	go test -run '^$' -bench BenchmarkFetchResponse -benchmem ./protocol
+func BenchmarkFetchResponse(b *testing.B) {
+	rng := rand.New(rand.NewSource(1))
+	r := kmsg.NewPtrFetchResponse()
+	r.SetVersion(16)
+	t := kmsg.NewFetchResponseTopic()
+	for i := range 8 {
+		p := kmsg.NewFetchResponseTopicPartition()
+		p.Partition = int32(i)
+		p.RecordBatches = make([]byte, 128<<10)
+		rng.Read(p.RecordBatches)
+		t.Partitions = append(t.Partitions, p)
+	}
+	r.Topics = append(r.Topics, t)
+	frameOf := func(r *kmsg.FetchResponse) []byte {
+		body := r.AppendTo(nil)
+		frame := binary.BigEndian.AppendUint32(nil, uint32(4+1+len(body)))
+		frame = binary.BigEndian.AppendUint32(frame, 7)
+		frame = append(frame, 0)
+		return append(frame, body...)
+	}
+	plain := frameOf(r) // the common case: no leader moved
+	br := kmsg.NewFetchResponseBroker()
+	br.NodeID, br.Host, br.Port = 1, "kafka-1.kafka-headless.svc", 9092
+	r.Brokers = append(r.Brokers, br)
+	withEndpoints := frameOf(r)
+
+	pair := func(b *testing.B) (net.Conn, net.Conn) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer ln.Close()
+		accepted := make(chan net.Conn, 1)
+		go func() { c, _ := ln.Accept(); accepted <- c }()
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			b.Fatal(err)
+		}
+		return c, <-accepted
+	}
+	for _, c := range []struct {
+		mode, endpoints string
+		frame           []byte
+	}{{"held", "none", plain}, {"streamed", "none", plain}, {"streamed-copy", "none", plain},
+		{"held", "one", withEndpoints}, {"streamed", "one", withEndpoints}, {"streamed-copy", "one", withEndpoints}} {
+		mode, frame := c.mode, c.frame
+		b.Run(mode+"/endpoints="+c.endpoints, func(b *testing.B) {
+			spliceRecords = mode != "streamed-copy"
+			defer func() { spliceRecords = true }()
+			upW, upR := pair(b) // broker → proxy
+			clW, clR := pair(b) // proxy → client
+			defer func() { upW.Close(); upR.Close(); clW.Close(); clR.Close() }()
+			go func() {
+				for range b.N {
+					if _, err := upW.Write(frame); err != nil {
+						return
+					}
+				}
+			}()
+			done := make(chan struct{})
+			go func() {
+				io.Copy(io.Discard, clR) // until clW closes
+				close(done)
+			}()
+			m := newFakeMapper()
+			var size [4]byte
+			b.SetBytes(int64(len(frame)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				head, rest, err := readFrameHead(upR, &size, 1<<30, false)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if mode != "held" {
+					if err := streamFetch(clW, upR, head, rest, m); err != nil {
+						b.Fatal(err)
+					}
+					ReleaseFrame(head)
+					continue
+				}
+				full, err := completeFrame(upR, head, rest)
+				if err != nil {
+					b.Fatal(err)
+				}
+				out, changed, err := rewriteFetch(m, 16, full[9:], full[:9:9])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if changed {
+					binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+				} else {
+					out = full
+				}
+				if _, err := clW.Write(out); err != nil {
+					b.Fatal(err)
+				}
+				ReleaseFrame(full)
+			}
+			clW.Close()
+			<-done
+		})
+	}
+}
