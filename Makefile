@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-pipeline bench-reload bench-scale fuzz clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-pipeline bench-reload bench-scale soak fuzz clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -68,6 +68,10 @@ bench-reload:
 ## bench-scale: 1-3 rtproxy instances sharing routes, changelog restore, repartition hop (docs/BENCHMARKS.md)
 bench-scale:
 	$(GO) run ./test/bench/scale
+
+## soak: 10-minute chaos soak of two routes; nothing lost, RSS bounded (docs/BENCHMARKS.md)
+soak:
+	$(GO) run ./test/bench/soak
 
 ## fuzz: run every fuzz target of FUZZPKGS (default ./...) for FUZZTIME (default 10s) each
 fuzz:
