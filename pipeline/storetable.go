@@ -61,11 +61,15 @@ func (t *storeTable) Lookup(key string) (map[string]any, bool) {
 	})
 	ok := err == nil && found && row != nil
 
-	t.mu.Lock()
-	if t.ver == ver {
-		t.putLocked(key, row, ok)
+	if err == nil {
+		// A read that failed is not remembered as a miss: the next
+		// lookup reads again.
+		t.mu.Lock()
+		if t.ver == ver {
+			t.putLocked(key, row, ok)
+		}
+		t.mu.Unlock()
 	}
-	t.mu.Unlock()
 	return row, ok
 }
 
