@@ -210,7 +210,9 @@ func TestClientTLS(t *testing.T) {
 
 func TestShutdownDrainsInFlight(t *testing.T) {
 	upstream := startKfake(t, "-topics", "quiet:1")
-	tp := startProxy(t, upstream, nil)
+	// The fetch below parks at the broker for 4s, within the grace: long
+	// enough that even a loaded machine closes the listeners first.
+	tp := startProxy(t, upstream, func(c *Config) { c.ShutdownGrace = 10 * time.Second })
 	c, err := net.Dial("tcp", tp.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -242,7 +244,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	defer lc.Close()
 	f := kmsg.NewPtrFetchRequest()
 	f.SetVersion(11)
-	f.MaxWaitMillis, f.MinBytes, f.MaxBytes = 1500, 1, 1<<20
+	f.MaxWaitMillis, f.MinBytes, f.MaxBytes = 4000, 1, 1<<20
 	ft := kmsg.NewFetchRequestTopic()
 	ft.Topic = "quiet"
 	fp := kmsg.NewFetchRequestTopicPartition()
@@ -253,7 +255,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until the proxy has read the fetch and queued it (it is then
-	// parked at the broker for MaxWaitMillis, within the 2s ShutdownGrace),
+	// parked at the broker for MaxWaitMillis, within the 10s ShutdownGrace),
 	// rather than sleeping a fixed time that a loaded machine may not honour.
 	fetches := tp.m.api(int16(kmsg.Fetch)).requests
 	for deadline := time.Now().Add(10 * time.Second); metricValue(t, fetches) < 1; time.Sleep(5 * time.Millisecond) {
@@ -271,7 +273,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	// could never succeed, so a request is sent.) Poll, since stop may take
 	// a moment to close the listener; give up well before the fetch returns.
 	served := false
-	for end := parked.Add(800 * time.Millisecond); ; time.Sleep(20 * time.Millisecond) {
+	for end := parked.Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		c2, err := net.DialTimeout("tcp", tp.Addr(), 200*time.Millisecond)
 		if err != nil {
 			break // refused: not served
