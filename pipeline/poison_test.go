@@ -219,6 +219,33 @@ func TestDeletedSinkIsRecreated(t *testing.T) {
 	}
 }
 
+// A sink the route created stays its own across a reload: the next
+// version recreates it when it is deleted (the soak found it left to wait
+// for someone else, because only the version that created it knew).
+func TestDeletedSinkIsRecreatedAfterReload(t *testing.T) {
+	b := startBroker(t, map[string]int{"rr": 2}, "-auto-create=false")
+	m, _ := runManager(t, b, t.TempDir(), 1, newRouteDef("rr", "v1", "rr", "rr.out"))
+	b.produce(t, jsonRecord("rr", "0", map[string]any{"n": 0}))
+	b.consume(t, "rr.out", 1, 20*time.Second, 0)
+	m.Apply([]*rules.Route{newRouteDef("rr", "v2", "rr", "rr.out")})
+	waitFor(t, 20*time.Second, "v2 running", func() bool {
+		m.mu.Lock()
+		r := m.mu.routes["rr"]
+		m.mu.Unlock()
+		st := m.Routes()
+		return r != nil && r.def.Hash == "v2" && len(st) == 1 && st[0].State == "running"
+	})
+	if _, err := kadm.NewClient(b.client(t)).DeleteTopics(context.Background(), "rr.out"); err != nil {
+		t.Fatal(err)
+	}
+	r := jsonRecord("rr", "1", map[string]any{"n": 1})
+	b.produce(t, r)
+	out := b.consume(t, "rr.out", 1, 30*time.Second, 500*time.Millisecond)
+	if len(out) != 1 || header(out[0], HeaderSource) != srcRef(r) {
+		t.Errorf("the recreated sink holds %d records, want the one written after the delete", len(out))
+	}
+}
+
 // A checkpoint that cannot commit (here: the changelog refuses its
 // records) is retried before the next cut is taken: at most one cut, with
 // its copies of the state, waits in memory (issue 10).

@@ -11,8 +11,10 @@ import (
 // A topic the route writes to can be deleted while it runs (by hand, by a
 // cleanup job). Writes to it then fail as unknown and are retried, offsets
 // holding. The route recreates what is its own: its repartition and
-// changelog topics, and the sink and dead-letter topics it created itself
-// when it started. A sink or dead-letter topic that existed before is
+// changelog topics, and the sink and dead-letter topics that a version of
+// it created (recorded in the state directory with its Kafka state, so a
+// reload or restart keeps them its own). A sink or dead-letter topic that
+// existed before is
 // someone else's to recreate (with their partitions and configs); the route
 // reports it (last_error, rtproxy_pipeline_sink_errors_total) and goes on
 // retrying until it is back.

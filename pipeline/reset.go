@@ -33,6 +33,10 @@ type KafkaState struct {
 	// Source is the source topic the route last ran on: the local
 	// checkpoint's source offsets belong to it.
 	Source string `json:"source,omitempty"`
+	// Created are the sink and dead-letter topics a version of the route
+	// created: the route recreates them when they are deleted, whichever
+	// version runs then (recreate.go). A reset never deletes them.
+	Created []string `json:"created,omitempty"`
 }
 
 // recordKafkaState stores the route's group, internal topics and source
@@ -50,8 +54,23 @@ func (r *route) recordKafkaState() (prevSource string, err error) {
 			if prev.Group == ks.Group {
 				ks.Topics = prev.Topics
 			}
+			ks.Created = prev.Created
 		}
 	}
+	r.recreate.Lock()
+	for t := range r.recreate.created {
+		if !slices.Contains(ks.Created, t) {
+			ks.Created = append(ks.Created, t)
+		}
+	}
+	if r.recreate.created == nil {
+		r.recreate.created = map[string]bool{}
+	}
+	for _, t := range ks.Created {
+		r.recreate.created[t] = true
+	}
+	r.recreate.Unlock()
+	slices.Sort(ks.Created)
 	for _, seg := range r.segs[1:] {
 		for _, t := range []string{seg.topic, seg.changelog} {
 			if !slices.Contains(ks.Topics, t) {

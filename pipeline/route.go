@@ -35,7 +35,7 @@ type route struct {
 	// recreate: topics a write found missing (recreate.go).
 	recreate struct {
 		sync.Mutex
-		created map[string]bool      // sink and dead-letter topics this run created
+		created map[string]bool      // sink and dead-letter topics a version of the route created
 		last    map[string]time.Time // last recreation attempt per topic
 	}
 
