@@ -140,6 +140,9 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("pipeline: open state %s: %w", cfg.StateDir, err)
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, db: db, met: met}
+	// Whatever write finds the store broken (a checkpoint, a final one at a
+	// reload, a drop), the gauge says so at once.
+	db.OnBroken(func(error) { met.stateFailed.Set(1) })
 	m.mu.routes = map[string]*route{}
 	m.mu.stopped = map[string]*rules.Route{}
 	m.mu.ruleErrs = map[string]string{}

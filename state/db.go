@@ -181,6 +181,17 @@ func (db *DB) Close() error {
 // failed (see ErrBroken).
 func (db *DB) Broken() error { return db.fatal.err() }
 
+// OnBroken sets fn to be called once, when the database breaks, whatever
+// was writing then (a checkpoint, a drop, a route's setup, pebble itself).
+// fn must not block or use the database. If it is broken already, fn is
+// called now.
+func (db *DB) OnBroken(fn func(error)) {
+	db.fatal.onBroken.Store(&fn)
+	if err := db.fatal.err(); err != nil {
+		fn(err)
+	}
+}
+
 // route returns the in-memory state of route, loading its last sequence
 // number on first use.
 func (db *DB) route(name string) (*routeState, error) {

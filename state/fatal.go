@@ -31,6 +31,8 @@ type fatalGuard struct {
 	broken atomic.Pointer[error]
 	inside sync.Map // goroutine id -> struct{}: goroutines inside guard
 	parked atomic.Int32
+	// onBroken is called once, when the database breaks (DB.OnBroken).
+	onBroken atomic.Pointer[func(error)]
 }
 
 type fatalPanic struct{ err error }
@@ -47,7 +49,11 @@ func (g *fatalGuard) err() error {
 func (g *fatalGuard) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	err := fmt.Errorf("%w: %s", ErrBroken, msg)
-	g.broken.CompareAndSwap(nil, &err)
+	if g.broken.CompareAndSwap(nil, &err) {
+		if fn := g.onBroken.Load(); fn != nil {
+			(*fn)(err)
+		}
+	}
 	g.log.Error("pebble reported a fatal error; every route with state stops, the proxy goes on",
 		"component", "pebble", "err", msg)
 	if _, ok := g.inside.Load(goid()); ok {

@@ -46,6 +46,8 @@ func TestFatalDiskErrorBreaksTheStoreNotTheProcess(t *testing.T) {
 		t.Fatalf("broken before any error: %v", db.Broken())
 	}
 
+	var told []error
+	db.OnBroken(func(err error) { told = append(told, err) })
 	full.Store(true)
 	err = commit("b")
 	if !errors.Is(err, ErrBroken) {
@@ -56,6 +58,9 @@ func TestFatalDiskErrorBreaksTheStoreNotTheProcess(t *testing.T) {
 	}
 	if !errors.Is(db.Broken(), ErrBroken) {
 		t.Errorf("Broken() = %v after a fatal error", db.Broken())
+	}
+	if len(told) != 1 || !errors.Is(told[0], ErrBroken) {
+		t.Errorf("OnBroken was told %v, want ErrBroken once", told)
 	}
 	if err := db.PutDurable("r", "s", []byte("x")); !errors.Is(err, ErrBroken) {
 		t.Errorf("a later write: %v, want ErrBroken at once", err)
