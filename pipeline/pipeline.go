@@ -90,6 +90,10 @@ type Manager struct {
 		desired  []*rules.Route
 		routes   map[string]*route // running versions, by route name
 		stopped  map[string]*rules.Route
+		// swapping are routes stopping for a new version of their rule
+		// file: /routes shows them (state "reloading") until the new
+		// version has started.
+		swapping map[string]*route
 		ruleErrs map[string]string // by absolute file
 	}
 }
@@ -145,6 +149,7 @@ func New(cfg Config) (*Manager, error) {
 	db.OnBroken(func(error) { met.stateFailed.Set(1) })
 	m.mu.routes = map[string]*route{}
 	m.mu.stopped = map[string]*rules.Route{}
+	m.mu.swapping = map[string]*route{}
 	m.mu.ruleErrs = map[string]string{}
 	return m, nil
 }
@@ -233,6 +238,7 @@ func (m *Manager) reconcile() {
 		if d.Hash != r.def.Hash {
 			stop = append(stop, r)
 			delete(m.mu.routes, name)
+			m.mu.swapping[name] = r
 			start = append(start, d)
 		}
 	}
@@ -256,6 +262,7 @@ func (m *Manager) reconcile() {
 		m.mu.Lock()
 		m.mu.routes[d.Name] = r
 		delete(m.mu.stopped, d.Name)
+		delete(m.mu.swapping, d.Name)
 		m.mu.Unlock()
 		r.start(ctx)
 	}
@@ -351,6 +358,12 @@ func (m *Manager) Routes() []RouteStatus {
 	for _, r := range m.mu.routes {
 		rs = append(rs, r)
 	}
+	var swapping []*route
+	for name, r := range m.mu.swapping {
+		if m.mu.routes[name] == nil {
+			swapping = append(swapping, r)
+		}
+	}
 	var out []RouteStatus
 	seenFile := map[string]bool{}
 	for _, d := range m.mu.stopped {
@@ -361,6 +374,11 @@ func (m *Manager) Routes() []RouteStatus {
 	m.mu.Unlock()
 	for _, r := range rs {
 		out = append(out, r.status())
+	}
+	for _, r := range swapping {
+		st := r.status()
+		st.State = "reloading"
+		out = append(out, st)
 	}
 	for i := range out {
 		seenFile[out[i].File] = true

@@ -319,3 +319,38 @@ func stopGivesUp(t *testing.T, removeRestore bool) {
 		return len(st) == 1 && st[0].State == "running"
 	})
 }
+
+// TestReloadingRouteStaysInRoutes: while a route stops for a new version
+// of its rule file (slowly here: the brokers are down, so its final
+// commit waits), /routes still lists it, as "reloading". It used to
+// vanish for up to the stop timeout (found by make soak).
+func TestReloadingRouteStaysInRoutes(t *testing.T) {
+	b := startBroker(t, map[string]int{"rl": 1})
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 1, StopTimeout: 2 * time.Second},
+		newRouteDef("rl", "v1", "rl", "rl.out"))
+	b.produce(t, jsonRecord("rl", "0", map[string]any{"n": 0}))
+	b.consume(t, "rl.out", 1, 20*time.Second, 0)
+	b.cmd.Process.Kill()
+	b.cmd.Wait()
+
+	applied := make(chan struct{})
+	go func() { m.Apply([]*rules.Route{newRouteDef("rl", "v2", "rl", "rl.out")}); close(applied) }()
+	saw := false
+	for !saw {
+		select {
+		case <-applied:
+			t.Fatal("the swap finished before /routes was seen during it")
+		default:
+		}
+		for _, st := range m.Routes() {
+			if st.Name == "rl" && st.State == "reloading" {
+				saw = true
+			}
+		}
+		if len(m.Routes()) == 0 {
+			t.Fatal("/routes is empty while the route reloads")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	<-applied
+}
