@@ -349,3 +349,49 @@ func TestRefusedDeadLetterKeepsItsReason(t *testing.T) {
 			header(d, HeaderReason), header(d, HeaderSource), len(d.Value), header(d, HeaderError), srcRef(bad))
 	}
 }
+
+// TestTableCatchUpOutlivesSetupDeadline: a topic table's catch-up has no
+// setup deadline. Here it must wait past a transaction left open on the
+// table topic for three times the setup timeout; the route starts once it
+// ends, in its first setup, never failing it and retrying (issue 10).
+func TestTableCatchUpOutlivesSetupDeadline(t *testing.T) {
+	b := startBroker(t, map[string]int{"tc": 1, "tct": 1})
+	txn := b.client(t, kgo.TransactionalID("rtproxy-test-catchup"))
+	ctx := context.Background()
+	if err := txn.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := txn.ProduceSync(ctx, &kgo.Record{Topic: "tct", Key: []byte("m1"), Value: []byte(`{"name":"one"}`)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	def := newRouteDef("tc", "v1", "tc", "tc.out", joinStep(t, 0, "shops", "value.m", "shop", operators.MissingDeadLetter),
+		setStep(t, 1, [][2]string{{"name", "shop.name"}}, "shop"))
+	def.Tables = map[string]rules.TableSpec{"shops": {Name: "shops", Topic: "tct"}}
+	const setup = time.Second
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 1, SetupTimeout: setup}, def)
+	b.produce(t, jsonRecord("tc", "m1", map[string]any{"m": "m1"}))
+	waitFor(t, 10*time.Second, "the route starting", func() bool {
+		st := m.Routes()
+		return len(st) == 1 && st[0].State == "starting"
+	})
+	m.mu.Lock()
+	r := m.mu.routes["tc"]
+	m.mu.Unlock()
+	held := time.Now()
+	for time.Since(held) < 3*setup {
+		if st := m.Routes(); len(st) != 1 || st[0].State != "starting" {
+			t.Fatalf("while the table waits for the open transaction: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := txn.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	out := b.consume(t, "tc.out", 1, 30*time.Second, 0)
+	if string(out[0].Value) != `{"m":"m1","name":"one"}` {
+		t.Errorf("sink %s, want m1 joined with the row committed late", out[0].Value)
+	}
+	if n := r.setupAttempts.Load(); n != 1 {
+		t.Errorf("%d setup attempts, want 1: the catch-up ran into the setup deadline", n)
+	}
+}
