@@ -106,9 +106,6 @@ func (a *Args) Set(key string, v any, written bool) {
 	}
 }
 
-// Value is key's value as Set, or nil.
-func (a *Args) Value(key string) any { return a.vals[key] }
-
 // Written reports whether the rule file wrote key.
 func (a *Args) Written(key string) bool { return a.written[key] }
 
@@ -228,19 +225,6 @@ func StepKinds() []string {
 		out[i] = s.Kind
 	}
 	return out
-}
-
-// Key is the key called name, or nil.
-func (s *Spec) Key(name string) *Key {
-	if s.Body != nil && s.Body.Name == name {
-		return s.Body
-	}
-	for i := range s.Keys {
-		if s.Keys[i].Name == name {
-			return &s.Keys[i]
-		}
-	}
-	return nil
 }
 
 // KeyNames are the names of the keys of a mapping step, in declared order.

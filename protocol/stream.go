@@ -140,11 +140,11 @@ func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) 
 	w.take(4) // correlation id
 	w.tags()  // response header tags (flexible)
 	w.take(4 + 2 + 4)
-	for t := w.arrayLen(); t > 0 && w.err == nil; t-- {
+	for t := w.compactLen(); t > 0 && w.err == nil; t-- {
 		w.take(16) // topic id
-		for p := w.arrayLen(); p > 0 && w.err == nil; p-- {
+		for p := w.compactLen(); p > 0 && w.err == nil; p-- {
 			w.take(4 + 2 + 8 + 8 + 8)
-			for a := w.arrayLen(); a > 0 && w.err == nil; a-- {
+			for a := w.compactLen(); a > 0 && w.err == nil; a-- {
 				w.take(16)
 				w.tags()
 			}
@@ -316,9 +316,6 @@ func (t *tee) compactLen() int {
 	}
 	return int(v - 1)
 }
-
-// arrayLen is compactLen for an array, whose elements take a byte at least.
-func (t *tee) arrayLen() int { return t.compactLen() }
 
 func (t *tee) tags() {
 	for n := t.uvarint(); n > 0 && t.err == nil; n-- {

@@ -30,7 +30,6 @@ type fatalGuard struct {
 	log    *slog.Logger
 	broken atomic.Pointer[error]
 	inside sync.Map // goroutine id -> struct{}: goroutines inside guard
-	parked atomic.Int32
 	// onBroken is called once, when the database breaks (DB.OnBroken).
 	onBroken atomic.Pointer[func(error)]
 }
@@ -59,7 +58,6 @@ func (g *fatalGuard) Fatalf(format string, args ...any) {
 	if _, ok := g.inside.Load(goid()); ok {
 		panic(fatalPanic{err})
 	}
-	g.parked.Add(1)
 	select {}
 }
 
