@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -109,6 +110,9 @@ func poisonErr(err error) bool {
 
 // retryQueue holds the writes waiting to be retried, by topic.
 type retryQueue struct {
+	// active counts the topics in topics: while it is 0, which is almost
+	// always, send goes straight to kgo without taking mu.
+	active atomic.Int32
 	mu     sync.Mutex
 	topics map[string]*retryTopic
 }
@@ -127,6 +131,10 @@ type pendingWrite struct {
 
 // send hands kr to kgo, or queues it behind the topic's retries.
 func (r *route) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	if r.retries.active.Load() == 0 {
+		r.cl.Produce(r.prodCtx, kr, cb)
+		return
+	}
 	r.retries.mu.Lock()
 	if t := r.retries.topics[kr.Topic]; t != nil {
 		t.pending = append(t.pending, pendingWrite{kr, cb})
@@ -150,6 +158,7 @@ func (r *route) retryLater(got *kgo.Record, cb func(*kgo.Record, error)) {
 	if t == nil {
 		t = &retryTopic{}
 		r.retries.topics[got.Topic] = t
+		r.retries.active.Add(1)
 		go r.retryLoop(got.Topic, t)
 	}
 	t.failed = append(t.failed, w)
@@ -182,6 +191,7 @@ func (r *route) retryLoop(topic string, t *retryTopic) {
 		t.failed, t.pending = nil, nil
 		if r.prodCtx.Err() != nil {
 			delete(r.retries.topics, topic)
+			r.retries.active.Add(-1)
 			r.retries.mu.Unlock()
 			for _, w := range batch {
 				w.cb(w.kr, r.prodCtx.Err())
@@ -223,6 +233,7 @@ func (r *route) retryLoop(topic string, t *retryTopic) {
 		}
 		if len(t.failed) == 0 && len(t.pending) == 0 {
 			delete(r.retries.topics, topic)
+			r.retries.active.Add(-1)
 			r.retries.mu.Unlock()
 			return
 		}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/state"
 )
 
@@ -74,5 +76,57 @@ func TestStoreTable(t *testing.T) {
 	}
 	if _, ok := newStoreTable(rows, 3).Lookup("s1"); ok {
 		t.Error("a row survived Reset")
+	}
+}
+
+// BenchmarkTableLookup is the join's per-record lookup: a file table
+// (operators.MapTable, in the heap) against a topic table (storeTable),
+// its rows in the LRU cache and, with more rows than the cache holds, read
+// back from pebble. Parallel, as tasks look up concurrently:
+//
+//	go test -run '^$' -bench BenchmarkTableLookup -benchmem ./pipeline
+func BenchmarkTableLookup(b *testing.B) {
+	db, err := state.Open(b.TempDir(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	const rowsN = 100000
+	keys := make([]string, rowsN)
+	mt := operators.NewMapTable()
+	rows := db.Rows("r", "t")
+	st := newStoreTable(rows, tableCacheRows)
+	var recs []*kgo.Record
+	for i := range rowsN {
+		keys[i] = fmt.Sprint("k", i)
+		v := fmt.Sprintf(`{"id":%d,"name":"merchant %d","avg":%d.5,"country":"FR"}`, i, i, i%100)
+		row, _ := jsoncodec.Decode([]byte(v))
+		mt.Set(keys[i], row.(map[string]any))
+		recs = append(recs, &kgo.Record{Key: []byte(keys[i]), Value: []byte(v)})
+	}
+	if err := st.apply(recs, func(*kgo.Record, error) {}); err != nil {
+		b.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		t    operators.Table
+		n    int // distinct keys looked up
+	}{
+		{"map/hot1000", mt, 1000},
+		{"store/hot1000", st, 1000},
+		{"store/all100k", st, rowsN}, // beyond the 65,536-row cache: pebble reads
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				i := 0
+				for pb.Next() {
+					if _, ok := c.t.Lookup(keys[(i*7919)%c.n]); !ok {
+						b.Fatal("missing row")
+					}
+					i++
+				}
+			})
+		})
 	}
 }
