@@ -20,25 +20,12 @@ package operators
 import (
 	"fmt"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
-
-// payment is a payment-like JSON object of exactly 1024 bytes. The txn id
-// sits at a fixed offset (txnAt) so benchmarks can stamp distinct ids into
-// a copy without formatting a whole record.
-func payment(i int) []byte {
-	s := fmt.Sprintf(`{"txn_id":"txn-%08d","user_id":"user-%05d","merchant_id":"m-%05d","amount":%d.%02d,"currency":"EUR","status":"settled","ts":%d,"card":{"bin":"424242","last4":"%04d","brand":"visa","country":"DE","expiry":"12/29"},"device":{"id":"dev-%08x","os":"android","version":"14.2.1","ip":"10.%d.%d.%d","user_agent":"Mozilla/5.0 (Linux; Android 14; Pixel 8) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/120.0 Mobile Safari/537.36"},"shipping":{"name":"Erika Mustermann","street":"Heidestrasse 17","city":"Koeln","zip":"51147","country":"DE"},"items":[{"sku":"sku-1001","qty":1,"price":19.99},{"sku":"sku-2002","qty":2,"price":5.5},{"sku":"sku-3003","qty":1,"price":42}],"risk":{"score":0.137,"rules":["velocity","geo","bin"],"reviewed":false},"tags":["online","recurring","eu"],"note":"`,
-		i%100000000, i%10000, i%100000, i%500, i%100, 1700000000000+int64(i)*7, i%10000, i, i%256, (i/256)%256, i%200)
-	b := []byte(s)
-	for len(b) < 1022 {
-		b = append(b, 'x')
-	}
-	return append(b, '"', '}')
-}
 
 // Offsets of the fixed-width ids in a payment: benchmarks stamp distinct
 // ids into one buffer instead of keeping 100k payloads (or, worse, 100k
@@ -135,34 +122,6 @@ func mustExpr(b *testing.B, src string, bound ...string) *Expr {
 	return e
 }
 
-// cpuNow is the CPU time this process has used. On a shared machine the
-// wall clock of a benchmark includes the time the scheduler gave other
-// processes; with -cpu 1 the process CPU time (GC included) is the honest
-// per-core cost, so benchmarks report both.
-func cpuNow() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// recPerSec reports records per second of wall clock (rec/s) and of CPU
-// time (cpu-rec/s, and cpu-ns/op); cpu0 is cpuNow() taken after setup.
-func recPerSec(b *testing.B, cpu0 time.Duration) {
-	cpu := cpuNow() - cpu0
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "rec/s")
-	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
-	b.ReportMetric(float64(b.N)/cpu.Seconds(), "cpu-rec/s")
-}
-
-// inputs are distinct payment payloads the benchmarks cycle through.
-func inputs(n int) [][]byte {
-	out := make([][]byte, n)
-	for i := range out {
-		out[i] = payment(i)
-	}
-	return out
-}
-
 func decodeAll(b *testing.B, in [][]byte) []any {
 	out := make([]any, len(in))
 	for i, p := range in {
@@ -187,14 +146,14 @@ func BenchmarkChainFilterSetMap(b *testing.B) {
 			{Name: "merchant", Expr: mustExpr(b, "value.merchant_id")},
 		}),
 	}
-	in := inputs(4096)
+	in := benchkit.Inputs(4096)
 	b.Run("json", func(b *testing.B) {
 		sink := &encodeSink{}
 		c := &chain{steps: steps, next: sink}
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
-		cpu0 := cpuNow()
+		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			raw := in[i%len(in)]
 			i++
@@ -204,7 +163,7 @@ func BenchmarkChainFilterSetMap(b *testing.B) {
 			}
 			c.run(&Record{Key: raw[txnAt : txnAt+8], Value: v, Raw: raw})
 		}
-		recPerSec(b, cpu0)
+		benchkit.RecPerSec(b, cpu0)
 		if sink.n == 0 || sink.dead != 0 {
 			b.Fatalf("emitted %d, dead %d", sink.n, sink.dead)
 		}
@@ -215,14 +174,14 @@ func BenchmarkChainFilterSetMap(b *testing.B) {
 		c := &chain{steps: steps, next: sink}
 		b.ReportAllocs()
 		i := 0
-		cpu0 := cpuNow()
+		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			// set writes "risk_adj" into the shared decoded object; it is the
 			// same key every time, and map never touches the input.
 			c.run(&Record{Value: vals[i%len(vals)]})
 			i++
 		}
-		recPerSec(b, cpu0)
+		benchkit.RecPerSec(b, cpu0)
 		if sink.n == 0 || sink.dead != 0 {
 			b.Fatalf("emitted %d, dead %d", sink.n, sink.dead)
 		}
@@ -233,7 +192,7 @@ func BenchmarkChainFilterSetMap(b *testing.B) {
 // forwards the received bytes (Record.ValueBytes) instead of encoding.
 func BenchmarkFilter(b *testing.B) {
 	f := NewFilter(mustExpr(b, `value.amount > 0 && value.status != "test"`))
-	in := inputs(4096)
+	in := benchkit.Inputs(4096)
 	passes := make([]bool, len(in)) // amount is 0.00 for every 500th input
 	for i, v := range decodeAll(b, in) {
 		passes[i] = v.(map[string]any)["amount"].(float64) > 0
@@ -245,7 +204,7 @@ func BenchmarkFilter(b *testing.B) {
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i, want := 0, 0
-		cpu0 := cpuNow()
+		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			raw := in[i%len(in)]
 			if passes[i%len(in)] {
@@ -266,7 +225,7 @@ func BenchmarkFilter(b *testing.B) {
 			}
 			f.Process(r, sink)
 		}
-		recPerSec(b, cpu0)
+		benchkit.RecPerSec(b, cpu0)
 		if n, dead := sink.counts(); n != want || dead != 0 {
 			b.Fatalf("passed %d of %d, want %d, dead %d", n, b.N, want, dead)
 		}
@@ -287,8 +246,8 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 	}
 	run := func(b *testing.B, decode bool) {
 		w := NewWindow(spec)
-		in := inputs(4096)
-		tmpl, _ := jsoncodec.Decode(payment(0))
+		in := benchkit.Inputs(4096)
+		tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
 		users := make([]string, 10000)
 		for k := range users {
 			users[k] = fmt.Sprintf("user-%05d", k)
@@ -297,7 +256,7 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
-		cpu0 := cpuNow()
+		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			k := i % 10000 // user_id cycles through 10k keys
 			// 1000 records per second of event time: a one-minute window
@@ -326,7 +285,7 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 			}
 			i++
 		}
-		recPerSec(b, cpu0)
+		benchkit.RecPerSec(b, cpu0)
 		if sink.dead != 0 {
 			b.Fatalf("dead %d", sink.dead)
 		}
@@ -349,9 +308,9 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 		d.Process(&Record{Value: fill, EventTime: -1}, &countSink{})
 	}
 	next := 0 // ids already used by an earlier run of a variant
-	in := inputs(4096)
+	in := benchkit.Inputs(4096)
 	run := func(b *testing.B, mode string) {
-		v, _ := jsoncodec.Decode(payment(0))
+		v, _ := jsoncodec.Decode(benchkit.Payment(0))
 		tmpl := v.(map[string]any)
 		var sink interface {
 			Emitter
@@ -368,7 +327,7 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
-		cpu0 := cpuNow()
+		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			k := next + i
 			raw := in[i%len(in)]
@@ -397,7 +356,7 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 			d.Process(r, sink)
 			i++
 		}
-		recPerSec(b, cpu0)
+		benchkit.RecPerSec(b, cpu0)
 		next += b.N
 		if n, dead := sink.counts(); n != b.N || dead != 0 {
 			b.Fatalf("passed %d, want %d (dead %d)", n, b.N, dead)
@@ -422,13 +381,13 @@ func BenchmarkJoin100kRows(b *testing.B) {
 	for k := range ids {
 		ids[k] = fmt.Sprintf("m-%05d", k)
 	}
-	in := inputs(4096)
+	in := benchkit.Inputs(4096)
 	b.Run("json", func(b *testing.B) {
 		sink := &encodeSink{}
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
-		cpu0 := cpuNow()
+		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			raw := in[i%len(in)]
 			stamp(raw, merchantAt, 5, i%100_000) // every row in turn
@@ -439,7 +398,7 @@ func BenchmarkJoin100kRows(b *testing.B) {
 			j.Process(&Record{Value: v}, sink)
 			i++
 		}
-		recPerSec(b, cpu0)
+		benchkit.RecPerSec(b, cpu0)
 		if sink.n != b.N {
 			b.Fatalf("joined %d of %d", sink.n, b.N)
 		}
@@ -449,7 +408,7 @@ func BenchmarkJoin100kRows(b *testing.B) {
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
-		cpu0 := cpuNow()
+		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			raw := in[i%len(in)]
 			stamp(raw, merchantAt, 5, i%100_000)
@@ -460,24 +419,24 @@ func BenchmarkJoin100kRows(b *testing.B) {
 			j.Process(r, sink)
 			i++
 		}
-		recPerSec(b, cpu0)
+		benchkit.RecPerSec(b, cpu0)
 		if sink.n != b.N || sink.forwarded != b.N {
 			b.Fatalf("joined %d, forwarded %d of %d", sink.n, sink.forwarded, b.N)
 		}
 	})
 	b.Run("op", func(b *testing.B) {
-		tmpl, _ := jsoncodec.Decode(payment(0))
+		tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
 		m := tmpl.(map[string]any)
 		sink := &countSink{}
 		b.ReportAllocs()
 		i := 0
-		cpu0 := cpuNow()
+		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			m["merchant_id"] = ids[i%len(ids)]
 			j.Process(&Record{Value: m}, sink)
 			i++
 		}
-		recPerSec(b, cpu0)
+		benchkit.RecPerSec(b, cpu0)
 		if sink.n != b.N {
 			b.Fatalf("joined %d of %d", sink.n, b.N)
 		}
@@ -486,9 +445,9 @@ func BenchmarkJoin100kRows(b *testing.B) {
 
 func TestPaymentIs1KiB(t *testing.T) {
 	for _, i := range []int{0, 7, 99_999_999} {
-		p := payment(i)
+		p := benchkit.Payment(i)
 		if len(p) != 1024 {
-			t.Fatalf("payment(%d) is %d bytes", i, len(p))
+			t.Fatalf("benchkit.Payment(%d) is %d bytes", i, len(p))
 		}
 		stampTxn(p, 12345678)
 		v, err := jsoncodec.Decode(p)
