@@ -105,6 +105,7 @@ func (t *storeTable) apply(recs []*kgo.Record, skipped func(*kgo.Record, error))
 		key := string(rec.Key)
 		if rec.Value == nil {
 			if err := b.Delete(rec.Key); err != nil {
+				b.Close()
 				return err
 			}
 			changes = append(changes, change{key: key})
@@ -121,12 +122,13 @@ func (t *storeTable) apply(recs []*kgo.Record, skipped func(*kgo.Record, error))
 			continue
 		}
 		if err := b.Set(rec.Key, rec.Value); err != nil {
+			b.Close()
 			return err
 		}
 		changes = append(changes, change{key, row})
 	}
 	if b.Len() == 0 {
-		b.Commit() // releases the batch; nothing to write
+		b.Close()
 		return nil
 	}
 	if err := b.Commit(); err != nil {

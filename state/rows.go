@@ -79,6 +79,9 @@ func (b *RowBatch) Delete(key []byte) error { return b.b.Delete(b.t.key(key), ni
 // Len is the number of writes in the batch.
 func (b *RowBatch) Len() int { return int(b.b.Count()) }
 
+// Close releases a batch without applying it.
+func (b *RowBatch) Close() { b.b.Close() }
+
 // Commit applies the batch (unsynced) and releases it.
 func (b *RowBatch) Commit() error {
 	defer b.b.Close()
