@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // ErrBroken is returned by every write once pebble has reported a fatal
@@ -32,6 +33,10 @@ type fatalGuard struct {
 	inside sync.Map // goroutine id -> struct{}: goroutines inside guard
 	// onBroken is called once, when the database breaks (DB.OnBroken).
 	onBroken atomic.Pointer[func(error)]
+
+	infoMu      sync.Mutex
+	infoLast    map[string]time.Time // format -> when last logged
+	infoSkipped map[string]int       // format -> repeats left out since
 }
 
 type fatalPanic struct{ err error }
@@ -61,10 +66,33 @@ func (g *fatalGuard) Fatalf(format string, args ...any) {
 	select {}
 }
 
-// Infof implements pebble's Logger.
+// Infof implements pebble's Logger. A line pebble repeats (a background
+// error retried on a full disk: hundreds a second) is logged at most once
+// per infoEvery, with how many were left out.
 func (g *fatalGuard) Infof(format string, args ...any) {
+	now := time.Now()
+	g.infoMu.Lock()
+	if g.infoLast == nil {
+		g.infoLast = map[string]time.Time{}
+		g.infoSkipped = map[string]int{}
+	}
+	if now.Sub(g.infoLast[format]) < infoEvery {
+		g.infoSkipped[format]++
+		g.infoMu.Unlock()
+		return
+	}
+	skipped := g.infoSkipped[format]
+	g.infoLast[format], g.infoSkipped[format] = now, 0
+	g.infoMu.Unlock()
+	if skipped > 0 {
+		g.log.Info(fmt.Sprintf(format, args...), "component", "pebble", "repeats_left_out", skipped)
+		return
+	}
 	g.log.Info(fmt.Sprintf(format, args...), "component", "pebble")
 }
+
+// infoEvery is how often one pebble log line (by its format) is logged.
+const infoEvery = 10 * time.Second
 
 // guard runs op, one pebble write, returning ErrBroken if the database is
 // broken or breaks during op.

@@ -1,11 +1,14 @@
 package state
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/vfs"
 	"github.com/cockroachdb/pebble/vfs/errorfs"
@@ -71,5 +74,27 @@ func TestFatalDiskErrorBreaksTheStoreNotTheProcess(t *testing.T) {
 	}
 	if err := db.Close(); !errors.Is(err, ErrBroken) {
 		t.Errorf("Close: %v, want ErrBroken (pebble is not closed, it could hang)", err)
+	}
+}
+
+// TestPebbleInfoRepeatsRateLimited: a line pebble repeats (a background
+// error retried on a full disk, hundreds a second) is logged once per
+// infoEvery, the next time with how many were left out; other lines are
+// not held back by it (found by make soak: 800 lines per fill).
+func TestPebbleInfoRepeatsRateLimited(t *testing.T) {
+	var buf bytes.Buffer
+	g := &fatalGuard{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	for i := range 500 {
+		g.Infof("background error: %d", i)
+	}
+	g.Infof("flushed %d", 1)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "background error: 0") || !strings.Contains(lines[1], "flushed 1") {
+		t.Fatalf("logged:\n%s", buf.String())
+	}
+	g.infoLast["background error: %d"] = time.Now().Add(-infoEvery)
+	g.Infof("background error: %d", 500)
+	if last := buf.String(); !strings.Contains(last, "background error: 500") || !strings.Contains(last, "repeats_left_out=499") {
+		t.Fatalf("after the interval:\n%s", last)
 	}
 }
