@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -22,7 +23,7 @@ import (
 // wait for each other instead, and every consumer still gets every
 // record, byte for byte (issue 10).
 func TestHeldBytesBounded(t *testing.T) {
-	const budget = 512 << 10
+	const budget = 64 << 10 // under any held frame (> streamAbove): two at once must wait
 	upstream := startKfake(t, "-topics", "held:2")
 	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = budget })
 	tp.holdFetches = true // the held path; streaming has TestFetchStreams
@@ -174,4 +175,45 @@ func skipResponseHeaderTags(payload []byte) []byte {
 	s.skip(4)
 	s.tags()
 	return payload[s.off:]
+}
+
+// TestHeldBudgetWaits: the budget itself, without sockets: a frame waits
+// while the bytes are taken and goes on once they are given back; one
+// larger than the whole budget takes all of it; a closed connection stops
+// the wait.
+func TestHeldBudgetWaits(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &heldBudget{max: 100, gauge: m.heldBytes, waits: m.heldWaits}
+	first, ok := b.acquire(1000, nil) // larger than the budget: all of it
+	if !ok || first != 100 {
+		t.Fatalf("acquire(1000) took %d", first)
+	}
+	got := make(chan int64)
+	go func() { n, _ := b.acquire(30, nil); got <- n }()
+	select {
+	case n := <-got:
+		t.Fatalf("a second frame took %d bytes while the budget was used up", n)
+	case <-time.After(100 * time.Millisecond):
+	}
+	b.release(first)
+	if n := <-got; n != 30 {
+		t.Fatalf("after the release it took %d, want 30", n)
+	}
+	if w := metricValue(t, m.heldWaits); w != 1 {
+		t.Errorf("held_waits_total = %v, want 1", w)
+	}
+	done := make(chan struct{})
+	aborted := make(chan bool)
+	go func() { _, ok := b.acquire(80, done); aborted <- !ok }()
+	close(done)
+	if !<-aborted {
+		t.Error("a wait did not end when its connection closed")
+	}
+	if h := metricValue(t, m.heldBytes); h != 30 || b.peakBytes() != 100 {
+		t.Errorf("held_bytes = %v, peak %d; want 30 and 100", h, b.peakBytes())
+	}
 }
