@@ -113,8 +113,11 @@ func (r *route) clTombstone(t *task, tag byte, key []byte) *kgo.Record {
 // logChanges writes what the cut changed in each keyed task's state to the
 // task's changelog partition and waits for the acknowledgement; it then
 // sets each keyed task's changelog end in the cut's offsets. Snapshots are
-// logged as a diff against what the changelog already holds.
-func (r *route) logChanges(c *cutPoint) error {
+// logged as a diff against what the changelog already holds. The tasks
+// learn what was logged (their diff base and changelog end) when the
+// returned apply runs: at once for an at-least-once route, once the
+// transaction committed for an exactly-once one.
+func (r *route) logChanges(c *cutPoint) (apply func(), err error) {
 	byName := map[string]*task{}
 	for _, t := range c.tasks {
 		if t.seg.idx > 0 {
@@ -122,10 +125,10 @@ func (r *route) logChanges(c *cutPoint) error {
 		}
 	}
 	if len(byName) == 0 {
-		return nil
+		return func() {}, nil
 	}
 	var recs []*kgo.Record
-	err := c.frozen.EachWrite(func(step string, key, val []byte, del bool) error {
+	err = c.frozen.EachWrite(func(step string, key, val []byte, del bool) error {
 		t := byName[step]
 		if t == nil {
 			return nil
@@ -138,7 +141,7 @@ func (r *route) logChanges(c *cutPoint) error {
 		return nil
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	next := map[*task]map[string]uint64{}
 	for _, t := range byName {
@@ -169,14 +172,17 @@ func (r *route) logChanges(c *cutPoint) error {
 	}
 	ends, err := r.produceChangelog(recs)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	for t, cur := range next {
-		t.prevSnap = cur
-		t.clEnd = max(t.clEnd, ends[t.seg.changelog][t.part])
-		c.offs[changelogID(t.seg.idx, t.part)] = t.clEnd
+	for t := range next {
+		c.offs[changelogID(t.seg.idx, t.part)] = max(t.clEnd, ends[t.seg.changelog][t.part])
 	}
-	return nil
+	return func() {
+		for t, cur := range next {
+			t.prevSnap = cur
+			t.clEnd = c.offs[changelogID(t.seg.idx, t.part)]
+		}
+	}, nil
 }
 
 // produceChangelog writes recs and waits for every acknowledgement. It
@@ -186,7 +192,13 @@ func (r *route) produceChangelog(recs []*kgo.Record) (map[string]map[int32]int64
 	if len(recs) == 0 {
 		return ends, nil
 	}
-	for _, res := range r.logCl.ProduceSync(r.prodCtx, recs...) {
+	cl := r.logCl
+	if r.txn.on {
+		// In the checkpoint's transaction.
+		cl = r.cl
+		r.txn.produced.Add(int64(len(recs)))
+	}
+	for _, res := range cl.ProduceSync(r.prodCtx, recs...) {
 		if res.Err != nil {
 			return nil, fmt.Errorf("changelog %s[%d]: %w", res.Record.Topic, res.Record.Partition, res.Err)
 		}
@@ -322,7 +334,10 @@ func (r *route) restoreFromChangelog(ctx context.Context, t *task, bound int64) 
 		base := append([]kgo.Opt{kgo.SeedBrokers(r.m.cfg.Seeds...)}, r.m.cfg.ClientOpts...)
 		cl, err := kgo.NewClient(append(base,
 			kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: {t.part: kgo.NewOffset().AtStart()}}),
-			kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(64<<20))...)
+			kgo.FetchMaxBytes(64<<20), kgo.FetchMaxPartitionBytes(64<<20),
+			// What an aborted transaction wrote is not state; commit and
+			// abort markers come back so the read reaches the end.
+			kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())...)
 		if err != nil {
 			return err
 		}
@@ -340,7 +355,7 @@ func (r *route) restoreFromChangelog(ctx context.Context, t *task, bound int64) 
 			}
 			fs.EachRecord(func(rec *kgo.Record) {
 				next = max(next, rec.Offset+1)
-				if rec.Offset >= end || len(rec.Key) == 0 {
+				if rec.Offset >= end || len(rec.Key) == 0 || rec.Attrs.IsControl() {
 					return
 				}
 				val, live := clValue(rec)

@@ -30,6 +30,12 @@ func (r *route) checkpointLoop() {
 			return
 		case <-t.C:
 		}
+		if r.txn.on {
+			if !r.checkpointTxn() {
+				return
+			}
+			continue
+		}
 		r.cpMu.Lock()
 		if len(r.pendingCuts) > 0 {
 			// The last commit failed (brokers refused the changelog, the
@@ -73,6 +79,43 @@ func (r *route) checkpointLoop() {
 	}
 }
 
+// checkpointTxn takes a cut of an exactly-once route and commits it as
+// one transaction, with dispatch paused throughout (txn.go); a failed
+// transaction sends every task back to the last commit. It returns false
+// once the checkpoint loop should end.
+func (r *route) checkpointTxn() bool {
+	r.cpMu.Lock()
+	defer r.cpMu.Unlock()
+	r.cut.Lock()
+	defer r.cut.Unlock()
+	if r.halted {
+		return false
+	}
+	paused := time.Now()
+	c, err := r.takeCutLocked()
+	if err == nil {
+		r.pendingCuts = append(r.pendingCuts, c)
+		err = r.commitCuts(0, r.stopping)
+	}
+	r.notePause(time.Since(paused))
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, errStopping):
+		return false // the stop commits the pending cut with its own
+	case errors.Is(err, state.ErrBroken):
+		r.stateFailed(err)
+		return false
+	}
+	r.noteError(fmt.Errorf("checkpoint: %w", err))
+	if r.txnState() == "failed" {
+		r.resetFailed(err)
+	} else {
+		r.resetTasks()
+	}
+	return true
+}
+
 // stateFailed stops a route whose checkpoint found the state store broken
 // (a full or failing disk; state.ErrBroken): it cannot commit again in
 // this process. It leaves its group, so the other instances running the
@@ -94,6 +137,9 @@ type cutPoint struct {
 	snaps  map[string]*memSnapshot
 	tasks  []*task
 	epoch  int64
+	// wms: each timed keyed task's watermark as of the cut (exactly-once
+	// routes go back to it after an abort).
+	wms map[int32]*watermark
 }
 
 var errStopping = errors.New("route stopping")
@@ -126,6 +172,14 @@ func (r *route) takeCutLocked() (*cutPoint, error) {
 			return nil, err
 		}
 		c.snaps[t.inboxName] = t.inboxSnapshot()
+		if r.txn.on && t.seg.timed {
+			if c.wms == nil {
+				c.wms = map[int32]*watermark{}
+			}
+			w := &watermark{}
+			w.copyFrom(&t.wm)
+			c.wms[t.id] = w
+		}
 	}
 	f, err := r.m.db.Freeze(r.name)
 	if err != nil {
@@ -143,6 +197,9 @@ func (r *route) takeCutLocked() (*cutPoint, error) {
 // acknowledged: changelog, then pebble, then the group. limit bounds the
 // wait (0: none); abort ends it early.
 func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
+	if r.txn.on {
+		return r.commitTxnCuts(limit, abort)
+	}
 	for len(r.pendingCuts) > 0 {
 		c := r.pendingCuts[0]
 		if err := r.waitEpoch(c.epoch, limit, abort); err != nil {
@@ -152,9 +209,11 @@ func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 			// Outputs were dropped unacknowledged: committing would skip them.
 			return errors.New("outputs abandoned at stop")
 		}
-		if err := r.logChanges(c); err != nil {
+		apply, err := r.logChanges(c)
+		if err != nil {
 			return err
 		}
+		apply()
 		snaps := make(map[string]func(state.Writer) error, len(c.snaps))
 		for name, ms := range c.snaps {
 			snaps[name] = ms.writeTo

@@ -33,6 +33,9 @@ func checkDefinition(d *rules.Route) error {
 	if d.Sink.Topic == "" {
 		bad("sink.topic is empty")
 	}
+	if d.Sink.Delivery != rules.DeliveryAtLeastOnce && d.Sink.Delivery != rules.DeliveryExactlyOnce {
+		bad("sink.delivery %q is neither %s nor %s", d.Sink.Delivery, rules.DeliveryAtLeastOnce, rules.DeliveryExactlyOnce)
+	}
 	if d.DeadLetter == "" {
 		bad("dead_letter is empty")
 	}

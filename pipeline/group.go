@@ -312,7 +312,7 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 // keyed task's steps are built later by prepareState, once its state is
 // in place.
 func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
-	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos,
+	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos, base: pos,
 		ch: make(chan []*kgo.Record, 16), stop: make(chan struct{}), done: make(chan struct{})}
 	if seg.idx == 0 {
 		t.label = partLabel(p)
@@ -371,7 +371,9 @@ func (r *route) buildTaskChain(t *task) error {
 		return fmt.Errorf("inbox: %w", err)
 	}
 	t.jwm = minWatermark
-	if cl, ok := c.steps[0].(closer); ok && t.seg.next == nil {
+	// An exactly-once route keeps no close journal: rows of windows closed
+	// after the last commit were never visible, and are emitted again.
+	if cl, ok := c.steps[0].(closer); ok && t.seg.next == nil && !r.txn.on {
 		t.journal, t.closer, t.applied = t.stepName, cl, map[int32]int64{}
 		if err := t.loadJournal(); err != nil {
 			return err
@@ -396,14 +398,7 @@ func (r *route) release(which map[string][]int32, why string) {
 		r.cut.Unlock()
 		return
 	}
-	var gone []*task
-	for topic, ps := range which {
-		for _, p := range ps {
-			if t := r.taskAt(topic, p); t != nil {
-				gone = append(gone, t)
-			}
-		}
-	}
+	gone := r.tasksIn(which)
 	if len(gone) == 0 {
 		r.cut.Unlock()
 		return
@@ -416,6 +411,12 @@ func (r *route) release(which map[string][]int32, why string) {
 	if err != nil {
 		r.log.Warn("checkpoint before releasing partitions not written; their next owner replays from the last one",
 			"why", why, "err", err)
+		if r.txn.on {
+			// The transaction aborted: what stays goes back to the last
+			// commit too (rebuilt tasks, so look them up again).
+			r.resetTasks()
+			gone = r.tasksIn(which)
+		}
 	}
 	for _, t := range gone {
 		close(t.stop)
@@ -431,6 +432,19 @@ func (r *route) release(which map[string][]int32, why string) {
 		<-t.done
 	}
 	r.log.Info("partitions released", "why", why, "partitions", len(gone))
+}
+
+// tasksIn returns the owned tasks among which.
+func (r *route) tasksIn(which map[string][]int32) []*task {
+	var out []*task
+	for topic, ps := range which {
+		for _, p := range ps {
+			if t := r.taskAt(topic, p); t != nil {
+				out = append(out, t)
+			}
+		}
+	}
+	return out
 }
 
 func (r *route) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
@@ -452,21 +466,7 @@ func (r *route) taskAt(topic string, p int32) *task {
 // could rewind its new owner). Keyed tasks' commits carry their changelog
 // end in the metadata.
 func (r *route) commitGroup(c *cutPoint) {
-	offs := map[string]map[int32]kgo.EpochOffset{}
-	meta := map[string]map[int32]string{}
-	for _, t := range c.tasks {
-		if r.taskAt(t.seg.topic, t.part) != t {
-			continue
-		}
-		if offs[t.seg.topic] == nil {
-			offs[t.seg.topic] = map[int32]kgo.EpochOffset{}
-			meta[t.seg.topic] = map[int32]string{}
-		}
-		offs[t.seg.topic][t.part] = kgo.EpochOffset{Epoch: -1, Offset: c.offs[t.id]}
-		if t.seg.idx > 0 {
-			meta[t.seg.topic][t.part] = commitMeta(c.offs[changelogID(t.seg.idx, t.part)])
-		}
-	}
+	offs, meta := r.groupOffsets(c)
 	if len(offs) == 0 {
 		return
 	}
@@ -503,6 +503,28 @@ func (r *route) commitGroup(c *cutPoint) {
 		// commit.
 		r.noteError(fmt.Errorf("commit offsets to group %s: %w", r.def.GroupID(), cerr))
 	}
+}
+
+// groupOffsets are a cut's offsets as the group commits them, for the
+// partitions this instance still owns, and the metadata of keyed tasks'
+// commits (their changelog end).
+func (r *route) groupOffsets(c *cutPoint) (map[string]map[int32]kgo.EpochOffset, map[string]map[int32]string) {
+	offs := map[string]map[int32]kgo.EpochOffset{}
+	meta := map[string]map[int32]string{}
+	for _, t := range c.tasks {
+		if r.taskAt(t.seg.topic, t.part) != t {
+			continue
+		}
+		if offs[t.seg.topic] == nil {
+			offs[t.seg.topic] = map[int32]kgo.EpochOffset{}
+			meta[t.seg.topic] = map[int32]string{}
+		}
+		offs[t.seg.topic][t.part] = kgo.EpochOffset{Epoch: -1, Offset: c.offs[t.id]}
+		if t.seg.idx > 0 {
+			meta[t.seg.topic][t.part] = commitMeta(c.offs[changelogID(t.seg.idx, t.part)])
+		}
+	}
+	return offs, meta
 }
 
 // kgoLogger hands franz-go's log lines to slog, all at debug: the client

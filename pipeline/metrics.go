@@ -28,6 +28,8 @@ type metrics struct {
 	restoreRecords  *prometheus.CounterVec   // route
 	restoreSeconds  *prometheus.HistogramVec // route
 	repeatsSkipped  *prometheus.CounterVec   // route
+	txnCommit       *prometheus.HistogramVec // route
+	txnAborts       *prometheus.CounterVec   // route
 	stateFailed     prometheus.Gauge
 	retentionSweeps prometheus.Counter
 }
@@ -96,6 +98,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		repeatsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_pipeline_repartition_repeats_skipped_total", Help: "Repartitioned records written again by a replaying writer and skipped.",
 		}, []string{"route"}),
+		txnCommit: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "rtproxy_route_txn_commit_seconds", Help: "Exactly-once routes: time from a checkpoint's cut to its transaction committed (dispatch is paused meanwhile).",
+			Buckets: latencyBuckets,
+		}, []string{"route"}),
+		txnAborts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_route_txn_aborts_total", Help: "Exactly-once routes: transactions aborted; the route went back to its last committed checkpoint.",
+		}, []string{"route"}),
 		retentionSweeps: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtproxy_state_retention_sweeps_total", Help: "Passes of state_retention over the routes with state (every state_retention / 10, at least 100ms).",
 		}),
@@ -103,7 +112,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rtproxy_state_store_failed", Help: "1 once the state store (pebble) has failed: routes with state stop until the process restarts.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing,
+	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing,
 		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
@@ -119,7 +128,7 @@ func (m *metrics) forgetRoute(route string) {
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing, m.endToEnd, m.lag, m.watermark,
 		m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.partitionsOwned,
-		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped,
+		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts,
 	} {
 		v.DeletePartialMatch(only)
 	}

@@ -321,6 +321,10 @@ type RouteStatus struct {
 	CheckpointPauseMs    float64 `json:"checkpoint_pause_ms"`
 	MaxCheckpointPauseMs float64 `json:"max_checkpoint_pause_ms"`
 	RuleError            string  `json:"rule_error,omitempty"`
+	// Delivery is the sink's guarantee (at_least_once, exactly_once);
+	// Transaction the state of an exactly-once route's transactions.
+	Delivery    string     `json:"delivery,omitempty"`
+	Transaction *TxnStatus `json:"transaction,omitempty"`
 }
 
 // OwnedPartition is one partition a route's instance owns in its group.

@@ -62,6 +62,13 @@ func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis i
 				r.send(dl, cb)
 				return
 			}
+			if r.txn.on {
+				// The transaction can only abort now; the checkpoint
+				// does it, and the records are processed again.
+				r.txnFail(fmt.Errorf("write %s: %w", got.Topic, err))
+				r.inflightAdd(-1, ep)
+				return
+			}
 			attempt++
 			r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
 			r.missingTopic(got.Topic, err)
@@ -131,6 +138,12 @@ type pendingWrite struct {
 
 // send hands kr to kgo, or queues it behind the topic's retries.
 func (r *route) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	if r.txn.on {
+		// No retry queue: a failed write aborts the transaction.
+		r.txn.produced.Add(1)
+		r.cl.Produce(r.prodCtx, kr, cb)
+		return
+	}
 	if r.retries.active.Load() == 0 {
 		r.cl.Produce(r.prodCtx, kr, cb)
 		return

@@ -113,6 +113,7 @@ type route struct {
 	prodCancel context.CancelFunc
 	abandoned  atomic.Bool
 	retries    retryQueue // writes kgo gave up on, retried in order (produce.go)
+	txn        txnState   // exactly-once routes (txn.go)
 
 	// Metric children resolved once: a label lookup per record would cost
 	// more than the rest of a filter step.
@@ -318,7 +319,7 @@ func (r *route) discardUncommitted() {
 
 func (r *route) pollLoop() {
 	for {
-		fs := r.cl.PollRecords(r.ctx, 4096)
+		fs, gen := r.pollOnce()
 		if fs.IsClientClosed() || r.ctx.Err() != nil {
 			return
 		}
@@ -329,9 +330,9 @@ func (r *route) pollLoop() {
 			r.noteError(fmt.Errorf("fetch %s[%d]: %w", t, p, err))
 		})
 		fs.EachPartition(func(ftp kgo.FetchTopicPartition) {
-			t := r.taskAt(ftp.Topic, ftp.Partition)
+			t := r.taskFor(ftp.Topic, ftp.Partition, gen)
 			if t == nil {
-				return // released since the fetch
+				return // released since the fetch, or fetched before a reset
 			}
 			if ftp.HighWatermark > 0 {
 				t.hwm.Store(ftp.HighWatermark)

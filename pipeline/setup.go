@@ -111,7 +111,7 @@ func (r *route) setup() error {
 	// Changed steps (new fingerprint) start empty: their old namespaces are
 	// dropped. Every partition's namespaces of an unchanged step stay, the
 	// ones this instance does not own among them: it may own them again.
-	keep := []string{kafkaStateStep}
+	keep := []string{kafkaStateStep, txnInstanceStep}
 	for _, seg := range r.segs[1:] {
 		for q := int32(0); q < int32(max(seg.nparts, nparts)); q++ {
 			keep = append(keep, taskStepName(seg.keyStep, q), inboxName(seg.keyStep, q))
@@ -199,6 +199,13 @@ func (r *route) setup() error {
 		// sink's health comes from connHook.
 		kgo.WithHooks(&connHook{r: r}),
 	)
+	if d.Sink.ExactlyOnce() {
+		txo, err := r.txnOpts()
+		if err != nil {
+			return fmt.Errorf("route %q: %w", d.Name, err)
+		}
+		opts = append(opts, txo...)
+	}
 	if r.log.Enabled(r.ctx, slog.LevelDebug) {
 		// The client's own account of the group (joins, heartbeats,
 		// assignments) at log_level debug.
@@ -221,9 +228,22 @@ func (r *route) setup() error {
 		return fmt.Errorf("route %q: client: %w", d.Name, err)
 	}
 	r.grp.adm = kadm.NewClient(r.logCl)
+	// The group starts with the client and may hand out partitions at
+	// once; for an exactly-once route their tasks must find a transaction
+	// open, so they wait on cut until it is.
+	r.cut.Lock()
 	r.cl, err = kgo.NewClient(opts...)
+	if err == nil && r.txn.on {
+		err = r.cl.BeginTransaction()
+	}
+	r.cut.Unlock()
 	if err != nil {
 		return fmt.Errorf("route %q: client: %w", d.Name, err)
+	}
+	if r.txn.on {
+		if err := r.initTxn(ctx); err != nil {
+			return err
+		}
 	}
 
 	return nil

@@ -62,6 +62,8 @@ func (r *route) status() RouteStatus {
 	}
 	r.st.Unlock()
 	s.Group = d.GroupID()
+	s.Delivery = d.Sink.Delivery
+	s.Transaction = r.txnStatus()
 	s.Protocol = r.grp.protocol
 	s.Owned = []OwnedPartition{}
 	r.grp.mu.Lock()

@@ -78,6 +78,19 @@ func (w *watermark) tick(now time.Time) (int64, bool) {
 	return w.computeLocked(now)
 }
 
+// copyFrom sets w to a copy of o's state.
+func (w *watermark) copyFrom(o *watermark) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lateness, w.idle, w.started = o.lateness, o.idle, o.started
+	w.maxEv = append([]int64(nil), o.maxEv...)
+	w.seen = append([]bool(nil), o.seen...)
+	w.lastActive = append([]time.Time(nil), o.lastActive...)
+	w.cur, w.has, w.allIdleSince, w.base = o.cur, o.has, o.allIdleSince, o.base
+}
+
 func (w *watermark) current() (int64, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -31,6 +31,14 @@ const (
 	DefaultIdleTimeout        = 30 * time.Second
 	DefaultStart              = "earliest"
 	DefaultCheckpointInterval = 5 * time.Second
+	// DefaultExactlyOnceInterval is the checkpoint interval of a route
+	// with `sink.delivery: exactly_once`: its outputs become visible when
+	// the checkpoint's transaction commits, so the interval is latency.
+	DefaultExactlyOnceInterval = 100 * time.Millisecond
+	// MaxExactlyOnceInterval bounds checkpoint_interval for exactly_once:
+	// a transaction stays open one interval, and brokers abort one that
+	// outlives the producer's transaction timeout (pipeline uses 60 s).
+	MaxExactlyOnceInterval = 30 * time.Second
 	DefaultDeadLetterSuffix   = ".dlq"
 )
 
@@ -39,7 +47,7 @@ const (
 var (
 	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps"}
 	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group"}
-	sinkKeys   = []string{"topic", "key"}
+	sinkKeys   = []string{"topic", "key", "delivery"}
 	tableKeys  = []string{"file", "key", "topic"}
 )
 
@@ -298,9 +306,16 @@ func (l *loader) load() *Route {
 	}
 
 	r.CheckpointInterval = DefaultCheckpointInterval
+	if r.Sink.ExactlyOnce() {
+		r.CheckpointInterval = DefaultExactlyOnceInterval
+	}
 	if kv := top["checkpoint_interval"]; kv != nil {
 		if d, ok := l.duration(kv, "checkpoint_interval", false); ok {
 			r.CheckpointInterval = d
+			if r.Sink.ExactlyOnce() && d > MaxExactlyOnceInterval {
+				l.errAt(kv.val, kv.val.Value, "checkpoint_interval %s is too long for `sink.delivery: exactly_once`: each checkpoint is one transaction, open for the whole interval, and outputs are visible only when it commits. Use at most %s (the default for exactly_once is %s)",
+					d, MaxExactlyOnceInterval, DefaultExactlyOnceInterval)
+			}
 		}
 	}
 
@@ -555,6 +570,12 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 		r.Sink.Topic = name
 		if name == r.Source.Topic {
 			l.errAt(t.val, name, "sink topic is the source topic; the route would read its own output forever. Write results to another topic, e.g. `%s.out`", name)
+		}
+	}
+	r.Sink.Delivery = DeliveryAtLeastOnce
+	if d := f["delivery"]; d != nil {
+		if v, ok := l.oneOf(d, "sink.delivery", DeliveryAtLeastOnce, DeliveryExactlyOnce); ok {
+			r.Sink.Delivery = v
 		}
 	}
 	// sink.key is compiled after the steps: it sees what the last step emits.

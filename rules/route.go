@@ -53,7 +53,20 @@ func (r *Route) GroupID() string {
 type Sink struct {
 	Topic string
 	Key   *operators.Expr // nil: the source key (window rows: the window key)
+	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce.
+	Delivery string
 }
+
+// Sink delivery guarantees (`sink.delivery`).
+const (
+	DeliveryAtLeastOnce = "at_least_once"
+	// DeliveryExactlyOnce: each checkpoint is one Kafka transaction over
+	// the route's outputs, dead letters, changelog writes and group offsets.
+	DeliveryExactlyOnce = "exactly_once"
+)
+
+// ExactlyOnce reports whether the route's outputs are transactional.
+func (s Sink) ExactlyOnce() bool { return s.Delivery == DeliveryExactlyOnce }
 
 // TableSpec is one entry of `tables:`. Exactly one of File or Topic is set.
 // A file table is loaded by rules (Table is set); a topic table is fed by

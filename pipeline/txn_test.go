@@ -1,0 +1,206 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// consumeCommitted is broker.consume with a read_committed reader.
+func (b *broker) consumeCommitted(t *testing.T, topic string, want int, timeout, quiet time.Duration) []*kgo.Record {
+	t.Helper()
+	cl := b.tmpClient(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(50*time.Millisecond), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	defer cl.Close()
+	var got []*kgo.Record
+	deadline := time.Now().Add(timeout)
+	for len(got) < want {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		fs := cl.PollFetches(ctx)
+		cancel()
+		if time.Now().After(deadline) {
+			t.Errorf("%s: got %d of %d records within %v", topic, len(got), want, timeout)
+			return got
+		}
+		got = append(got, fs.Records()...)
+	}
+	if quiet > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), quiet)
+		for ctx.Err() == nil {
+			got = append(got, cl.PollFetches(ctx).Records()...)
+		}
+		cancel()
+	}
+	return got
+}
+
+// An exactly-once route with a drop_duplicates and a window behind it,
+// whose transactions abort again and again (every third one that wrote
+// records) while records arrive, and which stops and restarts halfway:
+// a read_committed reader of the sink sees every window once, with the
+// sums of an independent computation, and every dead letter once. Each
+// abort sends the tasks back to the last commit (resetTasks): the
+// dedup keys, the open windows and the inboxes of the aborted
+// transaction are discarded with its outputs.
+func TestExactlyOnceThroughAborts(t *testing.T) {
+	const parts, txns = 4, 300
+	b := startBroker(t, map[string]int{"eo": parts})
+	agg := []operators.Aggregate{
+		{Name: "n", Func: operators.AggCount},
+		{Name: "total", Func: operators.AggSum, Arg: expr(t, "value.amount")},
+	}
+	def := newRouteDef("eo", "v1", "eo", "eo.out",
+		dedupStep(t, 0, "value.txn_id"),
+		windowStep(t, 1, operators.WindowSpec{Kind: "tumbling", Size: time.Second, Key: expr(t, "value.user_id"), Aggregates: agg}))
+	def.Sink.Delivery = rules.DeliveryExactlyOnce
+	def.CheckpointInterval = 100 * time.Millisecond
+	def.Source.EventTime = expr(t, "value.ts")
+	def.Source.Watermark = 5 * time.Second
+	def.Source.IdleTimeout = 3 * time.Second
+
+	var commits, injected atomic.Int64
+	txnTestHook = func(route string) error {
+		if commits.Add(1)%3 == 0 {
+			injected.Add(1)
+			return errors.New("test: injected abort")
+		}
+		return nil
+	}
+	t.Cleanup(func() { txnTestHook = nil })
+
+	type winKey struct {
+		user  string
+		start int64
+	}
+	type sums struct {
+		n     int
+		total float64
+	}
+	want := map[winKey]*sums{}
+	var batches [][]*kgo.Record
+	var rs []*kgo.Record
+	add := func(p int32, v map[string]any) {
+		r := jsonRecord("eo", fmt.Sprint(v["txn_id"]), v)
+		r.Partition = p
+		rs = append(rs, r)
+	}
+	for i := 0; i < txns; i++ {
+		user := fmt.Sprint("u", i%7)
+		v := map[string]any{"txn_id": fmt.Sprint("t", i), "user_id": user, "amount": float64(i%17) + 0.25, "ts": 12 * i}
+		n := 1
+		if i%3 == 0 {
+			n = 2
+		}
+		for c := 0; c < n; c++ {
+			add(int32((i+c)%parts), v)
+		}
+		wk := winKey{user, int64(12*i) / 1000 * 1000}
+		if want[wk] == nil {
+			want[wk] = &sums{}
+		}
+		want[wk].n++
+		want[wk].total += float64(i%17) + 0.25
+		if i%30 == 29 {
+			batches = append(batches, rs)
+			rs = nil
+		}
+	}
+	for p := int32(0); p < parts; p++ {
+		add(p, map[string]any{"txn_id": fmt.Sprint("close", p), "user_id": "close", "amount": 0, "ts": 20000})
+	}
+	// A record that is not JSON: one dead letter, also exactly once.
+	bad := &kgo.Record{Topic: "eo", Partition: 1, Value: []byte("{not json")}
+	rs = append(rs, bad)
+	batches = append(batches, rs)
+
+	cl := b.client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	produce := func(rs []*kgo.Record) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	reg := prometheus.NewRegistry()
+	_, stop := runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Registerer: reg}, def)
+	half := len(batches) / 2
+	for _, bt := range batches[:half] {
+		produce(bt)
+		time.Sleep(150 * time.Millisecond) // spread over several transactions
+	}
+	stop()
+	m2, stop2 := runManager(t, b, dir, 1, def)
+	defer stop2()
+	for _, bt := range batches[half:] {
+		produce(bt)
+		time.Sleep(150 * time.Millisecond)
+	}
+
+	out := b.consumeCommitted(t, "eo.out", len(want), 60*time.Second, time.Second)
+	got := map[winKey]map[string]any{}
+	for _, r := range out {
+		var v map[string]any
+		if err := json.Unmarshal(r.Value, &v); err != nil {
+			t.Fatalf("row %s: %v", r.Value, err)
+		}
+		if v["key"] == "close" {
+			continue
+		}
+		wk := winKey{fmt.Sprint(v["key"]), int64(v["window_start"].(float64))}
+		if _, dup := got[wk]; dup {
+			t.Errorf("window %v emitted twice: %s", wk, r.Value)
+		}
+		got[wk] = v
+	}
+	for wk, s := range want {
+		v := got[wk]
+		if v == nil {
+			t.Errorf("window %v missing", wk)
+			continue
+		}
+		if v["n"] != float64(s.n) || fmt.Sprintf("%.2f", v["total"]) != fmt.Sprintf("%.2f", s.total) {
+			t.Errorf("window %v: n=%v total=%v, want n=%d total=%.2f", wk, v["n"], v["total"], s.n, s.total)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("%d windows in the sink, want %d", len(got), len(want))
+		adm := kadm.NewClient(cl)
+		hw, _ := adm.ListEndOffsets(context.Background(), "eo.out", "eo.00-drop_duplicates.repartition", "eo.01-window.repartition")
+		lso, _ := adm.ListCommittedOffsets(context.Background(), "eo.out", "eo.00-drop_duplicates.repartition", "eo.01-window.repartition")
+		hw.Each(func(o kadm.ListedOffset) {
+			l, _ := lso.Lookup(o.Topic, o.Partition)
+			t.Logf("%s[%d] hw=%d lso=%d", o.Topic, o.Partition, o.Offset, l.Offset)
+		})
+		txs, err := adm.DescribeTransactions(context.Background())
+		t.Logf("transactions: %v", err)
+		for _, tx := range txs {
+			t.Logf("txn %s state=%s pid=%d epoch=%d topics=%v", tx.TxnID, tx.State, tx.ProducerID, tx.ProducerEpoch, tx.Topics)
+		}
+		for _, r := range m2.Routes() {
+			t.Logf("status %+v txn %+v", r, r.Transaction)
+		}
+	}
+	dls := b.consumeCommitted(t, "eo.dlq", 1, 20*time.Second, 500*time.Millisecond)
+	if len(dls) != 1 {
+		t.Errorf("%d dead letters, want exactly 1", len(dls))
+	}
+	if injected.Load() < 3 {
+		t.Errorf("only %d aborts were injected; the test did not exercise resets", injected.Load())
+	}
+	if a := gathered(t, reg, "rtproxy_route_txn_aborts_total"); a < 1 {
+		t.Errorf("rtproxy_route_txn_aborts_total = %v, want the injected aborts counted", a)
+	}
+	t.Logf("%d windows exact after %d injected aborts", len(want), injected.Load())
+}
