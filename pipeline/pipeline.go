@@ -85,11 +85,11 @@ type Manager struct {
 
 	mu struct {
 		sync.Mutex
-		ctx      context.Context // set by Run; nil before
-		closed   bool
-		desired  []*rules.Route
-		routes   map[string]*route // running versions, by route name
-		stopped  map[string]*rules.Route
+		ctx     context.Context // set by Run; nil before
+		closed  bool
+		desired []*rules.Route
+		routes  map[string]*route // running versions, by route name
+		stopped map[string]*rules.Route
 		// swapping are routes stopping for a new version of their rule
 		// file: /routes shows them (state "reloading") until the new
 		// version has started.

@@ -68,12 +68,12 @@ type task struct {
 	pos   int64 // next offset to dispatch; written under cut.RLock by its goroutine, read under cut.Lock
 	// base is where the task resumes after an aborted transaction: its
 	// offset in the last committed checkpoint, or where it was assigned.
-	base  int64
+	base int64
 	// baseWM is a timed keyed task's watermark at that checkpoint.
 	baseWM *watermark
-	hwm   atomic.Int64
-	label string
-	mIn   prometheus.Counter // source tasks only
+	hwm    atomic.Int64
+	label  string
+	mIn    prometheus.Counter // source tasks only
 
 	// keyer evaluates the next segment's key (a private instance: an
 	// expression program is not shared between goroutines).

@@ -38,8 +38,8 @@ const (
 	// MaxExactlyOnceInterval bounds checkpoint_interval for exactly_once:
 	// a transaction stays open one interval, and brokers abort one that
 	// outlives the producer's transaction timeout (pipeline uses 60 s).
-	MaxExactlyOnceInterval = 30 * time.Second
-	DefaultDeadLetterSuffix   = ".dlq"
+	MaxExactlyOnceInterval  = 30 * time.Second
+	DefaultDeadLetterSuffix = ".dlq"
 )
 
 // The keys each mapping of a rule file may hold. Anything else is refused
