@@ -268,6 +268,39 @@ func (m *Manager) reconcile() {
 	}
 }
 
+// restartRoute stops r and starts its rule again, unless r was replaced or
+// stopped meanwhile. Setup retries with backoff, so a restart that fails
+// again waits before the next try.
+func (m *Manager) restartRoute(r *route) {
+	m.applyMu.Lock()
+	defer m.applyMu.Unlock()
+	m.mu.Lock()
+	if m.mu.closed || m.mu.routes[r.name] != r {
+		m.mu.Unlock()
+		return
+	}
+	ctx := m.mu.ctx
+	delete(m.mu.routes, r.name)
+	m.mu.swapping[r.name] = r
+	m.mu.Unlock()
+	r.stop()
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(time.Second):
+	}
+	n := newRoute(m, r.def)
+	m.mu.Lock()
+	if m.mu.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.mu.routes[r.name] = n
+	delete(m.mu.swapping, r.name)
+	m.mu.Unlock()
+	n.start(ctx)
+}
+
 func containsRoute(rs []*rules.Route, name string) bool {
 	for _, r := range rs {
 		if r.Name == name {

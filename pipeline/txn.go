@@ -52,7 +52,7 @@ import (
 // txnTimeout is the producer's transaction timeout: the brokers abort a
 // transaction open longer. rules refuses checkpoint intervals above half
 // of it (rules.MaxExactlyOnceInterval).
-const txnTimeout = 60 * time.Second
+const txnTimeout = 10 * time.Second
 
 // txnTestHook, when set by a test, runs before each transaction that
 // wrote records commits; an error aborts the transaction.
@@ -402,6 +402,13 @@ func (r *route) resetTasks() {
 		set[o.seg.topic][o.part] = kgo.EpochOffset{Epoch: -1, Offset: o.base}
 	}
 	r.rewindFetches(set)
+	// Every installed task runs its goroutine, also when the reset fails
+	// below: the stop that follows waits for each to end.
+	defer func() {
+		for _, t := range r.tasks {
+			go r.dispatchLoop(t)
+		}
+	}()
 	for _, o := range old {
 		t, err := r.newTask(o.seg, o.part, o.base)
 		if err == nil && o.seg.idx > 0 {
@@ -430,19 +437,19 @@ func (r *route) resetTasks() {
 		r.resetFailed(fmt.Errorf("begin transaction: %w", err))
 		return
 	}
-	for _, t := range r.tasks {
-		go r.dispatchLoop(t)
-	}
 	r.setTxnState("open")
 	r.log.Info("tasks reset to the last committed checkpoint", "tasks", len(r.tasks))
 }
 
-// resetFailed stops a route whose reset could not complete.
+// resetFailed restarts a route whose transactional producer cannot go on
+// (fenced by the brokers after its transaction timed out, or by a newer
+// incarnation): the route stops, leaves its group, and a new version of it
+// starts with a new producer, from the last committed checkpoint.
 func (r *route) resetFailed(err error) {
 	r.setTxnState("failed")
-	r.noteError(fmt.Errorf("exactly-once reset: %w", err))
-	r.log.Error("the route cannot go back to its last committed checkpoint; it stops and leaves its group", "err", err)
-	go r.stop()
+	r.noteError(fmt.Errorf("exactly-once: %w", err))
+	r.log.Warn("the route's transactional producer cannot go on; the route restarts from its last committed checkpoint", "err", err)
+	go r.m.restartRoute(r)
 }
 
 // rewindFetches moves the fetch positions while no poll runs, so the poll

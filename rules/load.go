@@ -37,8 +37,8 @@ const (
 	DefaultExactlyOnceInterval = 100 * time.Millisecond
 	// MaxExactlyOnceInterval bounds checkpoint_interval for exactly_once:
 	// a transaction stays open one interval, and brokers abort one that
-	// outlives the producer's transaction timeout (pipeline uses 60 s).
-	MaxExactlyOnceInterval  = 30 * time.Second
+	// outlives the producer's transaction timeout (pipeline uses 10 s, as Kafka Streams does).
+	MaxExactlyOnceInterval  = 5 * time.Second
 	DefaultDeadLetterSuffix = ".dlq"
 )
 
