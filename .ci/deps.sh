@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian machine, and only what is
 # missing: kcat, kafka-python, confluent-kafka (Debian packages, used with
-# /usr/bin/python3), file (image-check), node/npm and the kafkajs lockfile.
+# /usr/bin/python3; python3-snappy for kafka-python), file (image-check), node/npm and the kafkajs lockfile.
 # With CI=true a dependency that is missing and cannot be installed is an
 # error; locally it is a warning and the tests that need it report it.
 set -euo pipefail
@@ -11,6 +11,8 @@ ci=${CI:-false}
 missing=()
 command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 /usr/bin/python3 -c 'import kafka' >/dev/null 2>&1 || missing+=(python3-kafka)
+# kafka-python reads snappy batches (rtproxy's route outputs) only with it.
+/usr/bin/python3 -c 'import snappy' >/dev/null 2>&1 || missing+=(python3-snappy)
 /usr/bin/python3 -c 'import confluent_kafka' >/dev/null 2>&1 || missing+=(python3-confluent-kafka)
 command -v file >/dev/null 2>&1 || missing+=(file)
 command -v curl >/dev/null 2>&1 || missing+=(curl)   # the README examples the docs tests run
@@ -43,7 +45,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 		"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 	fi
 else
-	echo "deps: kcat, python3-kafka, python3-confluent-kafka, file, curl: present"
+	echo "deps: kcat, python3-kafka, python3-snappy, python3-confluent-kafka, file, curl: present"
 fi
 
 # kafkajs for the client matrix, pinned by the committed lockfile. npm ci
