@@ -74,7 +74,7 @@ func newRouteDef(name, hash, src, sink string, steps ...rules.StepSpec) *rules.R
 	return &rules.Route{
 		Name: name, File: "/rules/" + name + ".yaml", Hash: hash,
 		Source:             rules.Source{Topic: src, Format: "json", Start: "earliest", IdleTimeout: 500 * time.Millisecond},
-		Sink:               rules.Sink{Topic: sink},
+		Sink:               rules.Sink{Topic: sink, Delivery: rules.DeliveryAtLeastOnce},
 		DeadLetter:         src + ".dlq",
 		CheckpointInterval: 200 * time.Millisecond,
 		Steps:              steps,

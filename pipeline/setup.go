@@ -234,7 +234,9 @@ func (r *route) setup() error {
 	r.cut.Lock()
 	r.cl, err = kgo.NewClient(opts...)
 	if err == nil && r.txn.on {
-		err = r.cl.BeginTransaction()
+		if err = r.cl.BeginTransaction(); err != nil {
+			err = r.txnRefused(err)
+		}
 	}
 	r.cut.Unlock()
 	if err != nil {

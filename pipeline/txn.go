@@ -179,12 +179,17 @@ func (r *route) txnOpts() ([]kgo.Opt, error) {
 // at-least-once.
 func (r *route) initTxn(ctx context.Context) error {
 	if _, _, err := r.cl.ProducerID(ctx); err != nil {
-		r.setTxnState("failed")
-		return fmt.Errorf("route %q: sink.delivery exactly_once needs transactions, and the brokers refused them (transactional id %q): %w",
-			r.name, r.txn.id, err)
+		return fmt.Errorf("route %q: %w", r.name, r.txnRefused(err))
 	}
 	r.setTxnState("open")
 	return nil
+}
+
+// txnRefused is the error of a setup whose transactional producer could
+// not start.
+func (r *route) txnRefused(err error) error {
+	r.setTxnState("failed")
+	return fmt.Errorf("sink.delivery exactly_once needs transactions, and the brokers refused them (transactional id %q): %w", r.txn.id, err)
 }
 
 // txnFail records that a write of the open transaction failed.

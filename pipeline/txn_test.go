@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
 
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
@@ -203,4 +205,72 @@ func TestExactlyOnceThroughAborts(t *testing.T) {
 		t.Errorf("rtproxy_route_txn_aborts_total = %v, want the injected aborts counted", a)
 	}
 	t.Logf("%d windows exact after %d injected aborts", len(want), injected.Load())
+}
+
+// Brokers that refuse transactions (the principal may not write any
+// transactional id) stop an exactly-once route in state error with the
+// brokers' reason, and it never falls back to at-least-once: its sink stays
+// empty, while an at-least-once route of the same principal runs.
+func TestExactlyOnceRefusedTransactions(t *testing.T) {
+	b := startBroker(t, map[string]int{"rt": 2, "rt.eo": 2, "rt.alo": 2, "rt.dlq": 1},
+		"-sasl", "PLAIN:admin:admin-pass", "-no-txn-user", "PLAIN:app:app-pass")
+	sasl := kgo.SASL(plain.Auth{User: "admin", Pass: "admin-pass"}.AsMechanism())
+	admin := b.client(t, sasl)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var rs []*kgo.Record
+	for i := 0; i < 20; i++ {
+		rs = append(rs, jsonRecord("rt", fmt.Sprint(i), map[string]any{"n": i}))
+	}
+	if err := admin.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	eo := newRouteDef("rt-eo", "v1", "rt", "rt.eo")
+	eo.Sink.Delivery = rules.DeliveryExactlyOnce
+	alo := newRouteDef("rt-alo", "v1", "rt", "rt.alo")
+	app := kgo.SASL(plain.Auth{User: "app", Pass: "app-pass"}.AsMechanism())
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), ClientOpts: []kgo.Opt{app}, SetupTimeout: 5 * time.Second}, eo, alo)
+	waitFor(t, 30*time.Second, "the exactly-once route stops in state error", func() bool {
+		for _, r := range m.Routes() {
+			if r.Name == "rt-eo" {
+				return r.State == "error" && strings.Contains(r.LastError, "refused") &&
+					strings.Contains(r.LastError, "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+			}
+		}
+		return false
+	})
+	got := b.consumeWith(t, "rt.alo", 20, 20*time.Second, sasl)
+	if len(got) != 20 {
+		t.Errorf("the at-least-once route wrote %d records, want 20", len(got))
+	}
+	ends, err := kadm.NewClient(admin).ListEndOffsets(context.Background(), "rt.eo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset != 0 {
+			t.Errorf("rt.eo[%d] holds %d records; a route refused transactions must write nothing", o.Partition, o.Offset)
+		}
+	})
+	for _, r := range m.Routes() {
+		if r.Name == "rt-eo" {
+			t.Logf("state %s: %s", r.State, r.LastError)
+		}
+	}
+}
+
+// consumeWith reads want records of topic from its start, with opts
+// (credentials) added to the reader.
+func (b *broker) consumeWith(t *testing.T, topic string, want int, timeout time.Duration, opts ...kgo.Opt) []*kgo.Record {
+	t.Helper()
+	cl := b.tmpClient(t, append([]kgo.Opt{kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(50 * time.Millisecond)}, opts...)...)
+	defer cl.Close()
+	var got []*kgo.Record
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for len(got) < want && ctx.Err() == nil {
+		got = append(got, cl.PollFetches(ctx).Records()...)
+	}
+	return got
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 func main() {
@@ -32,6 +33,7 @@ func main() {
 		sasl    = flag.String("sasl", "", "enable SASL with superuser MECH:USER:PASS (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")
 		tlsCert = flag.String("tls-cert", "", "serve TLS with this PEM certificate (needs -tls-key)")
 		tlsKey  = flag.String("tls-key", "", "PEM private key for -tls-cert")
+		noTxn   = flag.String("no-txn-user", "", "with -sasl: enable ACLs and add user MECH:USER:PASS allowed everything but transactional ids (its transactions are refused)")
 		session = flag.Duration("group-session-timeout", 10*time.Second, "KIP-848 group session timeout (group.consumer.session.timeout.ms)")
 	)
 	flag.Parse()
@@ -69,6 +71,18 @@ func main() {
 			log.Fatalf("bad -sasl %q: want MECH:USER:PASS", *sasl)
 		}
 		opts = append(opts, kfake.EnableSASL(), kfake.Superuser(f[0], f[1], f[2]))
+	}
+	if *noTxn != "" {
+		f := strings.SplitN(*noTxn, ":", 3)
+		if len(f) != 3 || *sasl == "" {
+			log.Fatalf("bad -no-txn-user %q: want MECH:USER:PASS, and -sasl", *noTxn)
+		}
+		var acls []kfake.ACL
+		for _, rt := range []kmsg.ACLResourceType{kmsg.ACLResourceTypeTopic, kmsg.ACLResourceTypeGroup, kmsg.ACLResourceTypeCluster} {
+			acls = append(acls, kfake.ACL{Resource: rt, Name: "*", Pattern: kmsg.ACLResourcePatternTypeLiteral,
+				Operation: kmsg.ACLOperationAll, Allow: true})
+		}
+		opts = append(opts, kfake.EnableACLs(), kfake.User(f[0], f[1], f[2], acls...))
 	}
 	if *tlsCert != "" {
 		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
