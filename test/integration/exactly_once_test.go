@@ -355,3 +355,28 @@ func TestExactlyOnceZombieFenced(t *testing.T) {
 		t.Errorf("A aborted no transaction after SIGCONT; want its stale transaction aborted:\n%s", grepLines(m, "rtproxy_route_txn"))
 	}
 }
+
+// The broker restarts (kfake keeps its data and transactions in DataDir)
+// while exactly-once routes have transactions open under load: the open
+// transactions abort or commit, the routes go back to their last commit
+// where needed, and read_committed readers see every output once.
+func TestExactlyOnceBrokerRestart(t *testing.T) {
+	const source, n, rate = "eo4", 20_000, 2000
+	k := StartKfake(t, KfakeOpts{Topics: srTopics(source, 8), DataDir: t.TempDir()})
+	rules := t.TempDir()
+	rec, win, dd := eoRoutes(t, rules, source, "2m")
+	p := StartProxy(t, ProxyOpts{Upstream: k.Addrs, RulesDir: rules, StateDir: t.TempDir()})
+	gen := srGen(1, 1000)
+	load := srStartLoad(t, k.Addrs, source, rate, n, gen)
+	load.WaitAcked(t, n/3, 60*time.Second)
+	t.Logf("restarting kfake at %d records produced", load.acked.Load())
+	k.Restart()
+	load.Wait(t, 120*time.Second)
+	srFlush(t, k.Addrs, source, 8, gen(n+1).TS+3_600_000)
+	eoCheck(t, k.Addrs, rec, win, dd)
+	m, _ := srMetrics(p)
+	for _, r := range []srRoute{rec, win, dd} {
+		aborts, _ := srMetric(m, "rtproxy_route_txn_aborts_total", `route="`+r.Name+`"`)
+		t.Logf("%s: %v transactions aborted across the restart", r.Name, aborts)
+	}
+}
