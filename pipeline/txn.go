@@ -233,6 +233,14 @@ func (r *route) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	// Watermark markers are not counted in flight: the transaction ends
+	// only once every write of it is acknowledged.
+	if err := r.cl.Flush(ctx); err != nil {
+		return r.abortTxn(fmt.Errorf("flush: %w", err))
+	}
+	if p := r.txn.failed.Load(); p != nil {
+		return r.abortTxn(*p)
+	}
 	if r.txn.produced.Load() == 0 {
 		// Nothing was written: there is no transaction to end (kgo sends
 		// no EndTxn for one), and the offsets are committed as they are.
