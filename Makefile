@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-pipeline bench-reload bench-scale soak fuzz clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-pipeline bench-eo bench-reload bench-scale soak fuzz clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -61,6 +61,10 @@ bench-proxy:
 
 bench-pipeline:
 	$(GO) run ./test/bench/pipeline
+
+## bench-eo: exactly_once against at_least_once routes: latency, CPU per record, drain (docs/BENCHMARKS.md)
+bench-eo:
+	$(GO) run ./test/bench/exactlyonce
 
 bench-reload:
 	$(GO) run ./test/bench/reload
