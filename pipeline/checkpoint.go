@@ -37,6 +37,11 @@ func (r *route) checkpointLoop() {
 			continue
 		}
 		r.cpMu.Lock()
+		if isClosed(r.stopping) {
+			// The stop took (or takes) the final checkpoint.
+			r.cpMu.Unlock()
+			return
+		}
 		if len(r.pendingCuts) > 0 {
 			// The last commit failed (brokers refused the changelog, the
 			// disk is full): commit what is pending before cutting again,
@@ -86,6 +91,9 @@ func (r *route) checkpointLoop() {
 func (r *route) checkpointTxn() bool {
 	r.cpMu.Lock()
 	defer r.cpMu.Unlock()
+	if isClosed(r.stopping) {
+		return false // the stop takes the final checkpoint
+	}
 	r.cut.Lock()
 	defer r.cut.Unlock()
 	if r.halted {

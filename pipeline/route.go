@@ -269,13 +269,16 @@ func (r *route) stopNow() {
 		r.prodCancel()
 	})
 	defer abandon.Stop()
+	// cpMu is let go before waiting for the route to end: the checkpoint
+	// loop may be waiting for it, and the route ends only once that loop
+	// has returned (it returns at once, seeing the route stopping).
 	r.cpMu.Lock()
-	defer r.cpMu.Unlock()
 	r.cut.Lock()
 	if r.halted || !r.ready.Load() {
 		// Setup has not finished: cancelling makes the start loop give up.
 		r.halted = true
 		r.cut.Unlock()
+		r.cpMu.Unlock()
 		r.cancel()
 		<-r.done
 		return
@@ -291,6 +294,7 @@ func (r *route) stopNow() {
 	}
 	close(r.halt)
 	r.cut.Unlock()
+	r.cpMu.Unlock()
 	r.cancel()
 	<-r.done
 	if err != nil {
