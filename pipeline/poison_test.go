@@ -47,7 +47,9 @@ func TestPoisonOutputGoesToDeadLetters(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		dlqLimit bool // the dead-letter topic refuses the big record too
-	}{{"dead letter with the value", false}, {"dead letter without the value", true}} {
+		eo       bool // sink.delivery exactly_once: the dead letter is in the transaction
+	}{{"dead letter with the value", false, false}, {"dead letter without the value", true, false},
+		{"exactly once", false, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := startBroker(t, map[string]int{"po": 1})
 			createTopic(t, b, "po.out", 1, map[string]string{"max.message.bytes": "2000"})
@@ -68,13 +70,19 @@ func TestPoisonOutputGoesToDeadLetters(t *testing.T) {
 			b.produce(t, rs...)
 			dir := t.TempDir()
 			reg := prometheus.NewRegistry()
-			m, stop := runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Registerer: reg}, newRouteDef("po", "v1", "po", "po.out"))
+			def := newRouteDef("po", "v1", "po", "po.out")
+			consume := b.consume
+			if tc.eo {
+				def.Sink.Delivery = rules.DeliveryExactlyOnce
+				consume = b.consumeCommitted
+			}
+			m, stop := runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Registerer: reg}, def)
 
-			out := b.consume(t, "po.out", 9, 20*time.Second, 300*time.Millisecond)
+			out := consume(t, "po.out", 9, 20*time.Second, 300*time.Millisecond)
 			if len(out) != 9 {
 				t.Fatalf("sink holds %d records, want the 9 that fit", len(out))
 			}
-			dl := b.consume(t, "po.dlq", 1, 20*time.Second, 300*time.Millisecond)
+			dl := consume(t, "po.dlq", 1, 20*time.Second, 300*time.Millisecond)
 			if len(dl) != 1 {
 				t.Fatalf("dead-letter topic holds %d records, want 1", len(dl))
 			}
@@ -103,7 +111,7 @@ func TestPoisonOutputGoesToDeadLetters(t *testing.T) {
 			}
 			// The route goes on, and its checkpoint passes the poison.
 			b.produce(t, jsonRecord("po", "10", map[string]any{"n": 10}))
-			b.consume(t, "po.out", 10, 20*time.Second, 0)
+			consume(t, "po.out", 10, 20*time.Second, 0)
 			waitFor(t, 20*time.Second, "a checkpoint past the poison", func() bool {
 				st := m.Routes()
 				return len(st) == 1 && len(st[0].Partitions) == 1 && st[0].Partitions[0].DoneOffset == 11 && st[0].LastCheckpoint != nil
