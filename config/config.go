@@ -70,6 +70,10 @@ type Config struct {
 	// instance before moving its partitions (session.timeout.ms of the
 	// classic protocol; KIP-848 brokers use their own setting). Default 10s.
 	GroupSessionTimeout time.Duration `yaml:"group_session_timeout"`
+	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on
+	// admin_listen. Default false: a profile costs CPU while it is taken,
+	// and the endpoint shows the command line.
+	Pprof bool `yaml:"pprof"`
 
 	Proxy ProxyLimits `yaml:"proxy"`
 	TLS   TLS         `yaml:"tls"`

@@ -111,6 +111,7 @@ func TestEnvNames(t *testing.T) {
 		"listen": "RTPROXY_LISTEN", "upstream": "RTPROXY_UPSTREAM", "rules_dir": "RTPROXY_RULES_DIR",
 		"broker_ports": "RTPROXY_BROKER_PORTS", "tls.upstream.ca_file": "RTPROXY_TLS_UPSTREAM_CA_FILE",
 		"sasl.password": "RTPROXY_SASL_PASSWORD", "proxy.max_connections": "RTPROXY_PROXY_MAX_CONNECTIONS", "state_retention": "RTPROXY_STATE_RETENTION", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
+		"pprof": "RTPROXY_PPROF",
 	}
 	got := map[string]string{}
 	for _, k := range Keys() {
@@ -121,8 +122,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 34 {
-		t.Errorf("%d keys, want 34 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 35 {
+		t.Errorf("%d keys, want 35 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,7 @@ func (a *admin) hooks() (func() (bool, string), func() any) {
 	return a.mu.ready, a.mu.routes
 }
 
-func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger) (*admin, error) {
+func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger, profiles bool) (*admin, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin_listen %s: %w", addr, err)
@@ -72,6 +73,16 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger) (*admin, 
 	})
 	mux.HandleFunc("GET /readyz", a.serveReady)
 	mux.HandleFunc("GET /routes", a.serveRoutes)
+	if profiles {
+		// Opt-in (pprof): Go's profiles, for `go tool pprof URL`.
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("POST /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		log.Info("serving Go profiles under /debug/pprof/ (pprof: true)", "admin_listen", addr)
+	}
 	a.srv = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,

@@ -31,7 +31,21 @@ var runFlags = []struct{ flag, key, help string }{
 	{"state-dir", "state_dir", "directory for pipeline state and checkpoints (default ./state)"},
 	{"admin-listen", "admin_listen", "address of /metrics, /healthz, /readyz, /routes (default 127.0.0.1:9644)"},
 	{"log-level", "log_level", "debug, info, warn or error (default info)"},
+	{"pprof", "pprof", "serve Go profiles under /debug/pprof/ on admin_listen (--pprof alone means true; default false)"},
 }
+
+// boolFlag is a string flag that may be given without a value (`--pprof`
+// means `--pprof=true`), for the run flags whose key is a boolean.
+type boolFlag struct{ s *string }
+
+func (b boolFlag) String() string {
+	if b.s == nil {
+		return ""
+	}
+	return *b.s
+}
+func (b boolFlag) Set(v string) error { *b.s = v; return nil }
+func (b boolFlag) IsBoolFlag() bool   { return true }
 
 // parseRun turns run's arguments and environment into the effective config.
 // printConfig reports the hidden --print-config flag (print and exit), used by
@@ -42,6 +56,12 @@ func parseRun(args []string, lookup func(string) (string, bool), stderr io.Write
 	configFile := fs.String("config", "", "YAML config file (also RTPROXY_CONFIG)")
 	vals := map[string]*string{}
 	for _, f := range runFlags {
+		if f.flag == "pprof" {
+			s := new(string)
+			fs.Var(boolFlag{s}, f.flag, f.help)
+			vals[f.flag] = s
+			continue
+		}
 		vals[f.flag] = fs.String(f.flag, "", f.help)
 	}
 	fs.BoolVar(&printConfig, "print-config", false, "print the effective config (secrets redacted) and exit")
@@ -150,7 +170,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	defer signal.Stop(sigs)
 
 	reg := newRegistry()
-	adm, err := newAdmin(cfg.AdminListen, reg, log.With("component", "admin"))
+	adm, err := newAdmin(cfg.AdminListen, reg, log.With("component", "admin"), cfg.Pprof)
 	if err != nil {
 		return err
 	}

@@ -33,13 +33,16 @@ func TestAdminEndpoints(t *testing.T) {
 	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "rtproxy_test_things_total", Help: "test"})
 	reg.MustRegister(c)
 	c.Add(3)
-	a, err := newAdmin("127.0.0.1:0", reg, slog.New(slog.DiscardHandler))
+	a, err := newAdmin("127.0.0.1:0", reg, slog.New(slog.DiscardHandler), false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	go a.serve()
 	defer a.srv.Close()
 	base := "http://" + a.Addr()
+	if resp, err := http.Get(base + "/debug/pprof/"); err != nil || resp.StatusCode != 404 {
+		t.Fatalf("/debug/pprof/ without pprof: %v %v, want 404", resp, err)
+	}
 	get := func(path string) (int, string) {
 		t.Helper()
 		resp, err := http.Get(base + path)
@@ -277,5 +280,54 @@ func TestProxiedTLSWithoutTheProxyIdentity(t *testing.T) {
 	}
 	if proxiedTLS(nil, false) != nil {
 		t.Error("plaintext upstream became TLS")
+	}
+}
+
+// pprof is off by default, on with --pprof (no value needed), --pprof=false
+// keeps it off, and RTPROXY_PPROF=true turns it on; when on, the admin
+// listener serves Go's profile index and a CPU profile.
+func TestPprofOptIn(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	env := func(k string) (string, bool) {
+		if k == "RTPROXY_PPROF" {
+			return "true", true
+		}
+		return "", false
+	}
+	for _, tc := range []struct {
+		args   []string
+		lookup func(string) (string, bool)
+		want   bool
+	}{
+		{nil, none, false},
+		{[]string{"--pprof"}, none, true},
+		{[]string{"--pprof=false"}, env, false},
+		{nil, env, true},
+	} {
+		var stderr strings.Builder
+		cfg, _, err := parseRun(tc.args, tc.lookup, &stderr)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if cfg.Pprof != tc.want {
+			t.Errorf("args %v: pprof %v, want %v", tc.args, cfg.Pprof, tc.want)
+		}
+	}
+	a, err := newAdmin("127.0.0.1:0", newRegistry(), slog.New(slog.DiscardHandler), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go a.serve()
+	defer a.srv.Close()
+	for path, want := range map[string]string{"/debug/pprof/": "goroutine", "/debug/pprof/profile?seconds=1": ""} {
+		resp, err := http.Get("http://" + a.Addr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), want) || len(b) == 0 {
+			t.Errorf("GET %s: %d, %d bytes", path, resp.StatusCode, len(b))
+		}
 	}
 }
