@@ -26,6 +26,9 @@ type inflight struct {
 	key, version int16
 	corr         int32
 	sent         time.Time
+	// refused are the partitions of a Produce that guards refused: the
+	// proxy adds them to the brokers' response (guard.go).
+	refused []refusedPart
 }
 
 // pair is one client connection and its upstream connection. Two
@@ -318,6 +321,32 @@ func (pr *pair) clientLoop() {
 			return
 		}
 		lastKey, lastVersion = h.APIKey, h.APIVersion
+		var refused []refusedPart
+		var heldReq int64
+		if h.APIKey == int16(kmsg.Produce) {
+			if gs := p.guards.Load(); gs != nil {
+				// Read whole and checked (guard.go); its bytes count
+				// against max_held_bytes while held.
+				var ok bool
+				if heldReq, ok = p.held.acquire(int64(len(frame)+rest), pr.done); !ok {
+					ReleaseFrame(frame)
+					return
+				}
+				frame, refused, err = pr.guardProduce(*gs, h, frame, rest)
+				rest = 0
+				if err != nil {
+					p.held.release(heldReq)
+					reason := "truncated"
+					if errors.Is(err, ErrBadHeader) {
+						reason = "bad_produce"
+					}
+					p.m.frameErrors.WithLabelValues(reason).Inc()
+					pr.report("closing client connection: produce request refused", "reason", err.Error())
+					pr.close()
+					return
+				}
+			}
+		}
 		am := p.m.api(h.APIKey)
 		am.requests.Inc()
 		p.m.bytesC2B.Add(float64(len(frame) + rest))
@@ -325,14 +354,16 @@ func (pr *pair) clientLoop() {
 			// Queue before writing: the response can come back before
 			// Write returns.
 			select {
-			case pr.queue <- inflight{key: h.APIKey, version: h.APIVersion, corr: h.CorrelationID, sent: time.Now()}:
+			case pr.queue <- inflight{key: h.APIKey, version: h.APIVersion, corr: h.CorrelationID, sent: time.Now(), refused: refused}:
 			case <-pr.done:
 				ReleaseFrame(frame)
+				p.held.release(heldReq)
 				return
 			}
 		}
 		_, err = pr.upstream.Write(frame)
 		ReleaseFrame(frame)
+		p.held.release(heldReq)
 		if err == nil && rest > 0 {
 			err = copyBody(pr.upstream, pr.client, rest)
 		}
@@ -412,7 +443,7 @@ func (pr *pair) brokerLoop() {
 			continue
 		}
 		var held int64
-		if rest > 0 && needsBody(req.key, req.version) {
+		if rest > 0 && (needsBody(req.key, req.version) || req.refused != nil) {
 			var ok bool
 			if held, ok = p.held.acquire(int64(len(frame)+rest), pr.done); !ok {
 				ReleaseFrame(frame)
@@ -429,7 +460,20 @@ func (pr *pair) brokerLoop() {
 			rest = 0
 		}
 		out := frame
-		if rw := rewriterFor(req.key); rw != nil && rest == 0 {
+		if req.refused != nil {
+			merged, err := pr.mergeRefused(req, frame)
+			if err != nil {
+				ReleaseFrame(frame)
+				p.held.release(held)
+				am.errors.Inc()
+				pr.report("closing client connection: cannot add the refused partitions to the produce response",
+					"version", req.version, "err", err)
+				pr.close()
+				return
+			}
+			ReleaseFrame(frame)
+			out = merged
+		} else if rw := rewriterFor(req.key); rw != nil && rest == 0 {
 			rewritten, err := pr.rewrite(rw, req, frame)
 			if err != nil {
 				ReleaseFrame(frame)
@@ -481,6 +525,22 @@ func (pr *pair) rewrite(rw rewriteFunc, req inflight, frame []byte) ([]byte, err
 	if req.key == int16(kmsg.Metadata) {
 		pr.p.markReady("client metadata response")
 	}
+	return out, nil
+}
+
+// mergeRefused returns the Produce response frame with the refused
+// partitions of req added (guard.go).
+func (pr *pair) mergeRefused(req inflight, frame []byte) ([]byte, error) {
+	off, err := responseBodyOffset(frame[4:], req.key, req.version)
+	if err != nil {
+		return nil, fmt.Errorf("response header: %w", err)
+	}
+	hdrEnd := 4 + off
+	out, err := mergeRefused(pr.p, req.version, frame[hdrEnd:], frame[:hdrEnd:hdrEnd], req.refused)
+	if err != nil {
+		return nil, err
+	}
+	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
 	return out, nil
 }
 

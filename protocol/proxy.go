@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -132,6 +133,10 @@ func (c *Config) validate() error {
 
 // Proxy is a running transparent Kafka proxy.
 type Proxy struct {
+	// guards are the produce guards in force (guard.go); nil: none.
+	guards atomic.Pointer[Guards]
+	// decompressor decompresses guarded batches, bounded by MaxFrameBytes.
+	decompressor kgo.Decompressor
 	cfg        Config
 	log        *slog.Logger
 	m          *metrics
@@ -206,6 +211,7 @@ func New(cfg Config) (*Proxy, error) {
 		held:       &heldBudget{max: cfg.MaxHeldBytes, gauge: m.heldBytes, waits: m.heldWaits},
 	}
 	p.stopCtx, p.stop = context.WithCancel(context.Background())
+	p.decompressor = boundedDecompressor(int(cfg.MaxFrameBytes))
 	p.topics.byID = make(map[[16]byte]string)
 	p.mu.brokers = make(map[int32]*brokerEntry)
 	p.mu.conns = make(map[*pair]struct{})

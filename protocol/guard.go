@@ -1,0 +1,316 @@
+package protocol
+
+// Produce guards. A guard (a guard rule file, rules.Guard) checks every
+// record produced to the topics it matches, on the wire, before the
+// request reaches the brokers. A partition's records that hold any record
+// failing a check are refused whole with INVALID_RECORD, as a broker
+// refuses an invalid batch: never trimmed, because idempotent producers
+// number their batches and a dropped record would break the sequence. The
+// other partitions of the request go on to the brokers, and the proxy adds
+// the refused ones to the brokers' response (with RecordErrors and the
+// ErrorMessage from v8 on), so the client sees one answer per partition,
+// in order.
+//
+// Without guards the Produce path is untouched: the request streams to the
+// broker as it arrives. With guards a Produce request is read whole (its
+// bytes count against max_held_bytes), decoded, and only the partitions of
+// guarded topics have their batches decoded (decompressed with franz-go's
+// decompressor, bounded by max_frame_bytes).
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Guards are the produce guards in force.
+type Guards interface {
+	// For returns the guard of topic, or nil when the topic has none.
+	For(topic string) Guard
+}
+
+// Guard checks the records produced to one guarded topic.
+type Guard interface {
+	// Check checks one record; ok false refuses the partition's records
+	// of the request, with check and message saying why.
+	Check(topic string, partition int32, rec *ProducedRecord) (check, message string, ok bool)
+	// Refused is told every refused partition of a request (dead letters,
+	// metrics). It must not block.
+	Refused(r Refusal)
+}
+
+// ProducedRecord is one record of a produced batch.
+type ProducedRecord struct {
+	Key       []byte // nil: a null key
+	Value     []byte // nil: a null value
+	Headers   []kmsg.Header
+	Timestamp int64 // epoch millis
+}
+
+// Refusal is one partition's records refused by a guard.
+type Refusal struct {
+	Topic     string
+	Partition int32
+	Records   []ProducedRecord
+	// Failures are the records that failed, by index in Records; the
+	// others were refused with them.
+	Failures []RecordFailure
+	// Err is set when the batches could not be decoded at all (then
+	// Records is empty).
+	Err error
+}
+
+// RecordFailure is one record that failed a check.
+type RecordFailure struct {
+	Index          int
+	Check, Message string
+}
+
+// SetGuards sets the guards in force; nil removes them all. Requests read
+// from then on are checked against them.
+func (p *Proxy) SetGuards(g Guards) {
+	if g == nil {
+		p.guards.Store(nil)
+		return
+	}
+	p.guards.Store(&g)
+}
+
+// refusedPart is a refused partition, to be added to the brokers' response.
+type refusedPart struct {
+	topic     string
+	topicID   [16]byte
+	partition int32
+	code      int16
+	message   string
+	records   []RecordFailure
+}
+
+// guardProduce checks a Produce request (frame holds its head, rest bytes
+// of it are still in the client's socket) against the guards. It returns
+// the frame to forward (the request read whole, or a new request without
+// the refused partitions) and the refused partitions. A request that does
+// not decode is an error: its topics cannot be known, so it cannot pass.
+func (pr *pair) guardProduce(gs Guards, h RequestHeader, frame []byte, rest int) ([]byte, []refusedPart, error) {
+	full := frame
+	if rest > 0 {
+		var err error
+		if full, err = completeFrame(pr.client, frame, rest); err != nil {
+			return nil, nil, err
+		}
+	}
+	req := kmsg.NewPtrProduceRequest()
+	req.SetVersion(h.APIVersion)
+	if err := req.ReadFrom(full[4+h.BodyOffset:]); err != nil {
+		ReleaseFrame(full)
+		return nil, nil, fmt.Errorf("%w: produce request does not decode: %v", ErrBadHeader, err)
+	}
+	var refused []refusedPart
+	for ti := range req.Topics {
+		t := &req.Topics[ti]
+		name := t.Topic
+		if h.APIVersion >= 13 {
+			n, ok := pr.p.TopicName(t.TopicID)
+			if !ok {
+				// A topic id the proxy has not seen in metadata: the client
+				// refreshes its metadata (through the proxy) and retries.
+				for _, pp := range t.Partitions {
+					refused = append(refused, refusedPart{topicID: t.TopicID, partition: pp.Partition, code: kerr.UnknownTopicID.Code})
+				}
+				t.Partitions = nil
+				continue
+			}
+			name = n
+		}
+		g := gs.For(name)
+		if g == nil {
+			continue
+		}
+		kept := t.Partitions[:0]
+		for _, pp := range t.Partitions {
+			rf := pr.p.checkPartition(g, name, pp.Partition, pp.Records)
+			if rf == nil {
+				kept = append(kept, pp)
+				continue
+			}
+			g.Refused(*rf)
+			refused = append(refused, refusedOf(name, t.TopicID, rf))
+		}
+		t.Partitions = kept
+	}
+	if len(refused) == 0 {
+		return full, nil, nil
+	}
+	topics := req.Topics[:0]
+	for _, t := range req.Topics {
+		if len(t.Partitions) > 0 {
+			topics = append(topics, t)
+		}
+	}
+	req.Topics = topics
+	out := getBuf(4 + h.BodyOffset)[:0]
+	out = append(out, full[:4+h.BodyOffset]...)
+	ReleaseFrame(full)
+	out = req.AppendTo(out)
+	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+	return out, refused, nil
+}
+
+func refusedOf(topic string, id [16]byte, rf *Refusal) refusedPart {
+	rp := refusedPart{topic: topic, topicID: id, partition: rf.Partition, code: kerr.InvalidRecord.Code, records: rf.Failures}
+	switch {
+	case rf.Err != nil:
+		rp.message = "rtproxy guard: " + rf.Err.Error()
+	case len(rf.Failures) > 0:
+		f := rf.Failures[0]
+		rp.message = fmt.Sprintf("rtproxy guard: record %d: check %s: %s", f.Index, f.Check, f.Message)
+		if n := len(rf.Failures); n > 1 {
+			rp.message += fmt.Sprintf(" (and %d more records)", n-1)
+		}
+	}
+	return rp
+}
+
+// checkPartition checks one partition's batches; nil when they pass.
+func (p *Proxy) checkPartition(g Guard, topic string, partition int32, batches []byte) *Refusal {
+	recs, err := decodeBatches(batches, p.decompressor)
+	if err != nil {
+		return &Refusal{Topic: topic, Partition: partition, Err: err}
+	}
+	var fails []RecordFailure
+	for i := range recs {
+		if check, msg, ok := g.Check(topic, partition, &recs[i]); !ok {
+			fails = append(fails, RecordFailure{Index: i, Check: check, Message: msg})
+		}
+	}
+	if len(fails) == 0 {
+		return nil
+	}
+	return &Refusal{Topic: topic, Partition: partition, Records: recs, Failures: fails}
+}
+
+// boundedDecompressor is franz-go's decompressor with a bound on what one
+// batch may decompress to (a small compressed batch must not grow into
+// gigabytes in the proxy). franz-go bounds the decompressor of a client by
+// its MaxDecompressBatchBytes; a client that is never used builds it.
+func boundedDecompressor(max int) kgo.Decompressor {
+	cl, err := kgo.NewClient(kgo.MaxDecompressBatchBytes(max), kgo.WithDecompressor(kgo.DefaultDecompressor()))
+	if err != nil {
+		return kgo.DefaultDecompressor()
+	}
+	defer cl.Close()
+	if d, ok := cl.OptValue(kgo.WithDecompressor).(kgo.Decompressor); ok && d != nil {
+		return d
+	}
+	return kgo.DefaultDecompressor()
+}
+
+var errNotV2 = errors.New("only record batches (magic 2, Kafka 0.11+ clients) can be checked")
+
+// decodeBatches decodes the records of a partition's record batches. The
+// bytes are the request's own: the records alias them.
+func decodeBatches(b []byte, d kgo.Decompressor) ([]ProducedRecord, error) {
+	var out []ProducedRecord
+	for len(b) > 0 {
+		if len(b) < 17 {
+			return nil, fmt.Errorf("record batch truncated: %d bytes", len(b))
+		}
+		size := int64(int32(binary.BigEndian.Uint32(b[8:12])))
+		if size < 49 || 12+size > int64(len(b)) {
+			return nil, fmt.Errorf("record batch length %d does not fit %d bytes", size, len(b))
+		}
+		if b[16] != 2 {
+			return nil, fmt.Errorf("record batch magic %d: %w", b[16], errNotV2)
+		}
+		var batch kmsg.RecordBatch
+		if err := batch.ReadFrom(b[:12+size]); err != nil {
+			return nil, fmt.Errorf("record batch: %w", err)
+		}
+		b = b[12+size:]
+		if batch.Attributes&0x20 != 0 {
+			continue // a control batch: brokers write these, not producers
+		}
+		data := batch.Records
+		if codec := batch.Attributes & 0x07; codec != 0 {
+			var err error
+			if data, err = d.Decompress(data, kgo.CompressionCodecType(codec)); err != nil {
+				return nil, fmt.Errorf("record batch: decompress: %w", err)
+			}
+		}
+		if batch.NumRecords < 0 || int(batch.NumRecords) > len(data) {
+			return nil, fmt.Errorf("record batch claims %d records in %d bytes", batch.NumRecords, len(data))
+		}
+		for range batch.NumRecords {
+			l, n := binary.Varint(data)
+			if n <= 0 || l < 0 || int64(n)+l > int64(len(data)) {
+				return nil, errors.New("record length does not fit its batch")
+			}
+			var r kmsg.Record
+			if err := r.ReadFrom(data[:int64(n)+l]); err != nil {
+				return nil, fmt.Errorf("record: %w", err)
+			}
+			data = data[int64(n)+l:]
+			out = append(out, ProducedRecord{Key: r.Key, Value: r.Value, Headers: r.Headers,
+				Timestamp: batch.FirstTimestamp + r.TimestampDelta64})
+		}
+		if len(data) != 0 {
+			return nil, fmt.Errorf("record batch: %d bytes after its %d records", len(data), batch.NumRecords)
+		}
+	}
+	return out, nil
+}
+
+// mergeRefused adds the refused partitions to a Produce response (the
+// brokers' answer for the rest of the request), and maps the brokers'
+// endpoints (v10+) as rewriteProduce does. body is the response body.
+func mergeRefused(m Mapper, version int16, body, dst []byte, refused []refusedPart) ([]byte, error) {
+	r, err := decodeResponse(int16(kmsg.Produce), version, body)
+	if err != nil {
+		return nil, err
+	}
+	resp := r.(*kmsg.ProduceResponse)
+	for _, rp := range refused {
+		var t *kmsg.ProduceResponseTopic
+		for i := range resp.Topics {
+			rt := &resp.Topics[i]
+			if (version >= 13 && rt.TopicID == rp.topicID) || (version < 13 && rt.Topic == rp.topic) {
+				t = rt
+				break
+			}
+		}
+		if t == nil {
+			nt := kmsg.NewProduceResponseTopic()
+			nt.Topic, nt.TopicID = rp.topic, rp.topicID
+			resp.Topics = append(resp.Topics, nt)
+			t = &resp.Topics[len(resp.Topics)-1]
+		}
+		p := kmsg.NewProduceResponseTopicPartition()
+		p.Partition, p.ErrorCode = rp.partition, rp.code
+		p.BaseOffset, p.LogAppendTime, p.LogStartOffset = -1, -1, -1
+		if rp.message != "" {
+			msg := rp.message
+			p.ErrorMessage = &msg
+		}
+		for _, f := range rp.records {
+			e := kmsg.NewProduceResponseTopicPartitionErrorRecord()
+			e.RelativeOffset = int32(f.Index)
+			msg := fmt.Sprintf("check %s: %s", f.Check, f.Message)
+			e.ErrorMessage = &msg
+			p.ErrorRecords = append(p.ErrorRecords, e)
+		}
+		t.Partitions = append(t.Partitions, p)
+	}
+	for i := range resp.Brokers {
+		b := &resp.Brokers[i]
+		h, port, err := m.MapBroker(b.NodeID, b.Host, b.Port)
+		if err != nil {
+			return nil, err
+		}
+		b.Host, b.Port = h, port
+	}
+	return resp.AppendTo(dst), nil
+}

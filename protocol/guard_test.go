@@ -1,0 +1,239 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/binary"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+)
+
+// testGuards guard every topic starting with "g": a record whose value
+// contains "bad" fails.
+type testGuards struct {
+	mu      sync.Mutex
+	refused []Refusal
+}
+
+func (g *testGuards) For(topic string) Guard {
+	if strings.HasPrefix(topic, "g") {
+		return g
+	}
+	return nil
+}
+
+func (g *testGuards) Check(_ string, _ int32, r *ProducedRecord) (string, string, bool) {
+	if bytes.Contains(r.Value, []byte("bad")) {
+		return "no-bad", "the value says bad", false
+	}
+	return "", "", true
+}
+
+func (g *testGuards) Refused(r Refusal) {
+	g.mu.Lock()
+	g.refused = append(g.refused, r)
+	g.mu.Unlock()
+}
+
+// A guarded topic's partition with a failing record is refused whole with
+// INVALID_RECORD and the guard's message; its other partitions, and
+// unguarded topics in the same request, reach the broker; an idempotent
+// producer goes on producing to the refused partition afterwards; every
+// codec is checked after franz-go's decompressor.
+func TestGuardRefusesPartitionWithFailingRecord(t *testing.T) {
+	upstream := startKfake(t, "-topics", "guarded:2,plain:1")
+	tp := startProxy(t, upstream, nil)
+	gs := &testGuards{}
+	tp.SetGuards(gs)
+	for _, codec := range []kgo.CompressionCodec{kgo.NoCompression(), kgo.GzipCompression(), kgo.SnappyCompression(), kgo.Lz4Compression(), kgo.ZstdCompression()} {
+		cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0),
+			kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.ProducerBatchCompression(codec))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		rec := func(topic string, p int32, v string) *kgo.Record {
+			return &kgo.Record{Topic: topic, Partition: p, Value: []byte(v)}
+		}
+		// One produce request: partition 0 carries a bad record, partition
+		// 1 and the unguarded topic do not.
+		var wg sync.WaitGroup
+		errs := make([]error, 4)
+		for i, r := range []*kgo.Record{rec("guarded", 0, "ok-1"), rec("guarded", 0, "bad-2"), rec("guarded", 1, "ok-3"), rec("plain", 0, "bad-but-unguarded")} {
+			wg.Add(1)
+			cl.Produce(ctx, r, func(_ *kgo.Record, err error) { errs[i] = err; wg.Done() })
+		}
+		wg.Wait()
+		for i, want := range []bool{true, true, false, false} {
+			if got := errs[i] != nil; got != want {
+				t.Errorf("%v: record %d: err %v, want refused %v", codec, i, errs[i], want)
+			}
+		}
+		if !errors.Is(errs[1], kerr.InvalidRecord) {
+			t.Errorf("%v: refusal is %v, want INVALID_RECORD", codec, errs[1])
+		}
+		// The idempotent producer continues on the refused partition.
+		if err := cl.ProduceSync(ctx, rec("guarded", 0, "ok-after")).FirstErr(); err != nil {
+			t.Errorf("%v: produce after a refusal: %v", codec, err)
+		}
+		cancel()
+		cl.Close()
+	}
+	// What reached the brokers: only records that passed, and the
+	// unguarded topic's.
+	cons, err := kgo.NewClient(kgo.SeedBrokers(upstream...), kgo.ConsumeTopics("guarded", "plain"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cons.Close()
+	got := map[string]int{}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for n := 0; n < 5*3; {
+		fs := cons.PollFetches(ctx)
+		if ctx.Err() != nil {
+			t.Fatalf("read %d of 15 records: %v", n, got)
+		}
+		fs.EachRecord(func(r *kgo.Record) { got[r.Topic+"/"+string(r.Value)]++; n++ })
+	}
+	want := map[string]int{"guarded/ok-3": 5, "guarded/ok-after": 5, "plain/bad-but-unguarded": 5}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("brokers hold %v, want %v", got, want)
+	}
+	gs.mu.Lock()
+	defer gs.mu.Unlock()
+	if len(gs.refused) != 5 {
+		t.Fatalf("%d refusals, want 5 (one per codec)", len(gs.refused))
+	}
+	for _, r := range gs.refused {
+		if r.Topic != "guarded" || r.Partition != 0 || len(r.Records) != 2 || len(r.Failures) != 1 || r.Failures[0].Index != 1 || r.Failures[0].Check != "no-bad" {
+			t.Errorf("refusal %+v", r)
+		}
+	}
+}
+
+// The refused partition's response carries the guard's message and the
+// failing record's index (Produce v8+), read with a raw request.
+func TestGuardResponseNamesTheCheck(t *testing.T) {
+	upstream := startKfake(t, "-topics", "guarded:1")
+	tp := startProxy(t, upstream, nil)
+	tp.SetGuards(&testGuards{})
+	// Produce v12: topics by name (v13 names them by id; the first test
+	// covers it).
+	vs := kversion.Stable()
+	vs.SetMaxKeyVersion(int16(kmsg.Produce), 12)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0), kgo.DisableIdempotentWrite(),
+		kgo.ProducerBatchCompression(kgo.NoCompression()), kgo.MaxVersions(vs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	err = cl.ProduceSync(ctx, &kgo.Record{Topic: "guarded", Value: []byte("ok")}, &kgo.Record{Topic: "guarded", Value: []byte("bad")}).FirstErr()
+	if !errors.Is(err, kerr.InvalidRecord) {
+		t.Fatalf("produce: %v, want INVALID_RECORD", err)
+	}
+	// The same batch, raw, to read the response's fields.
+	var batch []byte
+	{
+		rb := kmsg.RecordBatch{Magic: 2, NumRecords: 2, FirstTimestamp: time.Now().UnixMilli(), MaxTimestamp: time.Now().UnixMilli(),
+			ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, LastOffsetDelta: 1}
+		var recs []byte
+		for i, v := range []string{"ok", "bad"} {
+			r := kmsg.Record{OffsetDelta: int32(i), Value: []byte(v)}
+			r.Length = int32(len(r.AppendTo(nil)) - 1) // small: a one-byte varint
+			recs = r.AppendTo(recs)
+		}
+		rb.Records = recs
+		batch = rb.AppendTo(nil)
+		batch = fixBatch(batch)
+	}
+	req := kmsg.NewPtrProduceRequest()
+	req.Acks, req.TimeoutMillis = -1, 5000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = "guarded"
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Records = batch
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Version < 8 || len(resp.Topics) != 1 || len(resp.Topics[0].Partitions) != 1 {
+		t.Fatalf("response v%d %+v", resp.Version, resp)
+	}
+	p := resp.Topics[0].Partitions[0]
+	if p.ErrorCode != kerr.InvalidRecord.Code || p.ErrorMessage == nil || !strings.Contains(*p.ErrorMessage, "check no-bad: the value says bad") {
+		t.Errorf("partition answer: code %d message %q", p.ErrorCode, deref(p.ErrorMessage))
+	}
+	if len(p.ErrorRecords) != 1 || p.ErrorRecords[0].RelativeOffset != 1 {
+		t.Errorf("record errors %+v, want record 1", p.ErrorRecords)
+	}
+}
+
+// fixBatch sets a v2 batch's length and CRC after AppendTo.
+func fixBatch(b []byte) []byte {
+	binary.BigEndian.PutUint32(b[8:], uint32(len(b)-12))
+	crc := crc32c(b[21:])
+	b[17], b[18], b[19], b[20] = byte(crc>>24), byte(crc>>16), byte(crc>>8), byte(crc)
+	return b
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}
+
+// FuzzDecodeBatches: the guard's batch decoder never panics, and what it
+// decodes re-encodes to records franz-go reads back the same (seeds in
+// testdata/fuzz/FuzzDecodeBatches: plain and compressed batches).
+func FuzzDecodeBatches(f *testing.F) {
+	d := boundedDecompressor(1 << 20)
+	for _, codec := range []kgo.CompressionCodec{kgo.NoCompression(), kgo.GzipCompression(), kgo.SnappyCompression(), kgo.ZstdCompression()} {
+		f.Add(seedBatch(f, codec))
+	}
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		recs, err := decodeBatches(b, d)
+		if err != nil {
+			return
+		}
+		for _, r := range recs {
+			_ = len(r.Key) + len(r.Value) + len(r.Headers)
+		}
+	})
+}
+
+// seedBatch is a two-record batch with a header, compressed with codec.
+func seedBatch(tb testing.TB, codec kgo.CompressionCodec) []byte {
+	var recs []byte
+	for i, v := range []string{`{"amount":12}`, "not json"} {
+		r := kmsg.Record{OffsetDelta: int32(i), Key: []byte("k"), Value: []byte(v), Headers: []kmsg.Header{{Key: "h", Value: []byte("v")}}}
+		r.Length = int32(len(r.AppendTo(nil)) - 1)
+		recs = r.AppendTo(recs)
+	}
+	comp, err := kgo.DefaultCompressor(codec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	attrs := int16(0)
+	if comp != nil {
+		out, got := comp.Compress(bytes.NewBuffer(nil), recs)
+		recs, attrs = append([]byte(nil), out...), int16(got)
+	}
+	rb := kmsg.RecordBatch{Magic: 2, Attributes: attrs, NumRecords: 2, LastOffsetDelta: 1, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, Records: recs}
+	return fixBatch(rb.AppendTo(nil))
+}
