@@ -137,14 +137,14 @@ type Proxy struct {
 	guards atomic.Pointer[Guards]
 	// decompressor decompresses guarded batches, bounded by MaxFrameBytes.
 	decompressor kgo.Decompressor
-	cfg        Config
-	log        *slog.Logger
-	m          *metrics
-	bootstrap  net.Listener
-	listenHost string
-	ports      *PortMap
-	ready      atomic.Bool
-	seedNext   atomic.Uint32
+	cfg          Config
+	log          *slog.Logger
+	m            *metrics
+	bootstrap    net.Listener
+	listenHost   string
+	ports        *PortMap
+	ready        atomic.Bool
+	seedNext     atomic.Uint32
 	// active counts client connections accepted and not yet finished
 	// (MaxConnections); refusedLogAt rate-limits the refusal log line.
 	active       atomic.Int64
