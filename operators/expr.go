@@ -71,6 +71,7 @@ type recordEnv struct {
 	Topic     string            `expr:"topic"`
 	Partition int32             `expr:"partition"`
 	Offset    int64             `expr:"offset"`
+	Size      int64             `expr:"size"` // len(Raw): bytes of the value as produced
 	Bound     map[string]any    `expr:"rtproxy_bound__"`
 	ready     bool              // Key and Headers are filled in
 }
@@ -169,6 +170,7 @@ func Env(r *Record) map[string]any {
 		"topic":     e.Topic,
 		"partition": e.Partition,
 		"offset":    e.Offset,
+		"size":      e.Size,
 	}
 	for k, v := range r.Bound {
 		env[k] = v
@@ -198,6 +200,7 @@ func (r *Record) exprEnv() *recordEnv {
 	e.Topic = r.Topic
 	e.Partition = r.Partition
 	e.Offset = r.Offset
+	e.Size = int64(len(r.Raw))
 	return e
 }
 

@@ -269,7 +269,7 @@ func TestRefusals(t *testing.T) {
 		{
 			name: "join names are gone after a window",
 			file: base + "tables:\n  m: { topic: merchants }\nsteps:\n  - join: { table: m, on: value.m, as: merchant }\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n  - set: { name: merchant.name }\n",
-			want: []string{"r.yaml:11:18: set name does not compile: unknown name merchant; an expression sees key, value, headers, timestamp, topic, partition, offset (near `merchant.name`)"},
+			want: []string{"r.yaml:11:18: set name does not compile: unknown name merchant; an expression sees key, value, headers, timestamp, topic, partition, offset, size (near `merchant.name`)"},
 		},
 		{
 			name: "raw format value has no fields",

@@ -65,16 +65,18 @@ func loadPath(path string, o Options) *fileResult {
 	return fr
 }
 
-// checkNames refuses a route name that an earlier file in results already
-// uses. The refused file's route is dropped; the error names both files.
-// results are in priority order: the first file with a name keeps it.
+// checkNames refuses a route or guard name that an earlier file in results
+// already uses (routes and guards share one namespace). The refused file's
+// route is dropped; the error names both files. results are in priority
+// order: the first file with a name keeps it.
 // With onlyValid, a file that is refused anyway claims no name, so a valid
 // file still runs (loading); without it every conflict is reported now
 // (checking), since it will bite once the other file is fixed.
 func checkNames(results []*fileResult, onlyValid bool) {
 	type first struct {
-		file string
-		pos  position
+		file  string
+		pos   position
+		guard bool
 	}
 	seen := map[string]first{}
 	for _, fr := range results {
@@ -85,19 +87,37 @@ func checkNames(results []*fileResult, onlyValid bool) {
 		if f, dup := seen[name]; dup {
 			fr.res.errs = append(fr.res.errs, &Error{
 				File: fr.path, Line: fr.res.nameNode.line, Col: fr.res.nameNode.col, Text: name,
-				Msg: fmt.Sprintf("route name `%s` is already used by %s:%d:%d; route names must be unique in the rules directory, rename one of them", name, f.file, f.pos.line, f.pos.col),
+				Msg: nameTaken(name, fr.res.guard, f.guard, fmt.Sprintf("%s:%d:%d", f.file, f.pos.line, f.pos.col)),
 			})
 			fr.res.route = nil
 			continue
 		}
-		seen[name] = first{fr.path, fr.res.nameNode}
+		seen[name] = first{fr.path, fr.res.nameNode, fr.res.guard}
 	}
+}
+
+// nameTaken refuses a name that the file at `at` ("file:line:col")
+// already uses. Routes and guards share one namespace; between two routes
+// the message is the one it always was.
+func nameTaken(name string, guard, firstGuard bool, at string) string {
+	if !guard && !firstGuard {
+		return fmt.Sprintf("route name `%s` is already used by %s; route names must be unique in the rules directory, rename one of them", name, at)
+	}
+	return fmt.Sprintf("%s name `%s` is already used by the %s at %s; route and guard names must be unique in the rules directory, rename one of them",
+		fileKind(guard), name, fileKind(firstGuard), at)
+}
+
+func fileKind(guard bool) string {
+	if guard {
+		return "guard"
+	}
+	return "route"
 }
 
 // LoadDir loads every rule file of dir (*.yaml and *.yml, not hidden, not
 // in subdirectories, symlinks followed) and checks names across files. It
-// returns the valid routes and every error; a file with errors yields no
-// route. Each error is an *Error.
+// returns the valid routes, guard files among them (Route.Guard set), and
+// every error; a file with errors yields no route. Each error is an *Error.
 func LoadDir(dir string) ([]*Route, []error) {
 	return LoadDirWith(dir, Options{})
 }
@@ -130,7 +150,8 @@ func LoadDirWith(dir string, o Options) ([]*Route, []error) {
 
 // CheckPaths is `rtproxy check PATH...`: it loads every file named and
 // every rule file of every directory named, checks route names across all
-// of them, and prints "ok <file>" for each good file and each error on its
+// of them, and prints "ok <file>" for each good file ("ok <file> (guard
+// NAME: topic TOPIC, N checks)" for a guard file) and each error on its
 // own line. It returns false when anything is wrong; the caller exits 1.
 func CheckPaths(w io.Writer, paths []string) bool {
 	return CheckPathsWith(w, paths, Options{})
@@ -183,7 +204,15 @@ func CheckPathsWith(w io.Writer, paths []string, o Options) bool {
 	checkNames(results, false)
 	for _, fr := range results {
 		if len(fr.res.errs) == 0 {
-			fmt.Fprintf(w, "ok %s\n", fr.path)
+			if g := fr.res.route.Guard; g != nil {
+				checks := "checks"
+				if len(g.Checks) == 1 {
+					checks = "check"
+				}
+				fmt.Fprintf(w, "ok %s (guard %s: topic %s, %d %s)\n", fr.path, fr.res.route.Name, g.Topic, len(g.Checks), checks)
+			} else {
+				fmt.Fprintf(w, "ok %s\n", fr.path)
+			}
 			for _, e := range fr.res.warns {
 				fmt.Fprintf(w, "warning: %s\n", e.Error())
 			}

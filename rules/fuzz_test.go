@@ -11,8 +11,8 @@ import (
 var hex64 = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // FuzzLoad feeds arbitrary bytes to the rule-file loader. No input may
-// panic, and every outcome is either a complete route or located errors.
-// Seeds: testdata/fuzz/FuzzLoad plus the shipped examples.
+// panic, and every outcome is either a complete route (or guard) or
+// located errors. Seeds: testdata/fuzz/FuzzLoad plus the shipped examples.
 func FuzzLoad(f *testing.F) {
 	examples, _ := filepath.Glob("../examples/*/rules/*.yaml")
 	more, _ := filepath.Glob("../examples/rules/*.yaml")
@@ -39,7 +39,9 @@ func FuzzLoad(f *testing.F) {
 				t.Fatalf("a parser panicked: %v", e)
 			}
 		}
-		if r := res.route; r != nil {
+		if r := res.route; r != nil && r.Guard != nil {
+			checkFuzzedGuard(t, r)
+		} else if r != nil {
 			if r.Name == "" || r.Source.Topic == "" || r.Sink.Topic == "" || r.Sink.Topic == r.Source.Topic || !hex64.MatchString(r.Hash) {
 				t.Fatalf("incomplete route: %+v", r)
 			}
@@ -54,4 +56,44 @@ func FuzzLoad(f *testing.F) {
 			}
 		}
 	})
+}
+
+// fuzzRecords are produced records every fuzzed guard checks: Check must
+// not panic on any of them.
+var fuzzRecords = []string{`{"amount": 1, "currency": "EUR"}`, `{"amount": null}`, `[1, 2]`, `"s"`, `{`, ``, "\xff", `<null>`}
+
+// checkFuzzedGuard checks that a loaded guard is complete and runs.
+func checkFuzzedGuard(t *testing.T, r *Route) {
+	g := r.Guard
+	if r.Name == "" || !hex64.MatchString(r.Hash) || r.Source.Topic != "" || r.Sink.Topic != "" || len(r.Steps) != 0 {
+		t.Fatalf("incomplete guard: %+v", r)
+	}
+	if g.Topic == "" || (g.Format != "json" && g.Format != "raw") || len(g.Checks) == 0 {
+		t.Fatalf("guard without its defaults: %+v", g)
+	}
+	switch g.OnReject {
+	case GuardReject:
+		if g.DeadLetter != "" {
+			t.Fatalf("guard that rejects has a dead letter: %+v", g)
+		}
+	case GuardDeadLetter:
+		if g.DeadLetter == "" || g.Matches(g.DeadLetter) {
+			t.Fatalf("guard with a bad dead letter: %+v", g)
+		}
+	default:
+		t.Fatalf("guard with on_reject %q", g.OnReject)
+	}
+	names := map[string]bool{}
+	for _, c := range g.Checks {
+		if c.Name == "" || c.Message == "" || names[c.Name] || (c.Cond == nil) != (c.Name == ValidJSON) {
+			t.Fatalf("bad check %+v in %+v", c, g)
+		}
+		names[c.Name] = true
+	}
+	for _, v := range fuzzRecords {
+		check, msg, ok := g.Check(produced("t", v))
+		if !ok && (check == "" || msg == "" || strings.Contains(msg, "internal error")) {
+			t.Fatalf("check of %q: (%q, %q)", v, check, msg)
+		}
+	}
 }

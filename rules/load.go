@@ -53,7 +53,7 @@ var (
 
 // builtinNames are the names every expression sees; a join may not bind
 // its row under one of them.
-var builtinNames = []string{"key", "value", "headers", "timestamp", "topic", "partition", "offset"}
+var builtinNames = []string{"key", "value", "headers", "timestamp", "topic", "partition", "offset", "size"}
 
 var (
 	routeNameRe  = regexp.MustCompile(`^[A-Za-z0-9._-]{1,200}$`)
@@ -96,8 +96,9 @@ type loadResult struct {
 	errs       ErrorList
 	warns      ErrorList // of a valid file only
 	tableFiles []string
-	name       string   // the route name as written, even when invalid
+	name       string   // the route (or guard) name as written, even when invalid
 	nameNode   position // where the name is written
+	guard      bool     // the file is a guard file
 }
 
 type position struct{ line, col int }
@@ -267,6 +268,11 @@ func (l *loader) load() *Route {
 	if root.Kind != yaml.MappingNode {
 		l.errAt(root, root.Value, "a rule file is a YAML mapping with the keys %s", strings.Join(topKeys, ", "))
 		return nil
+	}
+	if guard, refused := l.isGuardFile(root); refused {
+		return nil
+	} else if guard {
+		return l.loadGuard(root)
 	}
 	top := l.fields(root, topKeys, "rule file")
 

@@ -13,11 +13,15 @@ import (
 )
 
 // Route is one compiled, analyzed rule file: everything pipeline/ needs to
-// run it.
+// run it. A guard file (guard.go) is a Route too, with Guard set.
 type Route struct {
-	Name string // unique across the rules directory
+	Name string // unique across the rules directory, route and guard names together
 	File string // absolute path of the rule file
 	Hash string // hex sha256 of the file content (and of file tables it reads)
+
+	// Guard is non-nil for a guard file: then Source, Sink, Steps are
+	// empty; Name, File, Hash are set as for routes.
+	Guard *Guard
 
 	Source             Source
 	Sink               Sink

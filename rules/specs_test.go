@@ -66,9 +66,9 @@ func TestExplodeAnalyzer(t *testing.T) {
 	}{
 		{"binds for later steps", "  - explode: { each: value.lines, as: line }\n  - map: { sku: line.sku, order: value.id }\n", nil},
 		{"not for earlier steps", "  - set: { sku: line.sku }\n  - explode: { each: value.lines, as: line }\n",
-			[]string{"r.yaml:7:17: set sku does not compile: unknown name line; an expression sees key, value, headers, timestamp, topic, partition, offset (near `line.sku`)"}},
+			[]string{"r.yaml:7:17: set sku does not compile: unknown name line; an expression sees key, value, headers, timestamp, topic, partition, offset, size (near `line.sku`)"}},
 		{"a window after it forgets it", "  - explode: { each: value.lines, as: line }\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n  - filter: line != nil\n",
-			[]string{"r.yaml:9:13: filter does not compile: unknown name line; an expression sees key, value, headers, timestamp, topic, partition, offset (near `line != nil`)"}},
+			[]string{"r.yaml:9:13: filter does not compile: unknown name line; an expression sees key, value, headers, timestamp, topic, partition, offset, size (near `line != nil`)"}},
 		{"needs each", "  - explode: { as: line }\n",
 			[]string{"r.yaml:7:5: explode needs `each`: the expression that gives the list, e.g. `each: value.items` (near `explode`)"}},
 		{"needs as", "  - explode: { each: value.lines }\n",

@@ -158,7 +158,9 @@ func (l *loader) exprError(n *yaml.Node, src, what string, sc *scope, err error)
 		line, col = l.exprPos(n, fe.Line, fe.Column)
 		if name, ok := strings.CutPrefix(msg, "unknown name "); ok {
 			names := append(append([]string{}, builtinNames...), sc.bound...)
-			if c := closest(name, names); c != "" {
+			// A short name two edits away is no likely typo: `line` is
+			// not `size`.
+			if c := closest(name, names); c != "" && (len(c) > 4 || editDistance(strings.ToLower(name), c) <= 1) {
 				msg += fmt.Sprintf("; did you mean `%s`?", c)
 			} else {
 				msg += "; an expression sees " + strings.Join(names, ", ")

@@ -42,8 +42,8 @@ const incompleteHold = time.Second
 const maxSettle = time.Second
 
 // Watcher follows a rules directory and calls apply with the full desired
-// set of routes whenever the content of a rule file, or of a table file a
-// route reads, changes.
+// set of routes (guard files among them, with Route.Guard set) whenever
+// the content of a rule file, or of a table file a route reads, changes.
 //
 // Invariants:
 //  1. apply is called only from one goroutine at a time, first from Watch
@@ -159,7 +159,7 @@ func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Reg
 	}, []string{"result"})
 	w.routes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "rtproxy_rules_routes",
-		Help: "Routes in the current rule set (a refused file that keeps its previous valid version counts).",
+		Help: "Routes in the current rule set, guards not included (a refused file that keeps its previous valid version counts).",
 	})
 	if reg != nil {
 		w.reloads = register(reg, w.reloads).(*prometheus.CounterVec)
@@ -362,7 +362,15 @@ func (w *Watcher) scan() {
 		result = "error"
 	}
 	w.reloads.WithLabelValues(result).Inc()
-	w.routes.Set(float64(len(routes)))
+	var names, guards []string
+	for _, r := range routes {
+		if r.Guard != nil {
+			guards = append(guards, r.Name)
+		} else {
+			names = append(names, r.Name)
+		}
+	}
+	w.routes.Set(float64(len(names)))
 	logged := make(map[string]bool, len(errs))
 	for _, e := range errs {
 		msg := e.Error()
@@ -372,11 +380,7 @@ func (w *Watcher) scan() {
 		}
 	}
 	w.logged = logged
-	names := make([]string, len(routes))
-	for i, r := range routes {
-		names[i] = r.Name
-	}
-	w.log.Info("rules: applying rule set", "dir", w.dir, "routes", strings.Join(names, ","), "errors", len(errs))
+	w.log.Info("rules: applying rule set", "dir", w.dir, "routes", strings.Join(names, ","), "guards", strings.Join(guards, ","), "errors", len(errs))
 	w.apply(routes, errs)
 }
 
@@ -396,7 +400,11 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 		}
 		return paths[i] < paths[j]
 	})
-	taken := map[string]string{} // route name -> "file:line:col"
+	type claim struct {
+		at    string // "file:line:col"
+		guard bool
+	}
+	taken := map[string]claim{} // route or guard name -> who holds it
 	var routes []*Route
 	var errs []error
 	for _, p := range paths {
@@ -411,10 +419,10 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 		if cand == nil {
 			continue
 		}
-		if at, dup := taken[cand.Name]; dup {
+		if first, dup := taken[cand.Name]; dup {
 			errs = append(errs, &Error{
 				File: p, Line: wf.namePos.line, Col: wf.namePos.col, Text: cand.Name,
-				Msg: fmt.Sprintf("route name `%s` is already used by %s; route names must be unique in the rules directory, rename one of them", cand.Name, at),
+				Msg: nameTaken(cand.Name, cand.Guard != nil, first.guard, first.at),
 			})
 			cand = nil
 			if wf.good != nil && wf.good != wf.cur {
@@ -429,7 +437,7 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 		if cand == wf.cur {
 			wf.good = wf.cur
 		}
-		taken[cand.Name] = fmt.Sprintf("%s:%d:%d", p, wf.namePos.line, wf.namePos.col)
+		taken[cand.Name] = claim{fmt.Sprintf("%s:%d:%d", p, wf.namePos.line, wf.namePos.col), cand.Guard != nil}
 		routes = append(routes, cand)
 	}
 	sort.Slice(routes, func(i, j int) bool { return routes[i].File < routes[j].File })

@@ -9,7 +9,8 @@ import (
 	"github.com/rtproxy/rtproxy/rules"
 )
 
-// cmdCheck lints rule files the way the running proxy loads them.
+// cmdCheck lints rule files, route and guard files alike, the way the
+// running proxy loads them.
 func cmdCheck(args []string, stdout, stderr io.Writer) int {
 	const usage = "usage: rtproxy check [--tables-dir DIR] PATH...   (rule files or directories)"
 	var o rules.Options
