@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-pipeline bench-eo bench-reload bench-scale soak fuzz clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-pipeline bench-eo bench-reload bench-scale soak fuzz clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -58,6 +58,10 @@ image-check:
 
 bench-proxy:
 	$(GO) run ./test/bench/proxy
+
+## bench-guard: produce throughput through the proxy with a guard against without (docs/BENCHMARKS.md)
+bench-guard:
+	$(GO) run ./test/bench/guard
 
 bench-pipeline:
 	$(GO) run ./test/bench/pipeline

@@ -25,9 +25,11 @@ type routes struct {
 	log     *slog.Logger
 	reg     prometheus.Registerer
 	watcher atomic.Pointer[rules.Watcher]
+	// guards receives the guard files of each rule set (guards.go).
+	guards func([]*rules.Route)
 }
 
-func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer) (routeEngine, error) {
+func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer, guards func([]*rules.Route)) (routeEngine, error) {
 	if _, err := os.Stat(cfg.RulesDir); os.IsNotExist(err) {
 		// An empty directory is a valid "no routes"; creating it lets the
 		// watcher see the first rule file an operator drops in.
@@ -55,15 +57,26 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	return &routes{m: m, dir: cfg.RulesDir, opts: rules.Options{TablesDir: cfg.TablesDir}, log: log, reg: reg}, nil
+	return &routes{m: m, dir: cfg.RulesDir, opts: rules.Options{TablesDir: cfg.TablesDir}, log: log, reg: reg, guards: guards}, nil
 }
 
 // apply hands the watcher's rule set to the pipelines. The watcher keeps a
 // refused file's last valid route in routes and logs each error itself;
 // the errors go to /routes next to their route.
 func (r *routes) apply(rs []*rules.Route, errs []error) {
+	var pipes, guards []*rules.Route
+	for _, x := range rs {
+		if x.Guard != nil {
+			guards = append(guards, x)
+		} else {
+			pipes = append(pipes, x)
+		}
+	}
+	if r.guards != nil {
+		r.guards(guards)
+	}
 	r.m.SetRuleErrors(errs)
-	r.m.Apply(rs)
+	r.m.Apply(pipes)
 }
 
 func (r *routes) Status() any { return r.m.Status() }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/rtproxy/rtproxy/config"
+	"github.com/rtproxy/rtproxy/protocol"
 )
 
 // runFlags maps each `run` flag (a contract: scripts drive the binary through
@@ -222,7 +223,12 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	routes, err := newRoutes(cfg, upstream, popts, log, reg)
+	gd, err := newGuards(log.With("component", "guards"), reg, upstream, popts, px.SetGuards)
+	if err != nil {
+		return err
+	}
+	defer gd.close()
+	routes, err := newRoutes(cfg, upstream, popts, log, reg, gd.apply)
 	if err != nil {
 		return err
 	}
@@ -303,6 +309,7 @@ type (
 	proxyServer interface {
 		Run(ctx context.Context) error
 		Ready() bool
+		SetGuards(protocol.Guards)
 	}
 	routeEngine interface {
 		Run(ctx context.Context) error

@@ -21,7 +21,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/protocol"
+	"github.com/rtproxy/rtproxy/rules"
 )
 
 func main() {
@@ -30,6 +32,7 @@ func main() {
 		upstream   = flag.String("upstream", "", "comma-separated seed brokers")
 		portFirst  = flag.Int("broker-ports", 29100, "first per-broker port")
 		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile here until shutdown")
+		guardFile  = flag.String("guard", "", "a guard rule file to enforce (make bench-guard)")
 	)
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -53,6 +56,16 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	if *guardFile != "" {
+		r, err := rules.LoadFile(*guardFile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if r.Guard == nil {
+			log.Fatalf("%s is not a guard file", *guardFile)
+		}
+		p.SetGuards(benchGuards{r.Guard})
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go func() {
@@ -65,3 +78,21 @@ func main() {
 		log.Fatal(err)
 	}
 }
+
+// benchGuards enforces one guard file, as cmd/rtproxy does (without its
+// metrics and dead letters).
+type benchGuards struct{ g *rules.Guard }
+
+func (b benchGuards) For(topic string) protocol.Guard {
+	if b.g.Matches(topic) {
+		return b
+	}
+	return nil
+}
+
+func (b benchGuards) Check(topic string, partition int32, rec *protocol.ProducedRecord) (string, string, bool) {
+	r := operators.Record{Topic: topic, Partition: partition, Key: rec.Key, Raw: rec.Value, Timestamp: rec.Timestamp}
+	return b.g.Check(&r)
+}
+
+func (benchGuards) Refused(protocol.Refusal) {}

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/protocol"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// guards binds the guard rule files (rules.Guard) to the proxy
+// (protocol.Guards): every rule set the watcher applies replaces the set in
+// force, so guards reload like routes.
+type guards struct {
+	log      *slog.Logger
+	rejected *prometheus.CounterVec // guard, check
+	sink     *guardSink
+	set      func(protocol.Guards)
+}
+
+func newGuards(log *slog.Logger, reg prometheus.Registerer, seeds []string, opts []kgo.Opt, set func(protocol.Guards)) (*guards, error) {
+	g := &guards{log: log, set: set, sink: &guardSink{seeds: seeds, opts: opts, log: log},
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_guard_rejected_records_total",
+			Help: "Produced records a guard refused, by guard and the check they failed (their batch-mates are refused with them, not counted).",
+		}, []string{"guard", "check"})}
+	if err := reg.Register(g.rejected); err != nil {
+		return nil, fmt.Errorf("guard metrics: %w", err)
+	}
+	return g, nil
+}
+
+// apply puts the guard files of a rule set in force (none: the produce path
+// is untouched again).
+func (g *guards) apply(files []*rules.Route) {
+	if len(files) == 0 {
+		g.set(nil)
+		return
+	}
+	s := &guardSet{}
+	for _, f := range files {
+		s.all = append(s.all, &guardOf{name: f.Name, g: f.Guard, gs: g})
+	}
+	g.set(s)
+}
+
+func (g *guards) close() { g.sink.close() }
+
+// guardSet is the guards in force, in rule-file order.
+type guardSet struct{ all []*guardOf }
+
+// For returns the guards matching topic, checked in file order.
+func (s *guardSet) For(topic string) protocol.Guard {
+	var m guardList
+	for _, g := range s.all {
+		if g.g.Matches(topic) {
+			m = append(m, g)
+		}
+	}
+	switch len(m) {
+	case 0:
+		return nil
+	case 1:
+		return m[0]
+	}
+	return m
+}
+
+// guardOf is one guard file in force.
+type guardOf struct {
+	name string
+	g    *rules.Guard
+	gs   *guards
+}
+
+func (o *guardOf) Check(topic string, partition int32, rec *protocol.ProducedRecord) (string, string, bool) {
+	r := operators.Record{Topic: topic, Partition: partition, Offset: -1, Key: rec.Key, Raw: rec.Value, Timestamp: rec.Timestamp}
+	if len(rec.Headers) > 0 {
+		r.Headers = make([]operators.Header, len(rec.Headers))
+		for i, h := range rec.Headers {
+			r.Headers[i] = operators.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	check, msg, ok := o.g.Check(&r)
+	if !ok {
+		return o.name + "/" + check, msg, false
+	}
+	return "", "", true
+}
+
+func (o *guardOf) Refused(r protocol.Refusal) {
+	for _, f := range r.Failures {
+		_, check := splitCheck(f.Check)
+		o.gs.rejected.WithLabelValues(o.name, check).Inc()
+	}
+	if r.Err != nil {
+		o.gs.rejected.WithLabelValues(o.name, "decode").Inc()
+	}
+	o.gs.log.Debug("guard refused produced records", "guard", o.name, "topic", r.Topic, "partition", r.Partition,
+		"records", len(r.Records), "failed", len(r.Failures))
+	if o.g.OnReject == rules.GuardDeadLetter {
+		o.gs.sink.deadLetters(o.g.DeadLetter, r)
+	}
+}
+
+// guardList is several guards on one topic: each record must pass all.
+type guardList []*guardOf
+
+func (l guardList) Check(topic string, partition int32, rec *protocol.ProducedRecord) (string, string, bool) {
+	for _, g := range l {
+		if check, msg, ok := g.Check(topic, partition, rec); !ok {
+			return check, msg, false
+		}
+	}
+	return "", "", true
+}
+
+// Refused goes to the guard whose check failed first for the batch's first
+// failing record (each failure names its guard).
+func (l guardList) Refused(r protocol.Refusal) {
+	by := map[string][]protocol.RecordFailure{}
+	for _, f := range r.Failures {
+		name, _ := splitCheck(f.Check)
+		by[name] = append(by[name], f)
+	}
+	for _, g := range l {
+		if fs, ok := by[g.name]; ok || (r.Err != nil && g == l[0]) {
+			rr := r
+			rr.Failures = fs
+			g.Refused(rr)
+		}
+	}
+}
+
+// splitCheck splits "guard/check".
+func splitCheck(s string) (guard, check string) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '/' {
+			return s[:i], s[i+1:]
+		}
+	}
+	return "", s
+}
+
+// guardSink writes the refused records of guards with on_reject:
+// dead_letter. Its client is made at the first dead letter.
+type guardSink struct {
+	seeds []string
+	opts  []kgo.Opt
+	log   *slog.Logger
+
+	once sync.Once
+	cl   *kgo.Client
+	err  error
+}
+
+// deadLetters copies a refusal's records to topic, each with why it was
+// refused. It never blocks the produce path: the writes are asynchronous,
+// and a failure is logged.
+func (s *guardSink) deadLetters(topic string, r protocol.Refusal) {
+	s.once.Do(func() {
+		s.cl, s.err = kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(s.seeds...), kgo.ProducerLinger(0),
+			kgo.RecordDeliveryTimeout(30 * time.Second), kgo.AllowAutoTopicCreation()}, s.opts...)...)
+	})
+	if s.err != nil {
+		s.log.Error("guard dead letters not written: no client", "err", s.err)
+		return
+	}
+	failed := map[int]protocol.RecordFailure{}
+	for _, f := range r.Failures {
+		failed[f.Index] = f
+	}
+	first := protocol.RecordFailure{}
+	if len(r.Failures) > 0 {
+		first = r.Failures[0]
+	}
+	for i, rec := range r.Records {
+		guard, check := splitCheck(first.Check)
+		msg := fmt.Sprintf("refused with its batch: record %d failed check %s", first.Index, check)
+		if f, ok := failed[i]; ok {
+			guard, check = splitCheck(f.Check)
+			msg = f.Message
+		}
+		hs := append([]kgo.RecordHeader(nil), recordHeaders(rec)...)
+		hs = append(hs,
+			kgo.RecordHeader{Key: "rtproxy-guard", Value: []byte(guard)},
+			kgo.RecordHeader{Key: "rtproxy-check", Value: []byte(check)},
+			kgo.RecordHeader{Key: "rtproxy-error", Value: []byte(msg)},
+			kgo.RecordHeader{Key: "rtproxy-target", Value: []byte(r.Topic)},
+			kgo.RecordHeader{Key: "rtproxy-partition", Value: []byte(strconv.Itoa(int(r.Partition)))},
+		)
+		kr := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
+		s.cl.Produce(context.Background(), kr, func(_ *kgo.Record, err error) {
+			if err != nil {
+				s.log.Error("guard dead letter not written", "topic", topic, "err", err)
+			}
+		})
+	}
+}
+
+func recordHeaders(r protocol.ProducedRecord) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, len(r.Headers))
+	for i, h := range r.Headers {
+		out[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+	}
+	return out
+}
+
+func (s *guardSink) close() {
+	s.once.Do(func() {}) // no client from now on
+	if s.cl != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = s.cl.Flush(ctx)
+		s.cl.Close()
+	}
+}
