@@ -77,10 +77,12 @@ func (b *broker) produce(t *testing.T, rs ...*kgo.Record) {
 }
 
 // consume reads topic from the start until it has want records (failing
-// after timeout), then keeps reading for quiet to catch extras.
-func (b *broker) consume(t *testing.T, topic string, want int, timeout, quiet time.Duration) []*kgo.Record {
+// after timeout), then keeps reading for quiet to catch extras. opts are
+// added to the reader (credentials, an isolation level).
+func (b *broker) consume(t *testing.T, topic string, want int, timeout, quiet time.Duration, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	cl := b.tmpClient(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	cl := b.tmpClient(t, append([]kgo.Opt{kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchMaxWait(50 * time.Millisecond)}, opts...)...)
 	defer cl.Close()
 	var got []*kgo.Record
 	deadline := time.Now().Add(timeout)

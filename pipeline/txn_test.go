@@ -20,31 +20,9 @@ import (
 )
 
 // consumeCommitted is broker.consume with a read_committed reader.
-func (b *broker) consumeCommitted(t *testing.T, topic string, want int, timeout, quiet time.Duration) []*kgo.Record {
+func (b *broker) consumeCommitted(t *testing.T, topic string, want int, timeout, quiet time.Duration, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	cl := b.tmpClient(t, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(50*time.Millisecond), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	defer cl.Close()
-	var got []*kgo.Record
-	deadline := time.Now().Add(timeout)
-	for len(got) < want {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		if time.Now().After(deadline) {
-			t.Errorf("%s: got %d of %d records within %v", topic, len(got), want, timeout)
-			return got
-		}
-		got = append(got, fs.Records()...)
-	}
-	if quiet > 0 {
-		ctx, cancel := context.WithTimeout(context.Background(), quiet)
-		for ctx.Err() == nil {
-			got = append(got, cl.PollFetches(ctx).Records()...)
-		}
-		cancel()
-	}
-	return got
+	return b.consume(t, topic, want, timeout, quiet, append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))...)
 }
 
 // An exactly-once route with a drop_duplicates and a window behind it,
@@ -239,7 +217,7 @@ func TestExactlyOnceRefusedTransactions(t *testing.T) {
 		}
 		return false
 	})
-	got := b.consumeWith(t, "rt.alo", 20, 20*time.Second, sasl)
+	got := b.consume(t, "rt.alo", 20, 20*time.Second, 0, sasl)
 	if len(got) != 20 {
 		t.Errorf("the at-least-once route wrote %d records, want 20", len(got))
 	}
@@ -257,20 +235,4 @@ func TestExactlyOnceRefusedTransactions(t *testing.T) {
 			t.Logf("state %s: %s", r.State, r.LastError)
 		}
 	}
-}
-
-// consumeWith reads want records of topic from its start, with opts
-// (credentials) added to the reader.
-func (b *broker) consumeWith(t *testing.T, topic string, want int, timeout time.Duration, opts ...kgo.Opt) []*kgo.Record {
-	t.Helper()
-	cl := b.tmpClient(t, append([]kgo.Opt{kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchMaxWait(50 * time.Millisecond)}, opts...)...)
-	defer cl.Close()
-	var got []*kgo.Record
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	for len(got) < want && ctx.Err() == nil {
-		got = append(got, cl.PollFetches(ctx).Records()...)
-	}
-	return got
 }

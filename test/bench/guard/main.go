@@ -7,7 +7,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -17,13 +16,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 )
 
 const guardYAML = `guard: bench
@@ -62,25 +61,25 @@ func main() {
 	for r := range *rounds {
 		topics = append(topics, fmt.Sprintf("gb-plain-%d:3", r), fmt.Sprintf("gb-guard-%d:3", r))
 	}
-	kfake, brokers := start(kfakeBin, "-brokers", "3", "-topics", strings.Join(topics, ","))
-	defer stop(kfake)
-	plain, plainAddr := start(proxyBin, "-upstream", brokers, "-broker-ports", "29300")
-	defer stop(plain)
+	kfake, brokers := benchkit.StartProc(kfakeBin, "-brokers", "3", "-topics", strings.Join(topics, ","))
+	defer benchkit.StopProc(kfake)
+	plain, plainAddr := benchkit.StartProc(proxyBin, "-upstream", brokers, "-broker-ports", "29300")
+	defer benchkit.StopProc(plain)
 	gargs := []string{"-upstream", brokers, "-broker-ports", "29400", "-guard", guardPath}
 	if *profile != "" {
 		abs, _ := filepath.Abs(*profile)
 		gargs = append(gargs, "-cpuprofile", abs)
 	}
-	guarded, guardAddr := start(proxyBin, gargs...)
-	defer stop(guarded)
+	guarded, guardAddr := benchkit.StartProc(proxyBin, gargs...)
+	defer benchkit.StopProc(guarded)
 
 	var ratios, plainRPS, guardRPS []float64
 	var plainCPU, guardCPU time.Duration
 	for r := range *rounds {
 		run := func(addr, topic string, pid int) (float64, time.Duration) {
-			c0 := procCPU(pid)
+			c0 := benchkit.ProcCPU(pid)
 			rps := produce(addr, topic, *records)
-			return rps, procCPU(pid) - c0
+			return rps, benchkit.ProcCPU(pid) - c0
 		}
 		var p, g float64
 		var pc, gc time.Duration
@@ -100,9 +99,9 @@ func main() {
 	fmt.Printf("\nguard benchmark: %d rounds of %d records of 1 KiB JSON, 3 partitions, franz-go linger 0\n\n", *rounds, *records)
 	fmt.Println("| proxy | median records/s | best records/s | proxy CPU per record |")
 	fmt.Println("|---|---:|---:|---:|")
-	fmt.Printf("| pass-through (no guard) | %.0f | %.0f | %.2f µs |\n", median(plainRPS), slices.Max(plainRPS), float64(plainCPU.Microseconds())/n)
-	fmt.Printf("| one guard, two checks | %.0f | %.0f | %.2f µs |\n", median(guardRPS), slices.Max(guardRPS), float64(guardCPU.Microseconds())/n)
-	fmt.Printf("\nguarded / pass-through: median of round ratios %.3fx (target >= 0.9x); rounds %v\n", median(ratios), fmtRatios(ratios))
+	fmt.Printf("| pass-through (no guard) | %.0f | %.0f | %.2f µs |\n", benchkit.Median(plainRPS), slices.Max(plainRPS), float64(plainCPU.Microseconds())/n)
+	fmt.Printf("| one guard, two checks | %.0f | %.0f | %.2f µs |\n", benchkit.Median(guardRPS), slices.Max(guardRPS), float64(guardCPU.Microseconds())/n)
+	fmt.Printf("\nguarded / pass-through: median of round ratios %.3fx (target >= 0.9x); rounds %v\n", benchkit.Median(ratios), fmtRatios(ratios))
 }
 
 // produce writes n records of 1 KiB JSON to topic through addr and returns
@@ -148,56 +147,6 @@ func jsonValue() []byte {
 		v = append(v, hexdigits[rand.IntN(16)])
 	}
 	return append(v, '"', '}')
-}
-
-func start(bin string, args ...string) (*exec.Cmd, string) {
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		log.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if addr, ok := strings.CutPrefix(sc.Text(), "ready "); ok {
-			go func() {
-				for sc.Scan() {
-				}
-			}()
-			return cmd, addr
-		}
-	}
-	log.Fatalf("%s exited before it was ready", bin)
-	return nil, ""
-}
-
-func stop(cmd *exec.Cmd) {
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	_ = cmd.Wait()
-}
-
-// procCPU is the user+system CPU of pid so far (/proc/PID/stat).
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		log.Fatal(err)
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	ut, _ := strconv.ParseInt(f[11], 10, 64)
-	st, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(ut+st) * time.Second / 100
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func fmtRatios(xs []float64) string {

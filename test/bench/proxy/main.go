@@ -10,7 +10,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"flag"
@@ -23,16 +22,13 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-)
 
-// clockTicks is USER_HZ, the unit of utime/stime in /proc/PID/stat; it is
-// 100 on every Linux ABI Go supports.
-const clockTicks = 100
+	"github.com/rtproxy/rtproxy/internal/benchkit"
+)
 
 const recordSize = 1024
 
@@ -69,15 +65,15 @@ func main() {
 		topics = append(topics, fmt.Sprintf("direct-%d:3", r), fmt.Sprintf("proxy-%d:3", r))
 	}
 	topics = append(topics, "lat:1")
-	kfake, brokers := startProc(kfakeBin, "-brokers", "3", "-topics", strings.Join(topics, ","))
-	defer stopProc(kfake)
+	kfake, brokers := benchkit.StartProc(kfakeBin, "-brokers", "3", "-topics", strings.Join(topics, ","))
+	defer benchkit.StopProc(kfake)
 	proxyArgs := []string{"-upstream", brokers, "-broker-ports", strconv.Itoa(*portFirst)}
 	if *cpuProfile != "" {
 		abs, _ := filepath.Abs(*cpuProfile)
 		proxyArgs = append(proxyArgs, "-cpuprofile", abs)
 	}
-	proxy, proxyAddr := startProc(proxyBin, proxyArgs...)
-	defer stopProc(proxy)
+	proxy, proxyAddr := benchkit.StartProc(proxyBin, proxyArgs...)
+	defer benchkit.StopProc(proxy)
 
 	var direct, via result
 	var proxyCPU time.Duration
@@ -88,9 +84,9 @@ func main() {
 		var d, p result
 		var cpu time.Duration
 		viaProxy := func() {
-			cpu0 := procCPU(proxy.Process.Pid)
+			cpu0 := benchkit.ProcCPU(proxy.Process.Pid)
 			p = throughput(proxyAddr, fmt.Sprintf("proxy-%d", r), *records)
-			cpu = procCPU(proxy.Process.Pid) - cpu0
+			cpu = benchkit.ProcCPU(proxy.Process.Pid) - cpu0
 		}
 		if r%2 == 0 {
 			d = throughput(brokers, fmt.Sprintf("direct-%d", r), *records)
@@ -117,9 +113,9 @@ func main() {
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "measure (best of %d rounds)\tdirect\tproxy\tproxy vs direct\tmedian round ratio\ttarget\t\n", *rounds)
-	fmt.Fprintf(w, "produce records/s\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.produceRPS, via.produceRPS, via.produceRPS/direct.produceRPS, median(prodRatios))
-	fmt.Fprintf(w, "produce MB/s\t%.1f\t%.1f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.produceMBps, via.produceMBps, via.produceMBps/direct.produceMBps, median(prodRatios))
-	fmt.Fprintf(w, "fetch records/s\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.fetchRPS, via.fetchRPS, via.fetchRPS/direct.fetchRPS, median(fetchRatios))
+	fmt.Fprintf(w, "produce records/s\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.produceRPS, via.produceRPS, via.produceRPS/direct.produceRPS, benchkit.Median(prodRatios))
+	fmt.Fprintf(w, "produce MB/s\t%.1f\t%.1f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.produceMBps, via.produceMBps, via.produceMBps/direct.produceMBps, benchkit.Median(prodRatios))
+	fmt.Fprintf(w, "fetch records/s\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.fetchRPS, via.fetchRPS, via.fetchRPS/direct.fetchRPS, benchkit.Median(fetchRatios))
 	for _, q := range []struct {
 		name   string
 		q      float64
@@ -130,61 +126,6 @@ func main() {
 	}
 	fmt.Fprintf(w, "proxy CPU-s per GB moved\t-\t%.2f\t(%.2f CPU-s / %.2f GB)\t\t<= 2\t\n", cpuPerGB, proxyCPU.Seconds(), gbMoved)
 	w.Flush()
-}
-
-// startProc runs bin and waits for its "ready X" line.
-func startProc(bin string, args ...string) (*exec.Cmd, string) {
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		log.Fatal(err)
-	}
-	ready := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if s, ok := strings.CutPrefix(sc.Text(), "ready "); ok {
-				ready <- s
-			}
-		}
-	}()
-	select {
-	case s := <-ready:
-		return cmd, s
-	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
-		log.Fatalf("%s did not become ready", bin)
-	}
-	return nil, ""
-}
-
-func stopProc(cmd *exec.Cmd) {
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		cmd.Process.Kill()
-		<-done
-	}
-}
-
-// procCPU is the user+system CPU time the process has used.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		log.Fatal(err)
-	}
-	// The command name (field 2) may hold spaces; fields after ')' are fixed.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64) // field 14
-	stime, _ := strconv.ParseInt(f[12], 10, 64) // field 15
-	return time.Duration(utime+stime) * time.Second / clockTicks
 }
 
 func newClient(seeds string, opts ...kgo.Opt) *kgo.Client {
@@ -293,16 +234,4 @@ func randomValue() []byte {
 	v := make([]byte, recordSize)
 	rand.Read(v)
 	return v
-}
-
-func median(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
