@@ -2,15 +2,19 @@ package benchkit
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"log"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // StartProc runs bin (a benchmark's broker or proxy process) and waits up
@@ -86,4 +90,56 @@ func Median(v []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// SendRecord is one pipeline-benchmark source record of size bytes: a JSON
+// object with id, user, merchant, amount and its send time in send_ns,
+// padded to size.
+func SendRecord(topic string, id int, sendNS int64, size int) *kgo.Record {
+	v := fmt.Appendf(make([]byte, 0, size), `{"id":%d,"user":"u%d","merchant":"m%d","amount":%d.5,"send_ns":%d,"pad":"`,
+		id, id%100, id%120, id%1000, sendNS)
+	for len(v) < size-2 {
+		v = append(v, 'x')
+	}
+	v = append(v, '"', '}')
+	return &kgo.Record{Topic: topic, Key: strconv.AppendInt(nil, int64(id), 10), Value: v}
+}
+
+var sendKey = []byte(`"send_ns":`)
+
+// SendNS reads send_ns from an output value without decoding it whole, so
+// a benchmark's consumer adds no JSON decoding to what it measures.
+func SendNS(v []byte) (int64, bool) {
+	i := bytes.Index(v, sendKey)
+	if i < 0 {
+		return 0, false
+	}
+	s := v[i+len(sendKey):]
+	j := 0
+	for j < len(s) && strings.IndexByte("0123456789+-.eE", s[j]) >= 0 {
+		j++
+	}
+	f, err := strconv.ParseFloat(string(s[:j]), 64)
+	if err != nil {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// ModuleRoot is the directory of go.mod above the working directory.
+func ModuleRoot() string {
+	dir, err := os.Getwd()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		p := filepath.Dir(dir)
+		if p == dir {
+			log.Fatal("no go.mod above the working directory")
+		}
+		dir = p
+	}
 }

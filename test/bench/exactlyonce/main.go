@@ -24,7 +24,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -36,16 +35,15 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -108,7 +106,7 @@ func main() {
 		check(os.MkdirAll(*drainProfile, 0o755))
 	}
 	loadStart := loadAvg()
-	root := moduleRoot()
+	root := benchkit.ModuleRoot()
 	tmp, err := os.MkdirTemp("", "bench-eo-")
 	check(err)
 	defer os.RemoveAll(tmp)
@@ -287,70 +285,6 @@ func histMean(reg *prometheus.Registry, name, route string) (uint64, time.Durati
 	return 0, 0
 }
 
-// record makes one source record of *size bytes with its send time.
-func record(topic string, id int, sendNS int64) *kgo.Record {
-	v := fmt.Appendf(make([]byte, 0, *size), `{"id":%d,"user":"u%d","merchant":"m%d","amount":%d.5,"send_ns":%d,"pad":"`,
-		id, id%100, id%120, id%1000, sendNS)
-	for len(v) < *size-2 {
-		v = append(v, 'x')
-	}
-	v = append(v, '"', '}')
-	return &kgo.Record{Topic: topic, Key: strconv.AppendInt(nil, int64(id), 10), Value: v}
-}
-
-var sendKey = []byte(`"send_ns":`)
-
-// sendNS reads send_ns from an output value without decoding it whole, so
-// the consumer adds no JSON decoding to what it measures.
-func sendNS(v []byte) (int64, bool) {
-	i := bytes.Index(v, sendKey)
-	if i < 0 {
-		return 0, false
-	}
-	s := v[i+len(sendKey):]
-	j := 0
-	for j < len(s) && strings.IndexByte("0123456789+-.eE", s[j]) >= 0 {
-		j++
-	}
-	f, err := strconv.ParseFloat(string(s[:j]), 64)
-	if err != nil {
-		return 0, false
-	}
-	return int64(f), true
-}
-
-// selfCPU is this process's user+system CPU time.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	check(syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// clkTck is the unit of utime and stime in /proc/PID/stat.
-var clkTck = func() float64 {
-	out, err := exec.Command("getconf", "CLK_TCK").Output()
-	if err == nil {
-		if v, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64); err == nil && v > 0 {
-			return v
-		}
-	}
-	return 100
-}()
-
-// procCPU is utime+stime of pid from /proc/PID/stat.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	// f[0] is field 3 (state): utime is field 14, stime field 15.
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return time.Duration((ut + st) / clkTck * float64(time.Second))
-}
-
 func loadAvg() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
@@ -438,7 +372,7 @@ func (b *bench) latency(v variant) latResult {
 			now := time.Now().UnixNano()
 			mu.Lock()
 			fs.EachRecord(func(r *kgo.Record) {
-				if s, ok := sendNS(r.Value); ok && s >= measureFrom {
+				if s, ok := benchkit.SendNS(r.Value); ok && s >= measureFrom {
 					lats = append(lats, time.Duration(now-s))
 				}
 			})
@@ -462,11 +396,11 @@ func (b *bench) latency(v variant) latResult {
 			if s >= measureFrom {
 				if !measuring {
 					measuring = true
-					cpu0, kf0 = selfCPU(), procCPU(b.kfake)
+					cpu0, kf0 = benchkit.CPUNow(), benchkit.ProcCPU(b.kfake)
 				}
 				sent++
 			}
-			prod.Produce(context.Background(), record(src, id, s), func(_ *kgo.Record, err error) {
+			prod.Produce(context.Background(), benchkit.SendRecord(src, id, s, *size), func(_ *kgo.Record, err error) {
 				if err != nil {
 					log.Printf("%s: produce: %v", name, err)
 				}
@@ -474,7 +408,7 @@ func (b *bench) latency(v variant) latResult {
 		}
 	}
 	tick.Stop()
-	res := latResult{v: v, sent: sent, cpu: selfCPU() - cpu0, kfakeCPU: procCPU(b.kfake) - kf0}
+	res := latResult{v: v, sent: sent, cpu: benchkit.CPUNow() - cpu0, kfakeCPU: benchkit.ProcCPU(b.kfake) - kf0}
 	check(prod.Flush(context.Background()))
 	prod.Close()
 
@@ -526,7 +460,7 @@ func (b *bench) drain(v variant, round int) drainResult {
 	prod := b.client(kgo.MaxBufferedRecords(1<<16), kgo.ProducerBatchMaxBytes(1<<20))
 	t0 := time.Now()
 	for i := 0; i < *bulk; i++ {
-		prod.Produce(context.Background(), record(src, i, 0), func(_ *kgo.Record, err error) {
+		prod.Produce(context.Background(), benchkit.SendRecord(src, i, 0, *size), func(_ *kgo.Record, err error) {
 			if err != nil {
 				log.Printf("bulk produce: %v", err)
 			}
@@ -545,7 +479,7 @@ func (b *bench) drain(v variant, round int) drainResult {
 		defer f.Close()
 		check(pprof.StartCPUProfile(f))
 	}
-	cpu0 := selfCPU()
+	cpu0 := benchkit.CPUNow()
 	applied := time.Now()
 	b.mgr.Apply([]*rules.Route{r})
 	ownedC := make(chan time.Time, 1)
@@ -558,7 +492,7 @@ func (b *bench) drain(v variant, round int) drainResult {
 	}
 	done := time.Now()
 	cancel()
-	cpu := selfCPU() - cpu0
+	cpu := benchkit.CPUNow() - cpu0
 	if *drainProfile != "" {
 		pprof.StopCPUProfile()
 	}
@@ -680,28 +614,18 @@ func printDrain(rs []drainResult) {
 		}
 		ratioCol, rounds := "", ""
 		if len(ratios) > 0 {
-			ratioCol = fmt.Sprintf("%.2f×", median(ratios))
+			ratioCol = fmt.Sprintf("%.2f×", benchkit.Median(ratios))
 			strs := make([]string, len(ratios))
 			for i, r := range ratios {
 				strs[i] = fmt.Sprintf("%.2f×", r)
 			}
 			rounds = strings.Join(strs, ", ")
 			if v.interval == 100*time.Millisecond {
-				ratioCol += fmt.Sprintf(" (target ≥ 0.80×: %s)", verdict(median(ratios) >= 0.8))
+				ratioCol += fmt.Sprintf(" (target ≥ 0.80×: %s)", verdict(benchkit.Median(ratios) >= 0.8))
 			}
 		}
-		fmt.Printf("| %s | %.0f | %s | %s | %s |\n", v, median(rates), us(time.Duration(median(cpus))), ratioCol, rounds)
+		fmt.Printf("| %s | %.0f | %s | %s | %s |\n", v, benchkit.Median(rates), us(time.Duration(benchkit.Median(cpus))), ratioCol, rounds)
 	}
-}
-
-// median of xs (sorted in place).
-func median(xs []float64) float64 {
-	slices.Sort(xs)
-	n := len(xs)
-	if n%2 == 1 {
-		return xs[n/2]
-	}
-	return (xs[n/2-1] + xs[n/2]) / 2
 }
 
 // startBroker starts kfake (3 brokers, topics only as created) and returns
@@ -724,21 +648,6 @@ func startBroker(bin string) ([]string, int, func()) {
 	}
 	log.Fatalf("kfake exited before ready")
 	return nil, 0, nil
-}
-
-func moduleRoot() string {
-	dir, err := os.Getwd()
-	check(err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		p := filepath.Dir(dir)
-		if p == dir {
-			log.Fatal("no go.mod above the working directory")
-		}
-		dir = p
-	}
 }
 
 func check(err error) {

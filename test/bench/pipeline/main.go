@@ -19,7 +19,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -31,7 +30,6 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +38,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/rules"
@@ -65,7 +64,7 @@ func main() {
 		check(pprof.StartCPUProfile(f))
 		defer pprof.StopCPUProfile()
 	}
-	root := moduleRoot()
+	root := benchkit.ModuleRoot()
 	tmp, err := os.MkdirTemp("", "bench-pipeline-")
 	check(err)
 	defer os.RemoveAll(tmp)
@@ -238,38 +237,6 @@ func waitRunning(m *pipeline.Manager, n int) {
 	log.Fatalf("routes not running after 30s: %+v", m.Routes())
 }
 
-// record makes one source record of *size bytes with its send time.
-func record(topic string, id int, sendNS int64) *kgo.Record {
-	v := fmt.Appendf(make([]byte, 0, *size), `{"id":%d,"user":"u%d","merchant":"m%d","amount":%d.5,"send_ns":%d,"pad":"`,
-		id, id%100, id%120, id%1000, sendNS)
-	for len(v) < *size-2 {
-		v = append(v, 'x')
-	}
-	v = append(v, '"', '}')
-	return &kgo.Record{Topic: topic, Key: strconv.AppendInt(nil, int64(id), 10), Value: v}
-}
-
-var sendKey = []byte(`"send_ns":`)
-
-// sendNS reads send_ns from an output value without a full decode, so the
-// consumer does not add JSON decoding to what it measures.
-func sendNS(v []byte) (int64, bool) {
-	i := bytes.Index(v, sendKey)
-	if i < 0 {
-		return 0, false
-	}
-	s := v[i+len(sendKey):]
-	j := 0
-	for j < len(s) && (s[j] == '-' || s[j] == '.' || s[j] == 'e' || s[j] == 'E' || s[j] == '+' || (s[j] >= '0' && s[j] <= '9')) {
-		j++
-	}
-	f, err := strconv.ParseFloat(string(s[:j]), 64)
-	if err != nil {
-		return 0, false
-	}
-	return int64(f), true
-}
-
 type row struct {
 	name                 string
 	n                    int
@@ -316,7 +283,7 @@ func (b *bench) latency(name, src, sink string) row {
 			}
 			now := time.Now().UnixNano()
 			fs.EachRecord(func(r *kgo.Record) {
-				s, ok := sendNS(r.Value)
+				s, ok := benchkit.SendNS(r.Value)
 				if !ok || s < measureFrom {
 					return
 				}
@@ -338,7 +305,7 @@ func (b *bench) latency(name, src, sink string) row {
 		owed += perMs
 		for ; owed >= 1; owed-- {
 			id++
-			prod.Produce(context.Background(), record(src, id, time.Now().UnixNano()), func(_ *kgo.Record, err error) {
+			prod.Produce(context.Background(), benchkit.SendRecord(src, id, time.Now().UnixNano(), *size), func(_ *kgo.Record, err error) {
 				if err != nil {
 					log.Printf("%s: produce: %v", name, err)
 				}
@@ -378,7 +345,7 @@ func (b *bench) drainRate(name, kind, ruleFile string) string {
 	prod := b.client(kgo.MaxBufferedRecords(1<<16), kgo.ProducerBatchMaxBytes(1<<20))
 	t0 := time.Now()
 	for i := 0; i < *bulk; i++ {
-		prod.Produce(context.Background(), record(src, i, 0), func(_ *kgo.Record, err error) {
+		prod.Produce(context.Background(), benchkit.SendRecord(src, i, 0, *size), func(_ *kgo.Record, err error) {
 			if err != nil {
 				log.Printf("bulk produce: %v", err)
 			}
@@ -501,21 +468,6 @@ func startBroker(bin string) ([]string, func()) {
 	}
 	log.Fatalf("kfake exited before ready")
 	return nil, nil
-}
-
-func moduleRoot() string {
-	dir, err := os.Getwd()
-	check(err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		p := filepath.Dir(dir)
-		if p == dir {
-			log.Fatal("no go.mod above the working directory")
-		}
-		dir = p
-	}
 }
 
 func check(err error) {
