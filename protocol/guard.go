@@ -39,7 +39,8 @@ type Guard interface {
 	// of the request, with check and message saying why.
 	Check(topic string, partition int32, rec *ProducedRecord) (check, message string, ok bool)
 	// Refused is told every refused partition of a request (dead letters,
-	// metrics). It must not block.
+	// metrics). It must not block, and must copy what it keeps: the
+	// records alias the request's buffer, which is reused after the call.
 	Refused(r Refusal)
 }
 

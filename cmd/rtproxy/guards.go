@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -189,7 +191,9 @@ func (s *guardSink) deadLetters(topic string, r protocol.Refusal) {
 			guard, check = splitCheck(f.Check)
 			msg = f.Message
 		}
-		hs := append([]kgo.RecordHeader(nil), recordHeaders(rec)...)
+		// Copies: the refused records alias the request's buffer, which the
+		// proxy reuses once Refused returns, while this write is async.
+		hs := recordHeaders(rec)
 		hs = append(hs,
 			kgo.RecordHeader{Key: "rtproxy-guard", Value: []byte(guard)},
 			kgo.RecordHeader{Key: "rtproxy-check", Value: []byte(check)},
@@ -197,7 +201,8 @@ func (s *guardSink) deadLetters(topic string, r protocol.Refusal) {
 			kgo.RecordHeader{Key: "rtproxy-target", Value: []byte(r.Topic)},
 			kgo.RecordHeader{Key: "rtproxy-partition", Value: []byte(strconv.Itoa(int(r.Partition)))},
 		)
-		kr := &kgo.Record{Topic: topic, Key: rec.Key, Value: rec.Value, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
+		kr := &kgo.Record{Topic: topic, Key: bytes.Clone(rec.Key), Value: bytes.Clone(rec.Value), Headers: hs,
+			Timestamp: time.UnixMilli(rec.Timestamp)}
 		s.cl.Produce(context.Background(), kr, func(_ *kgo.Record, err error) {
 			if err != nil {
 				s.log.Error("guard dead letter not written", "topic", topic, "err", err)
@@ -207,9 +212,9 @@ func (s *guardSink) deadLetters(topic string, r protocol.Refusal) {
 }
 
 func recordHeaders(r protocol.ProducedRecord) []kgo.RecordHeader {
-	out := make([]kgo.RecordHeader, len(r.Headers))
+	out := make([]kgo.RecordHeader, len(r.Headers), len(r.Headers)+5)
 	for i, h := range r.Headers {
-		out[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+		out[i] = kgo.RecordHeader{Key: strings.Clone(h.Key), Value: bytes.Clone(h.Value)}
 	}
 	return out
 }
