@@ -237,3 +237,21 @@ func seedBatch(tb testing.TB, codec kgo.CompressionCodec) []byte {
 	rb := kmsg.RecordBatch{Magic: 2, Attributes: attrs, NumRecords: 2, LastOffsetDelta: 1, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, Records: recs}
 	return fixBatch(rb.AppendTo(nil))
 }
+
+// A batch that decompresses to more than the bound (max_frame_bytes) is an
+// error, not gigabytes in the proxy.
+func TestBoundedDecompressor(t *testing.T) {
+	comp, err := kgo.DefaultCompressor(kgo.ZstdCompression())
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := make([]byte, 4<<20)
+	packed, codec := comp.Compress(bytes.NewBuffer(nil), big)
+	d := boundedDecompressor(1 << 20)
+	if _, err := d.Decompress(packed, codec); err == nil {
+		t.Fatalf("%d compressed bytes of 4 MiB decompressed under a 1 MiB bound", len(packed))
+	}
+	if out, err := boundedDecompressor(8<<20).Decompress(packed, codec); err != nil || len(out) != len(big) {
+		t.Fatalf("under an 8 MiB bound: %d bytes, %v", len(out), err)
+	}
+}
