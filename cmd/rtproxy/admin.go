@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// admin is the operator-facing HTTP server: /metrics, /healthz, /readyz and
-// /routes.
+// admin is the operator-facing HTTP server: the status page (/), /metrics,
+// /healthz, /readyz and /routes.
 type admin struct {
 	log      *slog.Logger
 	srv      *http.Server
@@ -73,6 +73,16 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger, profiles 
 	})
 	mux.HandleFunc("GET /readyz", a.serveReady)
 	mux.HandleFunc("GET /routes", a.serveRoutes)
+	page := &statusPage{reg: reg, started: time.Now()}
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		ready, routes := a.hooks()
+		page.serve(w, r, func() (bool, string) {
+			if a.stopping.Load() {
+				return false, "shutting down"
+			}
+			return ready()
+		}, routes)
+	})
 	if profiles {
 		// Opt-in (pprof): Go's profiles, for `go tool pprof URL`.
 		mux.HandleFunc("GET /debug/pprof/", pprof.Index)

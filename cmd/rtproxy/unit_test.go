@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtproxy/rtproxy/config"
+	"github.com/rtproxy/rtproxy/pipeline"
 )
 
 func TestAdminEndpoints(t *testing.T) {
@@ -329,5 +330,75 @@ func TestPprofOptIn(t *testing.T) {
 		if resp.StatusCode != 200 || !strings.Contains(string(b), want) || len(b) == 0 {
 			t.Errorf("GET %s: %d, %d bytes", path, resp.StatusCode, len(b))
 		}
+	}
+}
+
+// The status page at / renders the routes and the metrics for people: the
+// route's state, partitions, dead letters and latency, the proxy's
+// connections and request rates, guards; errors are escaped, not markup.
+func TestStatusPage(t *testing.T) {
+	reg := newRegistry()
+	conns := prometheus.NewGauge(prometheus.GaugeOpts{Name: "rtproxy_proxy_connections_open", Help: "h"})
+	reqs := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtproxy_proxy_requests_total", Help: "h"}, []string{"api"})
+	dls := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtproxy_pipeline_dead_letters_total", Help: "h"}, []string{"route", "reason"})
+	lat := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "rtproxy_pipeline_processing_latency_seconds", Help: "h",
+		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 18)}, []string{"route"})
+	guard := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "rtproxy_guard_rejected_records_total", Help: "h"}, []string{"guard", "check"})
+	reg.MustRegister(conns, reqs, dls, lat, guard)
+	conns.Set(3)
+	reqs.WithLabelValues("Produce").Add(10)
+	dls.WithLabelValues("payments-risk", "decode").Add(2)
+	for range 98 {
+		lat.WithLabelValues("payments-risk").Observe(0.0009) // bucket ≤ 1.6 ms
+	}
+	lat.WithLabelValues("payments-risk").Observe(0.2) // bucket ≤ 204.8 ms
+	lat.WithLabelValues("payments-risk").Observe(0.2)
+	guard.WithLabelValues("payments-shape", "positive").Add(4)
+	a, err := newAdmin("127.0.0.1:0", reg, slog.New(slog.DiscardHandler), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go a.serve()
+	defer a.srv.Close()
+	cp := time.Now().Add(-2 * time.Second)
+	a.setReady(func() (bool, string) { return true, "" })
+	a.setRoutes(func() any {
+		return []pipeline.RouteStatus{{Name: "payments-risk", File: "/rules/payments-risk.yaml", Source: "payments", Sink: "payments.risk",
+			State: "running", Delivery: "exactly_once", Group: "rtproxy.payments-risk", Protocol: "consumer", Generation: 4,
+			LastCheckpoint: &cp, LastError: "<script>alert(1)</script>",
+			Owned:       []pipeline.OwnedPartition{{Topic: "payments", Partition: 2, DoneOffset: 120, Lag: 7}},
+			Transaction: &pipeline.TxnStatus{State: "open", Commits: 12, Aborts: 1}}}
+	})
+	get := func() string {
+		t.Helper()
+		resp, err := http.Get("http://" + a.Addr() + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") {
+			t.Fatalf("GET /: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+		}
+		return string(b)
+	}
+	get()
+	reqs.WithLabelValues("Produce").Add(5)
+	page := get()
+	for _, want := range []string{
+		"<h1>rtproxy status</h1>", `http-equiv="refresh"`, "payments-risk", "state-running", "exactly_once",
+		"payments → payments.risk", "<th scope=\"col\">", "120", ">7<", "decode", "≤ 1.60 ms / ≤ 204.80 ms",
+		"open, 12 commits, 1 aborts", "payments-shape", "positive", ">3<", "Produce",
+		"&lt;script&gt;alert(1)&lt;/script&gt;",
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the status page lacks %q:\n%s", want, page)
+		}
+	}
+	if strings.Contains(page, "<script>") {
+		t.Errorf("an error message reached the page as markup")
+	}
+	if resp, err := http.Get("http://" + a.Addr() + "/nope"); err != nil || resp.StatusCode != 404 {
+		t.Errorf("GET /nope: %v %v, want 404", resp, err)
 	}
 }

@@ -1,0 +1,258 @@
+package main
+
+// The status page: GET / on the admin listener, a small server-rendered
+// HTML view of what /routes and /metrics say, for people. It refreshes
+// itself every 5 s; rates are computed between two loads of the page.
+
+import (
+	"embed"
+	"fmt"
+	"html/template"
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/rtproxy/rtproxy/pipeline"
+)
+
+//go:embed statuspage/status.html
+var statusFS embed.FS
+
+var statusTmpl = template.Must(template.ParseFS(statusFS, "statuspage/status.html"))
+
+// statusPage renders GET /.
+type statusPage struct {
+	reg     prometheus.Gatherer
+	started time.Time
+
+	mu   sync.Mutex
+	prev map[string]float64 // counters at the last load, for rates
+	at   time.Time
+}
+
+type statusView struct {
+	Version, Uptime, Now, NotReady string
+	Ready                          bool
+	Proxy                          proxyView
+	Routes                         []routeView
+	Guards                         []guardView
+}
+
+type proxyView struct {
+	Connections                            string
+	RequestRate, BytesInRate, BytesOutRate string
+	APIs                                   []apiView
+}
+
+type apiView struct{ Name, Total, Rate string }
+
+type routeView struct {
+	Name, State, StateClass, Source, Sink, Delivery, File, Group, Protocol string
+	Generation                                                           int32
+	Owned                                                                int
+	Lag                                                                  int64
+	LastCheckpoint, Pause, Latency, LastError, RuleError                 string
+	Watermark, Restore, Txn                                              string
+	Partitions                                                           []pipeline.OwnedPartition
+	State_, DeadLetters                                                  []namedValue
+}
+
+type namedValue struct {
+	Name  string
+	Value string
+}
+
+type guardView struct{ Guard, Check, Value string }
+
+func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() (bool, string), routes func() any) {
+	if r.URL.Path != "/" {
+		http.NotFound(w, r)
+		return
+	}
+	now := time.Now()
+	v := statusView{Version: version, Uptime: time.Since(s.started).Round(time.Second).String(),
+		Now: now.UTC().Format(time.RFC3339)}
+	v.Ready, v.NotReady = ready()
+	fams, err := s.reg.Gather()
+	if err != nil && len(fams) == 0 {
+		http.Error(w, "gather metrics: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	m := indexMetrics(fams)
+	v.Proxy = s.proxyView(m, now)
+	if routes != nil {
+		if rs, ok := routes().([]pipeline.RouteStatus); ok {
+			for _, rs := range rs {
+				v.Routes = append(v.Routes, routeViewOf(rs, m, now))
+			}
+		}
+	}
+	for _, smp := range m["rtproxy_guard_rejected_records_total"] {
+		v.Guards = append(v.Guards, guardView{Guard: smp.labels["guard"], Check: smp.labels["check"], Value: count(smp.value)})
+	}
+	sort.Slice(v.Guards, func(i, j int) bool {
+		return v.Guards[i].Guard+"\x00"+v.Guards[i].Check < v.Guards[j].Guard+"\x00"+v.Guards[j].Check
+	})
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if err := statusTmpl.Execute(w, v); err != nil {
+		// The header is out; the page ends where it failed.
+		fmt.Fprintf(w, "<p>render: %s</p>", template.HTMLEscapeString(err.Error()))
+	}
+}
+
+// proxyView reads the proxy's counters, and their rates since the last
+// load of the page.
+func (s *statusPage) proxyView(m metricIndex, now time.Time) proxyView {
+	cur := map[string]float64{}
+	var reqs float64
+	for _, smp := range m["rtproxy_proxy_requests_total"] {
+		cur["api:"+smp.labels["api"]] = smp.value
+		reqs += smp.value
+	}
+	cur["requests"] = reqs
+	for _, smp := range m["rtproxy_proxy_bytes_total"] {
+		cur["bytes:"+smp.labels["direction"]] = smp.value
+	}
+	s.mu.Lock()
+	prev, at := s.prev, s.at
+	s.prev, s.at = cur, now
+	s.mu.Unlock()
+	rate := func(k string) string {
+		if prev == nil || !now.After(at) {
+			return "–"
+		}
+		return fmt.Sprintf("%.1f", max(cur[k]-prev[k], 0)/now.Sub(at).Seconds())
+	}
+	pv := proxyView{RequestRate: rate("requests"), BytesInRate: rate("bytes:client_to_broker"), BytesOutRate: rate("bytes:broker_to_client")}
+	if c := m["rtproxy_proxy_connections_open"]; len(c) > 0 {
+		pv.Connections = count(c[0].value)
+	}
+	for _, smp := range m["rtproxy_proxy_requests_total"] {
+		api := smp.labels["api"]
+		pv.APIs = append(pv.APIs, apiView{Name: api, Total: count(smp.value), Rate: rate("api:" + api)})
+	}
+	slices.SortFunc(pv.APIs, func(a, b apiView) int { return strings.Compare(a.Name, b.Name) })
+	return pv
+}
+
+func routeViewOf(rs pipeline.RouteStatus, m metricIndex, now time.Time) routeView {
+	rv := routeView{Name: rs.Name, State: rs.State, Source: rs.Source, Sink: rs.Sink, Delivery: rs.Delivery,
+		File: rs.File, Group: rs.Group, Protocol: rs.Protocol, Generation: rs.Generation, Owned: len(rs.Owned),
+		LastError: rs.LastError, RuleError: rs.RuleError, Partitions: rs.Owned,
+		Pause: fmt.Sprintf("%.2f / %.2f ms", rs.CheckpointPauseMs, rs.MaxCheckpointPauseMs)}
+	switch rs.State {
+	case "running":
+		rv.StateClass = "state-running"
+	case "error":
+		rv.StateClass = "state-error"
+	default:
+		rv.StateClass = "state-other"
+	}
+	if rv.Delivery == "" {
+		rv.Delivery = "–"
+	}
+	for _, o := range rs.Owned {
+		rv.Lag += o.Lag
+	}
+	rv.LastCheckpoint = "never"
+	if rs.LastCheckpoint != nil {
+		rv.LastCheckpoint = now.Sub(*rs.LastCheckpoint).Round(time.Millisecond).String() + " ago"
+	}
+	if rs.Watermark != nil {
+		rv.Watermark = rs.Watermark.UTC().Format(time.RFC3339Nano)
+	}
+	rv.Restore = fmt.Sprintf("%s (%d changelog records, %.1f s)", rs.Restore.State, rs.Restore.Records, rs.Restore.Seconds)
+	if t := rs.Transaction; t != nil {
+		rv.Txn = fmt.Sprintf("%s, %d commits, %d aborts", t.State, t.Commits, t.Aborts)
+		if t.LastAbort != "" {
+			rv.Txn += " (last abort: " + t.LastAbort + ")"
+		}
+	}
+	rv.Latency = "–"
+	for _, smp := range m["rtproxy_pipeline_processing_latency_seconds"] {
+		if smp.labels["route"] == rs.Name && smp.hist != nil {
+			rv.Latency = fmt.Sprintf("%s / %s", seconds(quantileOf(smp.hist, 0.5)), seconds(quantileOf(smp.hist, 0.99)))
+		}
+	}
+	for _, smp := range m["rtproxy_state_keys"] {
+		if smp.labels["route"] == rs.Name {
+			rv.State_ = append(rv.State_, namedValue{smp.labels["step"], count(smp.value)})
+		}
+	}
+	for _, smp := range m["rtproxy_pipeline_dead_letters_total"] {
+		if smp.labels["route"] == rs.Name && smp.value > 0 {
+			rv.DeadLetters = append(rv.DeadLetters, namedValue{smp.labels["reason"], count(smp.value)})
+		}
+	}
+	return rv
+}
+
+// metricIndex is the gathered samples by metric name.
+type metricIndex map[string][]sample
+
+type sample struct {
+	labels map[string]string
+	value  float64
+	hist   *dto.Histogram
+}
+
+func indexMetrics(fams []*dto.MetricFamily) metricIndex {
+	out := metricIndex{}
+	for _, f := range fams {
+		for _, mt := range f.GetMetric() {
+			s := sample{labels: map[string]string{}}
+			for _, lp := range mt.GetLabel() {
+				s.labels[lp.GetName()] = lp.GetValue()
+			}
+			switch {
+			case mt.Counter != nil:
+				s.value = mt.GetCounter().GetValue()
+			case mt.Gauge != nil:
+				s.value = mt.GetGauge().GetValue()
+			case mt.Histogram != nil:
+				s.hist = mt.GetHistogram()
+			}
+			out[f.GetName()] = append(out[f.GetName()], s)
+		}
+	}
+	return out
+}
+
+// quantileOf estimates quantile q of a histogram: the upper bound of the
+// first bucket holding it (what the buckets can say without interpolation);
+// NaN when it is empty.
+func quantileOf(h *dto.Histogram, q float64) float64 {
+	n := h.GetSampleCount()
+	if n == 0 {
+		return math.NaN()
+	}
+	want := uint64(math.Ceil(q * float64(n)))
+	for _, b := range h.GetBucket() {
+		if b.GetCumulativeCount() >= want {
+			return b.GetUpperBound()
+		}
+	}
+	return math.Inf(1)
+}
+
+func seconds(s float64) string {
+	switch {
+	case math.IsNaN(s):
+		return "–"
+	case math.IsInf(s, 1):
+		return "> 10 s"
+	case s < 1:
+		return fmt.Sprintf("≤ %.2f ms", s*1000)
+	}
+	return fmt.Sprintf("≤ %.2f s", s)
+}
+
+func count(v float64) string { return fmt.Sprintf("%.0f", v) }
