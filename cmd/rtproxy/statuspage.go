@@ -55,13 +55,13 @@ type apiView struct{ Name, Total, Rate string }
 
 type routeView struct {
 	Name, State, StateClass, Source, Sink, Delivery, File, Group, Protocol string
-	Generation                                                           int32
-	Owned                                                                int
-	Lag                                                                  int64
-	LastCheckpoint, Pause, Latency, LastError, RuleError                 string
-	Watermark, Restore, Txn                                              string
-	Partitions                                                           []pipeline.OwnedPartition
-	State_, DeadLetters                                                  []namedValue
+	Generation                                                             int32
+	Owned                                                                  int
+	Lag                                                                    int64
+	LastCheckpoint, Pause, Latency, LastError, RuleError                   string
+	Watermark, Restore, Txn                                                string
+	Partitions                                                             []pipeline.OwnedPartition
+	State_, DeadLetters                                                    []namedValue
 }
 
 type namedValue struct {
