@@ -61,7 +61,7 @@ type routeView struct {
 	LastCheckpoint, Pause, Latency, LastError, RuleError                   string
 	Watermark, Restore, Txn                                                string
 	Partitions                                                             []pipeline.OwnedPartition
-	State_, DeadLetters                                                    []namedValue
+	StateKeys, DeadLetters                                                 []namedValue
 }
 
 type namedValue struct {
@@ -184,7 +184,7 @@ func routeViewOf(rs pipeline.RouteStatus, m metricIndex, now time.Time) routeVie
 	}
 	for _, smp := range m["rtproxy_state_keys"] {
 		if smp.labels["route"] == rs.Name {
-			rv.State_ = append(rv.State_, namedValue{smp.labels["step"], count(smp.value)})
+			rv.StateKeys = append(rv.StateKeys, namedValue{smp.labels["step"], count(smp.value)})
 		}
 	}
 	for _, smp := range m["rtproxy_pipeline_dead_letters_total"] {
