@@ -313,7 +313,7 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 // in place.
 func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos, base: pos,
-		ch: make(chan []*kgo.Record, 16), stop: make(chan struct{}), done: make(chan struct{})}
+		ch: make(chan taskBatch, 16), stop: make(chan struct{}), done: make(chan struct{})}
 	if seg.idx == 0 {
 		t.label = partLabel(p)
 		t.mIn = r.m.met.recordsIn.WithLabelValues(r.name, t.label)

@@ -29,6 +29,8 @@ type metrics struct {
 	restoreSeconds  *prometheus.HistogramVec // route
 	repeatsSkipped  *prometheus.CounterVec   // route
 	txnCommit       *prometheus.HistogramVec // route
+	tapped          *prometheus.CounterVec   // route
+	tapDropped      *prometheus.CounterVec   // route
 	txnAborts       *prometheus.CounterVec   // route
 	stateFailed     prometheus.Gauge
 	retentionSweeps prometheus.Counter
@@ -98,6 +100,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		repeatsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_pipeline_repartition_repeats_skipped_total", Help: "Repartitioned records written again by a replaying writer and skipped.",
 		}, []string{"route"}),
+		tapped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_route_tapped_records_total", Help: "Source records a route processed from the produce path (the proxy's tap) rather than from its fetch.",
+		}, []string{"route"}),
+		tapDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_route_tap_dropped_batches_total", Help: "Tapped batches a route dropped (its queue full, or too many waiting for the fetch); their records come by the fetch.",
+		}, []string{"route"}),
 		txnCommit: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "rtproxy_route_txn_commit_seconds", Help: "Exactly-once routes: time from a checkpoint's cut to its transaction committed (dispatch is paused meanwhile).",
 			Buckets: latencyBuckets,
@@ -112,7 +120,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rtproxy_state_store_failed", Help: "1 once the state store (pebble) has failed: routes with state stop until the process restarts.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing,
+	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing,
 		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
@@ -128,7 +136,7 @@ func (m *metrics) forgetRoute(route string) {
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.processing, m.endToEnd, m.lag, m.watermark,
 		m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.partitionsOwned,
-		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts,
+		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped,
 	} {
 		v.DeletePartialMatch(only)
 	}

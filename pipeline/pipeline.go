@@ -358,6 +358,11 @@ type RouteStatus struct {
 	// Transaction the state of an exactly-once route's transactions.
 	Delivery    string     `json:"delivery,omitempty"`
 	Transaction *TxnStatus `json:"transaction,omitempty"`
+	// TappedRecords are the source records this instance's version of the
+	// route processed from the produce path; TappedShare their share of
+	// every source record it processed.
+	TappedRecords int64   `json:"tapped_records"`
+	TappedShare   float64 `json:"tapped_share"`
 }
 
 // OwnedPartition is one partition a route's instance owns in its group.

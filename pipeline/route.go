@@ -117,9 +117,13 @@ type route struct {
 
 	// Metric children resolved once: a label lookup per record would cost
 	// more than the rest of a filter step.
-	mOut  prometheus.Counter
-	mE2E  prometheus.Observer
-	mProc prometheus.Observer
+	mOut    prometheus.Counter
+	mE2E    prometheus.Observer
+	mProc   prometheus.Observer
+	mTapped prometheus.Counter
+
+	// Source records processed, and of them those from the tap (tap.go).
+	nIn, nTapped atomic.Int64
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
@@ -130,6 +134,7 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.mOut = m.met.recordsOut.WithLabelValues(d.Name)
 	r.mE2E = m.met.endToEnd.WithLabelValues(d.Name)
 	r.mProc = m.met.processing.WithLabelValues(d.Name)
+	r.mTapped = m.met.tapped.WithLabelValues(d.Name)
 	r.inflight.zero = sync.NewCond(&r.inflight.Mutex)
 	r.st.state = "starting"
 	return r
@@ -350,7 +355,7 @@ func (r *route) pollLoop() {
 			// the moment the fetch is decoded, without a channel operation
 			// per record.
 			select {
-			case t.ch <- ftp.Records:
+			case t.ch <- taskBatch{recs: ftp.Records}:
 			case <-t.stop:
 			case <-r.halt:
 			}

@@ -64,6 +64,10 @@ func (r *route) status() RouteStatus {
 	s.Group = d.GroupID()
 	s.Delivery = d.Sink.Delivery
 	s.Transaction = r.txnStatus()
+	s.TappedRecords = r.nTapped.Load()
+	if in := r.nIn.Load(); in > 0 {
+		s.TappedShare = float64(s.TappedRecords) / float64(in)
+	}
 	s.Protocol = r.grp.protocol
 	s.Owned = []OwnedPartition{}
 	r.grp.mu.Lock()

@@ -57,13 +57,16 @@ func changelogTopic(route string, s *rules.StepSpec) string {
 // task is one owned (topic, partition) of a route: a goroutine that runs
 // its segment's steps on each record in offset order.
 type task struct {
-	r     *route
-	seg   *segment
-	id    int32
-	part  int32
-	ch    chan []*kgo.Record // fetched batches, in offset order
-	stop  chan struct{}      // closed when the partition is released
-	done  chan struct{}      // closed when the goroutine returned
+	r    *route
+	seg  *segment
+	id   int32
+	part int32
+	ch   chan taskBatch // fetched batches in offset order, and tapped ones (tap.go)
+	// held are tapped batches waiting for the fetch to reach them (tap.go);
+	// only the task's goroutine touches them.
+	held  []taskBatch
+	stop  chan struct{} // closed when the partition is released
+	done  chan struct{} // closed when the goroutine returned
 	chain *chain
 	pos   int64 // next offset to dispatch; written under cut.RLock by its goroutine, read under cut.Lock
 	// base is where the task resumes after an aborted transaction: its
@@ -202,33 +205,67 @@ func (t *task) noteDelivered(q int32, f int64, now time.Time) {
 func (r *route) dispatchLoop(t *task) {
 	defer close(t.done)
 	for {
-		var recs []*kgo.Record
+		var b taskBatch
 		select {
-		case recs = <-t.ch:
+		case b = <-t.ch:
 		case <-t.stop:
 			return
 		case <-r.halt:
 			return
 		}
-		for _, rec := range recs {
-			// Each record is a boundary: a checkpoint, a release or a stop
-			// may take cut between any two.
-			r.cut.RLock()
-			if r.halted || isClosed(t.stop) {
-				r.cut.RUnlock()
+		recs := b.recs
+		if b.tapped {
+			if recs = t.continuing(b); recs == nil {
+				continue // held for later, or already fetched
+			}
+		}
+		if !r.dispatch(t, recs, b.tapped) {
+			return
+		}
+		// Tapped batches the fetch has now caught up with.
+		for {
+			recs := t.heldContinuing()
+			if recs == nil {
+				break
+			}
+			if !r.dispatch(t, recs, true) {
 				return
 			}
-			if rec.Offset >= t.pos {
-				if t.seg.idx == 0 {
-					r.processSource(t, rec)
-				} else {
-					r.processRepartitioned(t, rec)
-				}
-				t.pos = rec.Offset + 1
-			}
-			r.cut.RUnlock()
 		}
 	}
+}
+
+// dispatch runs recs through t's steps in order, each record at or past
+// t.pos; false once the task or the route stops.
+func (r *route) dispatch(t *task, recs []*kgo.Record, tapped bool) bool {
+	n := 0
+	for _, rec := range recs {
+		// Each record is a boundary: a checkpoint, a release or a stop
+		// may take cut between any two.
+		r.cut.RLock()
+		if r.halted || isClosed(t.stop) {
+			r.cut.RUnlock()
+			return false
+		}
+		if rec.Offset >= t.pos {
+			if t.seg.idx == 0 {
+				r.processSource(t, rec)
+			} else {
+				r.processRepartitioned(t, rec)
+			}
+			t.pos = rec.Offset + 1
+			n++
+		}
+		r.cut.RUnlock()
+	}
+	if t.seg.idx == 0 {
+		r.nIn.Add(int64(n))
+		if tapped && n > 0 {
+			r.nTapped.Add(int64(n))
+			r.mTapped.Add(float64(n))
+		}
+	}
+	return true
 }
 
 func isClosed(c chan struct{}) bool {
