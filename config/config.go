@@ -96,6 +96,10 @@ type ProxyLimits struct {
 	// RequestReadTimeout closes a client connection whose request has not
 	// fully arrived this long after its first 4 KiB. 0: never. Default 60s.
 	RequestReadTimeout time.Duration `yaml:"request_read_timeout"`
+	// Tap hands records produced through the proxy with acks=all to the
+	// routes of this instance that read them, when the brokers acknowledge
+	// them, instead of a fetch later. Default true.
+	Tap bool `yaml:"tap"`
 }
 
 // TLS holds both sides of TLS, each configured on its own.
@@ -167,6 +171,7 @@ func Default() *Config {
 		Proxy: ProxyLimits{
 			MaxConnections:     10000,
 			MaxHeldBytes:       256 << 20,
+			Tap:                true,
 			ClientIdleTimeout:  10 * time.Minute,
 			RequestReadTimeout: 60 * time.Second,
 		},

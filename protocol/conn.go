@@ -29,6 +29,10 @@ type inflight struct {
 	// refused are the partitions of a Produce that guards refused: the
 	// proxy adds them to the brokers' response (guard.go).
 	refused []refusedPart
+	// taps are its partitions to hand to the tap once acknowledged; they
+	// alias keep, the request's buffer, released after.
+	taps []tapPart
+	keep []byte
 }
 
 // pair is one client connection and its upstream connection. Two
@@ -301,8 +305,8 @@ func (pr *pair) clientLoop() {
 			h, err = ParseRequestHeader(frame[4:])
 		}
 		expectResponse := true
+		var acks int16
 		if err == nil && h.APIKey == int16(kmsg.Produce) {
-			var acks int16
 			acks, err = produceAcks(frame[4:], h)
 			if err != nil {
 				err = fmt.Errorf("%w: produce request truncated before acks", ErrBadHeader)
@@ -322,17 +326,28 @@ func (pr *pair) clientLoop() {
 		}
 		lastKey, lastVersion = h.APIKey, h.APIVersion
 		var refused []refusedPart
+		var taps []tapPart
+		var keep []byte // the request buffer taps alias, released with the response
 		var heldReq int64
 		if h.APIKey == int16(kmsg.Produce) {
-			if gs := p.guards.Load(); gs != nil {
-				// Read whole and checked (guard.go); its bytes count
-				// against max_held_bytes while held.
+			var gs Guards
+			if g := p.guards.Load(); g != nil {
+				gs = *g
+			}
+			var tap Tap
+			if t := p.tap.Load(); t != nil && acks == -1 {
+				tap = *t
+			}
+			if gs != nil || tap != nil {
+				// Read whole, checked and its tapped partitions picked
+				// (guard.go); its bytes count against max_held_bytes
+				// while held.
 				var ok bool
 				if heldReq, ok = p.held.acquire(int64(len(frame)+rest), pr.done); !ok {
 					ReleaseFrame(frame)
 					return
 				}
-				frame, refused, err = pr.guardProduce(*gs, h, frame, rest)
+				frame, refused, taps, keep, err = pr.inspectProduce(gs, tap, acks, h, frame, rest)
 				rest = 0
 				if err != nil {
 					p.held.release(heldReq)
@@ -354,7 +369,7 @@ func (pr *pair) clientLoop() {
 			// Queue before writing: the response can come back before
 			// Write returns.
 			select {
-			case pr.queue <- inflight{key: h.APIKey, version: h.APIVersion, corr: h.CorrelationID, sent: time.Now(), refused: refused}:
+			case pr.queue <- inflight{key: h.APIKey, version: h.APIVersion, corr: h.CorrelationID, sent: time.Now(), refused: refused, taps: taps, keep: keep}:
 			case <-pr.done:
 				ReleaseFrame(frame)
 				p.held.release(heldReq)
@@ -362,7 +377,9 @@ func (pr *pair) clientLoop() {
 			}
 		}
 		_, err = pr.upstream.Write(frame)
-		ReleaseFrame(frame)
+		if keep == nil || &frame[0] != &keep[0] {
+			ReleaseFrame(frame) // else released with the response (brokerLoop)
+		}
 		p.held.release(heldReq)
 		if err == nil && rest > 0 {
 			err = copyBody(pr.upstream, pr.client, rest)
@@ -443,7 +460,7 @@ func (pr *pair) brokerLoop() {
 			continue
 		}
 		var held int64
-		if rest > 0 && (needsBody(req.key, req.version) || req.refused != nil) {
+		if rest > 0 && (needsBody(req.key, req.version) || req.refused != nil || req.taps != nil) {
 			var ok bool
 			if held, ok = p.held.acquire(int64(len(frame)+rest), pr.done); !ok {
 				ReleaseFrame(frame)
@@ -458,6 +475,15 @@ func (pr *pair) brokerLoop() {
 				return
 			}
 			rest = 0
+		}
+		if req.taps != nil {
+			if t := p.tap.Load(); t != nil {
+				if off, err := responseBodyOffset(frame[4:], req.key, req.version); err == nil {
+					p.deliverTaps(*t, req.version, frame[4+off:], req.taps)
+				}
+			}
+			ReleaseFrame(req.keep)
+			req.keep = nil
 		}
 		out := frame
 		if req.refused != nil {

@@ -71,6 +71,36 @@ type RecordFailure struct {
 	Check, Message string
 }
 
+// Tap receives records produced through the proxy with acks=all, when the
+// brokers acknowledge them (pipeline.Manager, through cmd/rtproxy).
+type Tap interface {
+	// Wants reports whether records of topic are wanted (a route of this
+	// instance reads it).
+	Wants(topic string) bool
+	// Acked is given the records of one partition's batch at offsets base,
+	// base+1, ... It must copy what it keeps: the records alias buffers
+	// the proxy reuses after the call.
+	Acked(topic string, partition int32, base int64, recs []ProducedRecord)
+}
+
+// SetTap sets the tap; nil removes it.
+func (p *Proxy) SetTap(t Tap) {
+	if t == nil {
+		p.tap.Store(nil)
+		return
+	}
+	p.tap.Store(&t)
+}
+
+// tapPart is one partition's batch of a Produce request, to be handed to
+// the tap once the brokers acknowledge it.
+type tapPart struct {
+	topic     string
+	topicID   [16]byte
+	partition int32
+	batches   []byte // aliases the request buffer kept in inflight.keep
+}
+
 // SetGuards sets the guards in force; nil removes them all. Requests read
 // from then on are checked against them.
 func (p *Proxy) SetGuards(g Guards) {
@@ -91,26 +121,29 @@ type refusedPart struct {
 	records   []RecordFailure
 }
 
-// guardProduce checks a Produce request (frame holds its head, rest bytes
-// of it are still in the client's socket) against the guards. It returns
-// the frame to forward (the request read whole, or a new request without
-// the refused partitions) and the refused partitions. A request that does
-// not decode is an error: its topics cannot be known, so it cannot pass.
-func (pr *pair) guardProduce(gs Guards, h RequestHeader, frame []byte, rest int) ([]byte, []refusedPart, error) {
+// inspectProduce reads a Produce request whole (frame holds its head, rest
+// bytes of it are still in the client's socket), checks it against the
+// guards (gs, may be nil) and picks the partitions to tap (tap, may be nil:
+// acks=all, not transactional). It returns the frame to forward (the
+// request read whole, or a new request without the refused partitions),
+// the refused partitions, the tapped ones and, when there are, the buffer
+// they alias (keep), which the caller releases once they are delivered. A
+// request that does not decode is an error: its topics cannot be known, so
+// it cannot pass.
+func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, frame []byte, rest int) (out []byte, refused []refusedPart, taps []tapPart, keep []byte, err error) {
 	full := frame
 	if rest > 0 {
-		var err error
 		if full, err = completeFrame(pr.client, frame, rest); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, nil, err
 		}
 	}
 	req := kmsg.NewPtrProduceRequest()
 	req.SetVersion(h.APIVersion)
 	if err := req.ReadFrom(full[4+h.BodyOffset:]); err != nil {
 		ReleaseFrame(full)
-		return nil, nil, fmt.Errorf("%w: produce request does not decode: %v", ErrBadHeader, err)
+		return nil, nil, nil, nil, fmt.Errorf("%w: produce request does not decode: %v", ErrBadHeader, err)
 	}
-	var refused []refusedPart
+	tapping := tap != nil && acks == -1 && req.TransactionID == nil
 	for ti := range req.Topics {
 		t := &req.Topics[ti]
 		name := t.Topic
@@ -127,8 +160,17 @@ func (pr *pair) guardProduce(gs Guards, h RequestHeader, frame []byte, rest int)
 			}
 			name = n
 		}
-		g := gs.For(name)
+		var g Guard
+		if gs != nil {
+			g = gs.For(name)
+		}
+		tapped := tapping && tap.Wants(name)
 		if g == nil {
+			if tapped {
+				for _, pp := range t.Partitions {
+					taps = append(taps, tapPart{topic: name, topicID: t.TopicID, partition: pp.Partition, batches: pp.Records})
+				}
+			}
 			continue
 		}
 		kept := t.Partitions[:0]
@@ -136,6 +178,9 @@ func (pr *pair) guardProduce(gs Guards, h RequestHeader, frame []byte, rest int)
 			rf := pr.p.checkPartition(g, name, pp.Partition, pp.Records)
 			if rf == nil {
 				kept = append(kept, pp)
+				if tapped {
+					taps = append(taps, tapPart{topic: name, topicID: t.TopicID, partition: pp.Partition, batches: pp.Records})
+				}
 				continue
 			}
 			g.Refused(*rf)
@@ -143,8 +188,11 @@ func (pr *pair) guardProduce(gs Guards, h RequestHeader, frame []byte, rest int)
 		}
 		t.Partitions = kept
 	}
+	if len(taps) > 0 {
+		keep = full
+	}
 	if len(refused) == 0 {
-		return full, nil, nil
+		return full, nil, taps, keep, nil
 	}
 	topics := req.Topics[:0]
 	for _, t := range req.Topics {
@@ -153,12 +201,14 @@ func (pr *pair) guardProduce(gs Guards, h RequestHeader, frame []byte, rest int)
 		}
 	}
 	req.Topics = topics
-	out := getBuf(4 + h.BodyOffset)[:0]
+	out = getBuf(4 + h.BodyOffset)[:0]
 	out = append(out, full[:4+h.BodyOffset]...)
-	ReleaseFrame(full)
 	out = req.AppendTo(out)
+	if keep == nil {
+		ReleaseFrame(full)
+	}
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
-	return out, refused, nil
+	return out, refused, taps, keep, nil
 }
 
 func refusedOf(topic string, id [16]byte, rf *Refusal) refusedPart {
@@ -217,52 +267,112 @@ var errNotV2 = errors.New("only record batches (magic 2, Kafka 0.11+ clients) ca
 func decodeBatches(b []byte, d kgo.Decompressor) ([]ProducedRecord, error) {
 	var out []ProducedRecord
 	for len(b) > 0 {
-		if len(b) < 17 {
-			return nil, fmt.Errorf("record batch truncated: %d bytes", len(b))
+		batch, recs, rest, _, err := readBatch(b, d, out)
+		if err != nil {
+			return nil, err
 		}
-		size := int64(int32(binary.BigEndian.Uint32(b[8:12])))
-		if size < 49 || 12+size > int64(len(b)) {
-			return nil, fmt.Errorf("record batch length %d does not fit %d bytes", size, len(b))
-		}
-		if b[16] != 2 {
-			return nil, fmt.Errorf("record batch magic %d: %w", b[16], errNotV2)
-		}
-		var batch kmsg.RecordBatch
-		if err := batch.ReadFrom(b[:12+size]); err != nil {
-			return nil, fmt.Errorf("record batch: %w", err)
-		}
-		b = b[12+size:]
-		if batch.Attributes&0x20 != 0 {
-			continue // a control batch: brokers write these, not producers
-		}
-		data := batch.Records
-		if codec := batch.Attributes & 0x07; codec != 0 {
-			var err error
-			if data, err = d.Decompress(data, kgo.CompressionCodecType(codec)); err != nil {
-				return nil, fmt.Errorf("record batch: decompress: %w", err)
-			}
-		}
-		if batch.NumRecords < 0 || int(batch.NumRecords) > len(data) {
-			return nil, fmt.Errorf("record batch claims %d records in %d bytes", batch.NumRecords, len(data))
-		}
-		for range batch.NumRecords {
-			l, n := binary.Varint(data)
-			if n <= 0 || l < 0 || int64(n)+l > int64(len(data)) {
-				return nil, errors.New("record length does not fit its batch")
-			}
-			var r kmsg.Record
-			if err := r.ReadFrom(data[:int64(n)+l]); err != nil {
-				return nil, fmt.Errorf("record: %w", err)
-			}
-			data = data[int64(n)+l:]
-			out = append(out, ProducedRecord{Key: r.Key, Value: r.Value, Headers: r.Headers,
-				Timestamp: batch.FirstTimestamp + r.TimestampDelta64})
-		}
-		if len(data) != 0 {
-			return nil, fmt.Errorf("record batch: %d bytes after its %d records", len(data), batch.NumRecords)
+		b = rest
+		if batch.Attributes&0x20 == 0 { // a control batch: brokers write these, not producers
+			out = recs
 		}
 	}
 	return out, nil
+}
+
+// tapRecords decodes a partition's batches for the tap: exactly one batch,
+// not transactional, its records at offset deltas 0, 1, ... (so that the
+// acknowledgement's base offset gives each its offset); ok false otherwise.
+func tapRecords(b []byte, d kgo.Decompressor) ([]ProducedRecord, bool) {
+	batch, recs, rest, contiguous, err := readBatch(b, d, nil)
+	if err != nil || len(rest) != 0 || !contiguous || batch.Attributes&0x30 != 0 || len(recs) == 0 {
+		return nil, false
+	}
+	return recs, true
+}
+
+// readBatch decodes the first record batch of b, appending its records to
+// out; it returns the batch header, the records, the bytes after the
+// batch, and whether the records sit at offset deltas 0, 1, ... in order.
+func readBatch(b []byte, d kgo.Decompressor, out []ProducedRecord) (kmsg.RecordBatch, []ProducedRecord, []byte, bool, error) {
+	var batch kmsg.RecordBatch
+	if len(b) < 17 {
+		return batch, nil, nil, false, fmt.Errorf("record batch truncated: %d bytes", len(b))
+	}
+	size := int64(int32(binary.BigEndian.Uint32(b[8:12])))
+	if size < 49 || 12+size > int64(len(b)) {
+		return batch, nil, nil, false, fmt.Errorf("record batch length %d does not fit %d bytes", size, len(b))
+	}
+	if b[16] != 2 {
+		return batch, nil, nil, false, fmt.Errorf("record batch magic %d: %w", b[16], errNotV2)
+	}
+	if err := batch.ReadFrom(b[:12+size]); err != nil {
+		return batch, nil, nil, false, fmt.Errorf("record batch: %w", err)
+	}
+	rest := b[12+size:]
+	if batch.Attributes&0x20 != 0 {
+		return batch, out, rest, false, nil
+	}
+	data := batch.Records
+	if codec := batch.Attributes & 0x07; codec != 0 {
+		var err error
+		if data, err = d.Decompress(data, kgo.CompressionCodecType(codec)); err != nil {
+			return batch, nil, nil, false, fmt.Errorf("record batch: decompress: %w", err)
+		}
+	}
+	if batch.NumRecords < 0 || int(batch.NumRecords) > len(data) {
+		return batch, nil, nil, false, fmt.Errorf("record batch claims %d records in %d bytes", batch.NumRecords, len(data))
+	}
+	contiguous := batch.LastOffsetDelta == batch.NumRecords-1
+	for i := range batch.NumRecords {
+		l, n := binary.Varint(data)
+		if n <= 0 || l < 0 || int64(n)+l > int64(len(data)) {
+			return batch, nil, nil, false, errors.New("record length does not fit its batch")
+		}
+		var r kmsg.Record
+		if err := r.ReadFrom(data[:int64(n)+l]); err != nil {
+			return batch, nil, nil, false, fmt.Errorf("record: %w", err)
+		}
+		data = data[int64(n)+l:]
+		contiguous = contiguous && r.OffsetDelta == i
+		out = append(out, ProducedRecord{Key: r.Key, Value: r.Value, Headers: r.Headers,
+			Timestamp: batch.FirstTimestamp + r.TimestampDelta64})
+	}
+	if len(data) != 0 {
+		return batch, nil, nil, false, fmt.Errorf("record batch: %d bytes after its %d records", len(data), batch.NumRecords)
+	}
+	return batch, out, rest, contiguous, nil
+}
+
+// deliverTaps hands the tapped partitions of a Produce request to the tap,
+// for those the brokers' response (body) acknowledged.
+func (p *Proxy) deliverTaps(tap Tap, version int16, body []byte, taps []tapPart) {
+	r, err := decodeResponse(int16(kmsg.Produce), version, body)
+	if err != nil {
+		return // the client gets the response as it is; the fetch brings the records
+	}
+	resp := r.(*kmsg.ProduceResponse)
+	for _, tp := range taps {
+		for _, rt := range resp.Topics {
+			if (version >= 13 && rt.TopicID != tp.topicID) || (version < 13 && rt.Topic != tp.topic) {
+				continue
+			}
+			for _, rp := range rt.Partitions {
+				if rp.Partition != tp.partition || rp.ErrorCode != 0 || rp.BaseOffset < 0 {
+					continue
+				}
+				recs, ok := tapRecords(tp.batches, p.decompressor)
+				if !ok {
+					continue
+				}
+				if rp.LogAppendTime >= 0 { // the topic stamps records with the broker's time
+					for i := range recs {
+						recs[i].Timestamp = rp.LogAppendTime
+					}
+				}
+				tap.Acked(tp.topic, tp.partition, rp.BaseOffset, recs)
+			}
+		}
+	}
 }
 
 // mergeRefused adds the refused partitions to a Produce response (the

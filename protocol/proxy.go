@@ -135,6 +135,8 @@ func (c *Config) validate() error {
 type Proxy struct {
 	// guards are the produce guards in force (guard.go); nil: none.
 	guards atomic.Pointer[Guards]
+	// tap receives acknowledged produced records (guard.go); nil: none.
+	tap atomic.Pointer[Tap]
 	// decompressor decompresses guarded batches, bounded by MaxFrameBytes.
 	decompressor kgo.Decompressor
 	cfg          Config

@@ -7,12 +7,14 @@ import (
 	"os"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/config"
 	"github.com/rtproxy/rtproxy/pipeline"
+	"github.com/rtproxy/rtproxy/protocol"
 	"github.com/rtproxy/rtproxy/rules"
 )
 
@@ -80,6 +82,29 @@ func (r *routes) apply(rs []*rules.Route, errs []error) {
 }
 
 func (r *routes) Status() any { return r.m.Status() }
+
+// Tap is the produce-path tap into the pipelines (proxy.tap).
+func (r *routes) Tap() protocol.Tap { return pipelineTap{r.m} }
+
+// pipelineTap adapts the pipeline Manager to protocol.Tap.
+type pipelineTap struct{ m *pipeline.Manager }
+
+func (t pipelineTap) Wants(topic string) bool { return t.m.TapWants(topic) }
+
+func (t pipelineTap) Acked(topic string, partition int32, base int64, recs []protocol.ProducedRecord) {
+	trs := make([]pipeline.TapRecord, len(recs))
+	for i, r := range recs {
+		tr := pipeline.TapRecord{Key: r.Key, Value: r.Value, Timestamp: time.UnixMilli(r.Timestamp)}
+		if len(r.Headers) > 0 {
+			tr.Headers = make([]kgo.RecordHeader, len(r.Headers))
+			for j, h := range r.Headers {
+				tr.Headers[j] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+			}
+		}
+		trs[i] = tr
+	}
+	t.m.Tapped(topic, partition, base, trs) // copies what it keeps
+}
 
 // Reload is SIGHUP: the watcher re-reads the directory now. Before the
 // watcher runs there is nothing to do: its first scan reads everything.

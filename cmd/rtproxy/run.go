@@ -232,6 +232,9 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if cfg.Proxy.Tap {
+		px.SetTap(routes.Tap())
+	}
 	adm.setReady(func() (bool, string) {
 		if !px.Ready() {
 			return false, "upstream metadata not fetched yet"
@@ -310,10 +313,12 @@ type (
 		Run(ctx context.Context) error
 		Ready() bool
 		SetGuards(protocol.Guards)
+		SetTap(protocol.Tap)
 	}
 	routeEngine interface {
 		Run(ctx context.Context) error
 		Status() any
 		Reload()
+		Tap() protocol.Tap
 	}
 )
