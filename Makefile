@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-pipeline bench-eo bench-reload bench-scale soak fuzz clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-scale soak fuzz clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -62,6 +62,10 @@ bench-proxy:
 ## bench-guard: produce throughput through the proxy with a guard against without (docs/BENCHMARKS.md)
 bench-guard:
 	$(GO) run ./test/bench/guard
+
+## bench-tap: produce-to-sink latency with the produce-path tap on and off, against the floor (docs/BENCHMARKS.md)
+bench-tap:
+	$(GO) run ./test/bench/tap
 
 bench-pipeline:
 	$(GO) run ./test/bench/pipeline

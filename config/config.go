@@ -98,7 +98,9 @@ type ProxyLimits struct {
 	RequestReadTimeout time.Duration `yaml:"request_read_timeout"`
 	// Tap hands records produced through the proxy with acks=all to the
 	// routes of this instance that read them, when the brokers acknowledge
-	// them, instead of a fetch later. Default true.
+	// them, instead of a fetch later. Default false: measured, it saved no
+	// latency on brokers whose fetches wait for data (docs/BENCHMARKS.md),
+	// and it reads every Produce request whole.
 	Tap bool `yaml:"tap"`
 }
 
@@ -171,7 +173,6 @@ func Default() *Config {
 		Proxy: ProxyLimits{
 			MaxConnections:     10000,
 			MaxHeldBytes:       256 << 20,
-			Tap:                true,
 			ClientIdleTimeout:  10 * time.Minute,
 			RequestReadTimeout: 60 * time.Second,
 		},

@@ -36,7 +36,7 @@ func TestParseFullFile(t *testing.T) {
 		StateDir: "/var/lib/rtproxy", AdminListen: "0.0.0.0:19644", LogLevel: "debug", LogFormat: "json",
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
 		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second,
-		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second, Tap: true},
+		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
 		TLS: TLS{
 			Client:   ClientTLS{CertFile: "/tls/server.crt", KeyFile: "/tls/server.key", ClientCAFile: "/tls/clients-ca.crt", RequireClientCert: true},
 			Upstream: UpstreamTLS{Enabled: true, CAFile: "/tls/kafka-ca.crt", CertFile: "/tls/proxy.crt", KeyFile: "/tls/proxy.key", ServerName: "kafka.example"},

@@ -57,6 +57,7 @@ var agreedMetrics = []string{
 	"rtproxy_rules_routes",
 	// Shared routes (docs/ARCHITECTURE.md): group membership and state restore.
 	"rtproxy_route_partitions_owned",
+	"rtproxy_route_tapped_records_total",
 	"rtproxy_route_rebalances_total",
 	"rtproxy_state_restore_records_total",
 	"rtproxy_state_restore_seconds",

@@ -45,7 +45,7 @@ func TestTapThroughTheProxy(t *testing.T) {
 	rules := t.TempDir()
 	rec := srStateless(t, rules, source)
 	win := srWindow(t, rules, source, "20s")
-	p := StartProxy(t, ProxyOpts{Upstream: k.Addrs, RulesDir: rules})
+	p := StartProxy(t, ProxyOpts{Upstream: k.Addrs, RulesDir: rules, Env: []string{"RTPROXY_PROXY_TAP=true"}})
 	for _, r := range []srRoute{rec, win} {
 		srWaitOwned(t, r, srGroupTopics(t, k.Addrs, r), []*Proxy{p}, 60*time.Second)
 	}
