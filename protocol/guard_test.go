@@ -255,3 +255,71 @@ func TestBoundedDecompressor(t *testing.T) {
 		t.Fatalf("under an 8 MiB bound: %d bytes, %v", len(out), err)
 	}
 }
+
+// testTap records what the proxy hands it.
+type testTap struct {
+	mu    sync.Mutex
+	acked map[int64]string // offset → value
+	calls int
+}
+
+func (tt *testTap) Wants(topic string) bool { return topic == "tapped" }
+
+func (tt *testTap) Acked(_ string, _ int32, base int64, recs []ProducedRecord) {
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	tt.calls++
+	for i, r := range recs {
+		tt.acked[base+int64(i)] = string(r.Value)
+	}
+}
+
+// The tap gets acks=all records with the offsets the brokers gave them;
+// acks=1, transactional producers and unwanted topics are not tapped.
+func TestTapHandsAcknowledgedRecords(t *testing.T) {
+	upstream := startKfake(t, "-topics", "tapped:1,other:1")
+	tp := startProxy(t, upstream, nil)
+	tt := &testTap{acked: map[int64]string{}}
+	tp.SetTap(tt)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	produce := func(txn bool, opts ...kgo.Opt) []*kgo.Record {
+		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		var rs []*kgo.Record
+		for i := range 5 {
+			rs = append(rs, &kgo.Record{Topic: "tapped", Value: []byte(fmt.Sprintf("v%d", i))}, &kgo.Record{Topic: "other", Value: []byte("o")})
+		}
+		if txn {
+			if err := cl.BeginTransaction(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		if txn {
+			if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return rs
+	}
+	all := produce(false) // acks=all, idempotent: franz-go's default
+	produce(false, kgo.RequiredAcks(kgo.LeaderAck()), kgo.DisableIdempotentWrite())
+	produce(true, kgo.TransactionalID("tap-txn"))
+	tt.mu.Lock()
+	defer tt.mu.Unlock()
+	want := map[int64]string{}
+	for _, r := range all {
+		if r.Topic == "tapped" {
+			want[r.Offset] = string(r.Value)
+		}
+	}
+	if fmt.Sprint(tt.acked) != fmt.Sprint(want) {
+		t.Errorf("tapped %v, want the acks=all records at their offsets %v", tt.acked, want)
+	}
+}
