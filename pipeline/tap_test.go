@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -73,5 +74,64 @@ func TestTapOutputsMatchTheFetch(t *testing.T) {
 		}
 	}
 	st := m.Routes()[0]
+	if st.TappedRecords == 0 {
+		t.Errorf("no record was processed from the tap (share %.2f): the test compared the fetch with itself", st.TappedShare)
+	}
 	t.Logf("%d records, %d processed from the tap (share %.2f)", n, st.TappedRecords, st.TappedShare)
+}
+
+// The tap's ordering rule, without a broker: a tapped batch is processed
+// only from the task's next offset; one that starts further on is held
+// until the offsets reach it; what the fetch delivered already is dropped;
+// past maxHeldTaps tapped data is dropped, never waited for.
+func TestTapContinuing(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := New(Config{Seeds: []string{"127.0.0.1:1"}, StateDir: t.TempDir(), Registerer: reg}) // never dialled
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRoute(m, newRouteDef("tc", "v1", "tc", "tc.out"))
+	tk := &task{r: r, pos: 10}
+	batch := func(from, n int64) taskBatch {
+		var recs []*kgo.Record
+		for o := from; o < from+n; o++ {
+			recs = append(recs, &kgo.Record{Offset: o})
+		}
+		return taskBatch{recs: recs, tapped: true}
+	}
+	offsets := func(recs []*kgo.Record) string {
+		var s []string
+		for _, r := range recs {
+			s = append(s, strconv.FormatInt(r.Offset, 10))
+		}
+		return strings.Join(s, ",")
+	}
+	if got := offsets(tk.continuing(batch(10, 3))); got != "10,11,12" {
+		t.Errorf("a batch at the next offset: %q, want it whole", got)
+	}
+	if got := tk.continuing(batch(5, 3)); got != nil {
+		t.Errorf("a batch the fetch delivered already: %q, want it dropped", offsets(got))
+	}
+	if got := offsets(tk.continuing(batch(8, 4))); got != "10,11" {
+		t.Errorf("a batch straddling the next offset: %q, want its tail from 10", got)
+	}
+	if got := tk.continuing(batch(15, 2)); got != nil || len(tk.held) != 1 {
+		t.Fatalf("a batch beyond a gap: %q, %d held; want it held", offsets(got), len(tk.held))
+	}
+	if got := tk.heldContinuing(); got != nil {
+		t.Errorf("before the fetch fills the gap: %q, want nothing", offsets(got))
+	}
+	tk.pos = 16 // the fetch processed 10..15
+	if got := offsets(tk.heldContinuing()); got != "16" || len(tk.held) != 0 {
+		t.Errorf("after the fetch reached it: %q (%d held), want 16 and nothing held", got, len(tk.held))
+	}
+	for i := range maxHeldTaps + 3 {
+		tk.continuing(batch(int64(100+10*i), 1))
+	}
+	if len(tk.held) != maxHeldTaps {
+		t.Errorf("%d batches held, want at most %d", len(tk.held), maxHeldTaps)
+	}
+	if d := gathered(t, reg, "rtproxy_route_tap_dropped_batches_total"); d != 3 {
+		t.Errorf("tap dropped batches = %v, want the 3 over the bound", d)
+	}
 }

@@ -229,11 +229,20 @@ func TestGuardsReloadHot(t *testing.T) {
 		return cl.ProduceSync(ctx, &kgo.Record{Topic: "gpay", Value: []byte(guardValue("r", amount))}).FirstErr()
 	}
 	WriteRuleFile(t, rules, "gpay.yaml", strings.Replace(guardFile, "value.amount > 0", "value.amount >", 1))
-	time.Sleep(time.Second) // the watcher's quiet period; nothing may change
+	srWait(t, 30*time.Second, "the broken edit is refused", func() error {
+		m, err := srMetrics(p)
+		if err != nil {
+			return err
+		}
+		if v, _ := srMetric(m, "rtproxy_rules_reload_total", `result="error"`); v < 1 {
+			return fmt.Errorf("no refused reload yet")
+		}
+		return nil
+	})
 	if err := produce(-1); !errors.Is(err, kerr.InvalidRecord) {
 		t.Errorf("with a broken edit: %v, want the previous guard still refusing", err)
 	}
-	if !strings.Contains(p.Logs(), "gpay.yaml") {
+	if !strings.Contains(p.Logs(), "rule file refused; its previous valid version (if any) keeps running") {
 		t.Errorf("the broken guard file is not reported in the log")
 	}
 	WriteRuleFile(t, rules, "gpay.yaml", strings.Replace(guardFile, "value.amount > 0", "value.amount > 100", 1))
