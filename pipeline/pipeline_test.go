@@ -668,15 +668,7 @@ func TestDropDuplicatesThenWindowReshuffle(t *testing.T) {
 	def.Source.Watermark = 5 * time.Second
 	def.Source.IdleTimeout = 3 * time.Second
 
-	type winKey struct {
-		user  string
-		start int64
-	}
-	type sums struct {
-		n     int
-		total float64
-	}
-	want := map[winKey]*sums{}
+	want := map[winKey]*winSums{}
 	copies := map[string]int{} // txn_id → copies produced
 	var rs []*kgo.Record
 	add := func(p int32, v map[string]any) {
@@ -703,7 +695,7 @@ func TestDropDuplicatesThenWindowReshuffle(t *testing.T) {
 		copies[fmt.Sprint("t", i)] = n
 		wk := winKey{user, int64(12*i) / 1000 * 1000}
 		if want[wk] == nil {
-			want[wk] = &sums{}
+			want[wk] = &winSums{}
 		}
 		want[wk].n++
 		want[wk].total += float64(i%17) + 0.25
@@ -736,6 +728,37 @@ func TestDropDuplicatesThenWindowReshuffle(t *testing.T) {
 	defer func() { rcancel(); <-done }()
 
 	out := b.consume(t, "rs.out", len(want), 30*time.Second, 500*time.Millisecond)
+	checkWindowRows(t, out, want, 1000)
+	if dl := gathered(t, reg, "rtproxy_pipeline_dead_letters_total"); dl != 0 {
+		t.Errorf("%v dead letters, want none", dl)
+	}
+	waitFor(t, 10*time.Second, "the dropped count settles", func() bool {
+		return gathered(t, reg, "rtproxy_pipeline_records_dropped_total") >= float64(dups)
+	})
+	if d := gathered(t, reg, "rtproxy_pipeline_records_dropped_total"); d != float64(dups) {
+		t.Errorf("records_dropped_total = %v, want %d (each extra copy exactly once)", d, dups)
+	}
+	t.Logf("%d records (%d duplicate copies dropped), %d windows match", len(rs), dups, len(want))
+}
+
+// winKey names a window of the tests' keyed tumbling windows: its key and
+// start.
+type winKey struct {
+	user  string
+	start int64
+}
+
+// winSums is a window's expected count and total.
+type winSums struct {
+	n     int
+	total float64
+}
+
+// checkWindowRows compares the window rows in out (key "close" left out:
+// the rows of the records that close the others) with want: every window
+// once, with its count and total, and an rtproxy-window header of size ms.
+func checkWindowRows(t *testing.T, out []*kgo.Record, want map[winKey]*winSums, size int64) {
+	t.Helper()
 	got := map[winKey]map[string]any{}
 	for _, r := range out {
 		var v map[string]any
@@ -749,7 +772,7 @@ func TestDropDuplicatesThenWindowReshuffle(t *testing.T) {
 		if _, dup := got[wk]; dup {
 			t.Errorf("window %v emitted twice: %s", wk, r.Value)
 		}
-		if h := header(r, HeaderWindow); h != fmt.Sprintf("%d-%d", wk.start, wk.start+1000) {
+		if h := header(r, HeaderWindow); h != fmt.Sprintf("%d-%d", wk.start, wk.start+size) {
 			t.Errorf("row %s: rtproxy-window %q", r.Value, h)
 		}
 		got[wk] = v
@@ -767,14 +790,4 @@ func TestDropDuplicatesThenWindowReshuffle(t *testing.T) {
 	if len(got) != len(want) {
 		t.Errorf("%d windows in the sink, want %d", len(got), len(want))
 	}
-	if dl := gathered(t, reg, "rtproxy_pipeline_dead_letters_total"); dl != 0 {
-		t.Errorf("%v dead letters, want none", dl)
-	}
-	waitFor(t, 10*time.Second, "the dropped count settles", func() bool {
-		return gathered(t, reg, "rtproxy_pipeline_records_dropped_total") >= float64(dups)
-	})
-	if d := gathered(t, reg, "rtproxy_pipeline_records_dropped_total"); d != float64(dups) {
-		t.Errorf("records_dropped_total = %v, want %d (each extra copy exactly once)", d, dups)
-	}
-	t.Logf("%d records (%d duplicate copies dropped), %d windows match", len(rs), dups, len(want))
 }

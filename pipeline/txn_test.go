@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -59,15 +58,7 @@ func TestExactlyOnceThroughAborts(t *testing.T) {
 	}
 	t.Cleanup(func() { txnTestHook = nil })
 
-	type winKey struct {
-		user  string
-		start int64
-	}
-	type sums struct {
-		n     int
-		total float64
-	}
-	want := map[winKey]*sums{}
+	want := map[winKey]*winSums{}
 	var batches [][]*kgo.Record
 	var rs []*kgo.Record
 	add := func(p int32, v map[string]any) {
@@ -87,7 +78,7 @@ func TestExactlyOnceThroughAborts(t *testing.T) {
 		}
 		wk := winKey{user, int64(12*i) / 1000 * 1000}
 		if want[wk] == nil {
-			want[wk] = &sums{}
+			want[wk] = &winSums{}
 		}
 		want[wk].n++
 		want[wk].total += float64(i%17) + 0.25
@@ -121,57 +112,15 @@ func TestExactlyOnceThroughAborts(t *testing.T) {
 		time.Sleep(150 * time.Millisecond) // spread over several transactions
 	}
 	stop()
-	m2, stop2 := runManager(t, b, dir, 1, def)
-	defer stop2()
+	_, stop = runManager(t, b, dir, 1, def)
+	defer stop()
 	for _, bt := range batches[half:] {
 		produce(bt)
 		time.Sleep(150 * time.Millisecond)
 	}
 
 	out := b.consumeCommitted(t, "eo.out", len(want), 60*time.Second, time.Second)
-	got := map[winKey]map[string]any{}
-	for _, r := range out {
-		var v map[string]any
-		if err := json.Unmarshal(r.Value, &v); err != nil {
-			t.Fatalf("row %s: %v", r.Value, err)
-		}
-		if v["key"] == "close" {
-			continue
-		}
-		wk := winKey{fmt.Sprint(v["key"]), int64(v["window_start"].(float64))}
-		if _, dup := got[wk]; dup {
-			t.Errorf("window %v emitted twice: %s", wk, r.Value)
-		}
-		got[wk] = v
-	}
-	for wk, s := range want {
-		v := got[wk]
-		if v == nil {
-			t.Errorf("window %v missing", wk)
-			continue
-		}
-		if v["n"] != float64(s.n) || fmt.Sprintf("%.2f", v["total"]) != fmt.Sprintf("%.2f", s.total) {
-			t.Errorf("window %v: n=%v total=%v, want n=%d total=%.2f", wk, v["n"], v["total"], s.n, s.total)
-		}
-	}
-	if len(got) != len(want) {
-		t.Errorf("%d windows in the sink, want %d", len(got), len(want))
-		adm := kadm.NewClient(cl)
-		hw, _ := adm.ListEndOffsets(context.Background(), "eo.out", "eo.00-drop_duplicates.repartition", "eo.01-window.repartition")
-		lso, _ := adm.ListCommittedOffsets(context.Background(), "eo.out", "eo.00-drop_duplicates.repartition", "eo.01-window.repartition")
-		hw.Each(func(o kadm.ListedOffset) {
-			l, _ := lso.Lookup(o.Topic, o.Partition)
-			t.Logf("%s[%d] hw=%d lso=%d", o.Topic, o.Partition, o.Offset, l.Offset)
-		})
-		txs, err := adm.DescribeTransactions(context.Background())
-		t.Logf("transactions: %v", err)
-		for _, tx := range txs {
-			t.Logf("txn %s state=%s pid=%d epoch=%d topics=%v", tx.TxnID, tx.State, tx.ProducerID, tx.ProducerEpoch, tx.Topics)
-		}
-		for _, r := range m2.Routes() {
-			t.Logf("status %+v txn %+v", r, r.Transaction)
-		}
-	}
+	checkWindowRows(t, out, want, 1000)
 	dls := b.consumeCommitted(t, "eo.dlq", 1, 20*time.Second, 500*time.Millisecond)
 	if len(dls) != 1 {
 		t.Errorf("%d dead letters, want exactly 1", len(dls))

@@ -5,7 +5,6 @@ package integration
 // of every sink sees each expected output once, windows included.
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -51,71 +49,6 @@ steps:
 	return rec, win, dd
 }
 
-// eoReadCommitted reads every committed record of topic, once no
-// transaction is open on it (its last stable offsets reached its ends).
-// Commit and abort markers are read too (and dropped), so the read knows
-// where each partition ends.
-func eoReadCommitted(t *testing.T, seeds []string, topic string) []*kgo.Record {
-	t.Helper()
-	var ends map[int32]int64
-	srWait(t, 60*time.Second, topic+": no transaction open", func() error {
-		return srAdmin(seeds, func(ctx context.Context, adm *kadm.Client) error {
-			hw, err := adm.ListEndOffsets(ctx, topic)
-			if err != nil {
-				return err
-			}
-			lso, err := adm.ListCommittedOffsets(ctx, topic)
-			if err != nil {
-				return err
-			}
-			ends = map[int32]int64{}
-			var open []string
-			hw.Each(func(o kadm.ListedOffset) {
-				ends[o.Partition] = o.Offset
-				if l, ok := lso.Lookup(topic, o.Partition); !ok || l.Offset != o.Offset {
-					open = append(open, fmt.Sprintf("[%d] lso %d < end %d", o.Partition, l.Offset, o.Offset))
-				}
-			})
-			if len(open) > 0 {
-				return fmt.Errorf("open: %v", open)
-			}
-			return nil
-		})
-	})
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	next := map[int32]int64{}
-	var got []*kgo.Record
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		done := true
-		for p, e := range ends {
-			if next[p] < e {
-				done = false
-			}
-		}
-		if done {
-			return got
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("read %s: %d records, positions %v, ends %v after 60s", topic, len(got), next, ends)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-		fs := cl.PollFetches(ctx)
-		cancel()
-		fs.EachRecord(func(r *kgo.Record) {
-			next[r.Partition] = r.Offset + 1
-			if !r.Attrs.IsControl() {
-				got = append(got, r)
-			}
-		})
-	}
-}
-
 // eoCheck reads the three sinks read_committed and checks them exactly:
 // each kept record output once, each window one row equal to the
 // recomputation, each dedup key passed once and output once, no dead
@@ -126,9 +59,9 @@ func eoCheck(t *testing.T, seeds []string, rec, win, dd srRoute) map[srWinKey][]
 	kept, wantWin, wantDD := srKept(src), srWantWindows(src), srWantDedup(src)
 	var recOut, winOut, ddOut []*kgo.Record
 	srWait(t, 120*time.Second, "every committed output of every route", func() error {
-		recOut = eoReadCommitted(t, seeds, rec.Sink)
-		winOut = eoReadCommitted(t, seeds, win.Sink)
-		ddOut = eoReadCommitted(t, seeds, dd.Sink)
+		recOut = srRead(t, seeds, rec.Sink)
+		winOut = srRead(t, seeds, win.Sink)
+		ddOut = srRead(t, seeds, dd.Sink)
 		mr, _ := srCoverage(recOut, kept)
 		mw := srWindowsMissing(winOut, wantWin)
 		md := srDedupMissing(ddOut, wantDD)
@@ -157,7 +90,7 @@ func eoCheck(t *testing.T, seeds []string, rec, win, dd srRoute) map[srWinKey][]
 		t.Errorf("read_committed: %d drop_duplicates outputs repeated", n)
 	}
 	for _, r := range []srRoute{rec, win, dd} {
-		if dls := eoReadCommitted(t, seeds, r.DLQ); len(dls) > 0 {
+		if dls := srRead(t, seeds, r.DLQ); len(dls) > 0 {
 			t.Errorf("%s holds %d dead letters, want none; first: %s %v", r.DLQ, len(dls), dls[0].Value, dls[0].Headers)
 		}
 	}
@@ -241,7 +174,7 @@ func TestExactlyOnceThroughKills(t *testing.T) {
 func eoKafkaPythonSuperset(t *testing.T, bootstrap string, rec srRoute) {
 	t.Helper()
 	RequireTool(t, "python3-kafka")
-	committed := eoReadCommitted(t, []string{bootstrap}, rec.Sink)
+	committed := srRead(t, []string{bootstrap}, rec.Sink)
 	ends := srMustEnds(t, []string{bootstrap}, rec.Sink)[rec.Sink]
 	total := 0
 	for _, e := range ends {

@@ -488,12 +488,40 @@ func srWaitCaughtUp(t *testing.T, seeds []string, r srRoute, timeout time.Durati
 
 // --- reading topics --------------------------------------------------------
 
-// srRead reads every record of topic, up to the end offsets it had when
-// called (or, should control records sit at the end, until 2s pass without
-// a record).
+// srRead reads every committed record of topic, up to the end offsets it
+// had when no transaction was open on it (at once for a topic that no
+// transactional producer writes). Commit and abort markers are read too
+// (and dropped), so the read knows where each partition ends.
 func srRead(t *testing.T, seeds []string, topic string) []*kgo.Record {
 	t.Helper()
-	ends := srMustEnds(t, seeds, topic)[topic]
+	var ends map[int32]int64
+	srWait(t, 60*time.Second, topic+": no transaction open", func() error {
+		return srAdmin(seeds, func(ctx context.Context, adm *kadm.Client) error {
+			hw, err := adm.ListEndOffsets(ctx, topic)
+			if err == nil {
+				err = hw.Error()
+			}
+			if err != nil {
+				return err
+			}
+			lso, err := adm.ListCommittedOffsets(ctx, topic)
+			if err != nil {
+				return err
+			}
+			ends = map[int32]int64{}
+			var open []string
+			hw.Each(func(o kadm.ListedOffset) {
+				ends[o.Partition] = o.Offset
+				if l, ok := lso.Lookup(topic, o.Partition); !ok || l.Offset != o.Offset {
+					open = append(open, fmt.Sprintf("[%d] lso %d < end %d", o.Partition, l.Offset, o.Offset))
+				}
+			})
+			if len(open) > 0 {
+				return fmt.Errorf("open: %v", open)
+			}
+			return nil
+		})
+	})
 	total := int64(0)
 	for _, e := range ends {
 		total += e
@@ -501,7 +529,8 @@ func srRead(t *testing.T, seeds []string, topic string) []*kgo.Record {
 	if total == 0 {
 		return nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()), kgo.KeepControlRecords())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,7 +538,6 @@ func srRead(t *testing.T, seeds []string, topic string) []*kgo.Record {
 	next := map[int32]int64{}
 	var got []*kgo.Record
 	deadline := time.Now().Add(60 * time.Second)
-	last := time.Now()
 	for {
 		done := true
 		for p, e := range ends {
@@ -523,16 +551,14 @@ func srRead(t *testing.T, seeds []string, topic string) []*kgo.Record {
 		if time.Now().After(deadline) {
 			t.Fatalf("read %s: %d records, positions %v, ends %v after 60s", topic, len(got), next, ends)
 		}
-		if time.Since(last) > 2*time.Second && len(got) > 0 {
-			return got
-		}
 		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 		fs := cl.PollFetches(ctx)
 		cancel()
 		fs.EachRecord(func(r *kgo.Record) {
-			got = append(got, r)
 			next[r.Partition] = r.Offset + 1
-			last = time.Now()
+			if !r.Attrs.IsControl() {
+				got = append(got, r)
+			}
 		})
 	}
 }

@@ -36,7 +36,6 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -353,78 +352,12 @@ func (b *bench) latency(v variant) latResult {
 	cancel0()
 	prod := b.client(kgo.MaxBufferedRecords(1 << 16))
 	runtime.GC()
-
-	start := time.Now()
-	measureFrom := start.Add(*warmup).UnixNano()
-	end := start.Add(*warmup + *duration)
-
-	var mu sync.Mutex
-	var lats []time.Duration
-	ctx, cancel := context.WithCancel(context.Background())
-	consDone := make(chan struct{})
-	go func() {
-		defer close(consDone)
-		for {
-			fs := cons.PollFetches(ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			now := time.Now().UnixNano()
-			mu.Lock()
-			fs.EachRecord(func(r *kgo.Record) {
-				if s, ok := benchkit.SendNS(r.Value); ok && s >= measureFrom {
-					lats = append(lats, time.Duration(now-s))
-				}
-			})
-			mu.Unlock()
-		}
-	}()
-
-	// Pace by elapsed time, not by ticks, so a late tick does not lower
-	// the rate: each tick sends what is owed since the start.
 	var cpu0, kf0 time.Duration
-	id, sent := 0, 0
-	measuring := false
-	tick := time.NewTicker(time.Millisecond)
-	for now := range tick.C {
-		if now.After(end) {
-			break
-		}
-		owed := int(now.Sub(start).Seconds() * float64(*rate))
-		for ; id < owed; id++ {
-			s := time.Now().UnixNano()
-			if s >= measureFrom {
-				if !measuring {
-					measuring = true
-					cpu0, kf0 = benchkit.CPUNow(), benchkit.ProcCPU(b.kfake)
-				}
-				sent++
-			}
-			prod.Produce(context.Background(), benchkit.SendRecord(src, id, s, *size), func(_ *kgo.Record, err error) {
-				if err != nil {
-					log.Printf("%s: produce: %v", name, err)
-				}
-			})
-		}
-	}
-	tick.Stop()
+	lats, sent := benchkit.Latency{Prod: prod, Cons: cons, Topic: src, Rate: *rate, Size: *size,
+		Warmup: *warmup, Duration: *duration, Tail: v.interval + 3*time.Second,
+		OnMeasure: func() { cpu0, kf0 = benchkit.CPUNow(), benchkit.ProcCPU(b.kfake) }}.Run()
 	res := latResult{v: v, sent: sent, cpu: benchkit.CPUNow() - cpu0, kfakeCPU: benchkit.ProcCPU(b.kfake) - kf0}
-	check(prod.Flush(context.Background()))
 	prod.Close()
-
-	// Wait for the tail: every measured output, or one interval and 3 s.
-	tail := time.Now().Add(v.interval + 3*time.Second)
-	for time.Now().Before(tail) {
-		mu.Lock()
-		got := len(lats)
-		mu.Unlock()
-		if got >= sent {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	<-consDone
 	cons.Close()
 	res.lat = percentilesOf(lats)
 	res.cp = b.cpStats(name)

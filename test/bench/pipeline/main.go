@@ -29,10 +29,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -266,67 +263,9 @@ func (b *bench) latency(name, src, sink string) row {
 
 	prod := b.client(kgo.MaxBufferedRecords(1 << 16))
 	defer prod.Close()
-	start := time.Now()
-	measureFrom := start.Add(*warmup).UnixNano()
-	end := start.Add(*warmup + *duration)
-
-	var mu sync.Mutex
-	var lats []time.Duration
-	ctx, cancel := context.WithCancel(context.Background())
-	consDone := make(chan struct{})
-	go func() {
-		defer close(consDone)
-		for {
-			fs := cons.PollFetches(ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			now := time.Now().UnixNano()
-			fs.EachRecord(func(r *kgo.Record) {
-				s, ok := benchkit.SendNS(r.Value)
-				if !ok || s < measureFrom {
-					return
-				}
-				mu.Lock()
-				lats = append(lats, time.Duration(now-s))
-				mu.Unlock()
-			})
-		}
-	}()
-	var sent atomic.Int64
-	id := 0
-	tick := time.NewTicker(time.Millisecond)
-	perMs := float64(*rate) / 1000
-	owed := 0.0
-	for now := range tick.C {
-		if now.After(end) {
-			break
-		}
-		owed += perMs
-		for ; owed >= 1; owed-- {
-			id++
-			prod.Produce(context.Background(), benchkit.SendRecord(src, id, time.Now().UnixNano(), *size), func(_ *kgo.Record, err error) {
-				if err != nil {
-					log.Printf("%s: produce: %v", name, err)
-				}
-				sent.Add(1)
-			})
-		}
-	}
-	tick.Stop()
-	prod.Flush(context.Background())
-	time.Sleep(time.Second) // let the tail arrive
-	cancel()
-	<-consDone
-	mu.Lock()
-	defer mu.Unlock()
-	slices.Sort(lats)
-	q := func(p float64) time.Duration {
-		if len(lats) == 0 {
-			return 0
-		}
-		return lats[min(int(p*float64(len(lats))), len(lats)-1)]
-	}
+	lats, _ := benchkit.Latency{Prod: prod, Cons: cons, Topic: src, Rate: *rate, Size: *size,
+		Warmup: *warmup, Duration: *duration, Tail: time.Second}.Run()
+	q := func(p float64) time.Duration { return benchkit.Quantile(lats, p) }
 	r := row{name: name, n: len(lats)}
 	if len(lats) > 0 {
 		r.p50, r.p99, r.p999, r.pmax = q(0.50), q(0.99), q(0.999), lats[len(lats)-1]

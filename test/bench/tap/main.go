@@ -19,10 +19,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -139,53 +137,9 @@ func measure(via, topic, sink string, rate int) result {
 	prod, err := kgo.NewClient(kgo.SeedBrokers(via), kgo.ProducerLinger(0), kgo.MaxBufferedRecords(1<<16))
 	check(err)
 	defer prod.Close()
-	start := time.Now()
-	from := start.Add(*warmup).UnixNano()
-	end := start.Add(*warmup + *duration)
-	var mu sync.Mutex
-	var lats []time.Duration
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			fs := cons.PollFetches(ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			now := time.Now().UnixNano()
-			fs.EachRecord(func(r *kgo.Record) {
-				if s, ok := benchkit.SendNS(r.Value); ok && s >= from {
-					mu.Lock()
-					lats = append(lats, time.Duration(now-s))
-					mu.Unlock()
-				}
-			})
-		}
-	}()
-	tick := time.NewTicker(time.Millisecond)
-	perMs, owed, id := float64(rate)/1000, 0.0, 0
-	for now := range tick.C {
-		if now.After(end) {
-			break
-		}
-		for owed += perMs; owed >= 1; owed-- {
-			id++
-			prod.Produce(context.Background(), benchkit.SendRecord(topic, id, time.Now().UnixNano(), *size), nil)
-		}
-	}
-	tick.Stop()
-	check(prod.Flush(context.Background()))
-	time.Sleep(time.Second)
-	cancel()
-	<-done
-	slices.Sort(lats)
-	q := func(p float64) time.Duration {
-		if len(lats) == 0 {
-			return 0
-		}
-		return lats[min(int(p*float64(len(lats))), len(lats)-1)]
-	}
+	lats, _ := benchkit.Latency{Prod: prod, Cons: cons, Topic: topic, Rate: rate, Size: *size,
+		Warmup: *warmup, Duration: *duration, Tail: time.Second}.Run()
+	q := func(p float64) time.Duration { return benchkit.Quantile(lats, p) }
 	return result{n: len(lats), p50: q(0.5), p99: q(0.99), p999: q(0.999)}
 }
 
