@@ -210,9 +210,10 @@ func TestClientTLS(t *testing.T) {
 
 func TestShutdownDrainsInFlight(t *testing.T) {
 	upstream := startKfake(t, "-topics", "quiet:1")
-	// The fetch below parks at the broker for 4s, within the grace: long
-	// enough that even a loaded machine closes the listeners first.
-	tp := startProxy(t, upstream, func(c *Config) { c.ShutdownGrace = 10 * time.Second })
+	// The fetch below parks at the broker for 8s, within the grace: long
+	// enough that even a loaded machine (CI runs the pipeline and
+	// integration packages beside this one) closes the listeners first.
+	tp := startProxy(t, upstream, func(c *Config) { c.ShutdownGrace = 20 * time.Second })
 	c, err := net.Dial("tcp", tp.Addr())
 	if err != nil {
 		t.Fatal(err)
@@ -244,7 +245,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	defer lc.Close()
 	f := kmsg.NewPtrFetchRequest()
 	f.SetVersion(11)
-	f.MaxWaitMillis, f.MinBytes, f.MaxBytes = 4000, 1, 1<<20
+	f.MaxWaitMillis, f.MinBytes, f.MaxBytes = 8000, 1, 1<<20
 	ft := kmsg.NewFetchRequestTopic()
 	ft.Topic = "quiet"
 	fp := kmsg.NewFetchRequestTopicPartition()
@@ -255,7 +256,7 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until the proxy has read the fetch and queued it (it is then
-	// parked at the broker for MaxWaitMillis, within the 10s ShutdownGrace),
+	// parked at the broker for MaxWaitMillis, within the 20s ShutdownGrace),
 	// rather than sleeping a fixed time that a loaded machine may not honour.
 	fetches := tp.m.api(int16(kmsg.Fetch)).requests
 	for deadline := time.Now().Add(10 * time.Second); metricValue(t, fetches) < 1; time.Sleep(5 * time.Millisecond) {
@@ -273,7 +274,9 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 	// could never succeed, so a request is sent.) Poll, since stop may take
 	// a moment to close the listener; give up well before the fetch returns.
 	served := false
-	for end := parked.Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	tries := 0
+	for end := parked.Add(6 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		tries++
 		c2, err := net.DialTimeout("tcp", tp.Addr(), 200*time.Millisecond)
 		if err != nil {
 			break // refused: not served
@@ -288,15 +291,23 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 		}
 	}
 	if served {
-		t.Fatal("proxy still serving new connections during shutdown")
+		t.Fatalf("proxy still serving new connections during shutdown (%d tries over %v); logs:\n%s",
+			tries, time.Since(parked), tp.logs.String())
 	}
-	corr, _ := readResponse(t, lc)
-	if corr != 42 {
+	// The fetch answers when its 8s wait ends, after readResponse's usual
+	// 5s deadline, so read it here.
+	lc.SetReadDeadline(time.Now().Add(20 * time.Second))
+	var size [4]byte
+	frame, err := ReadFrame(lc, &size, 1<<26, false)
+	if err != nil {
+		t.Fatalf("in-flight fetch: %v", err)
+	}
+	if corr := int32(binary.BigEndian.Uint32(frame[4:])); corr != 42 {
 		t.Fatalf("in-flight fetch answered with correlation id %d", corr)
 	}
 	select {
 	case <-stopped:
-	case <-time.After(10 * time.Second):
+	case <-time.After(20 * time.Second):
 		t.Fatal("Run did not return after the in-flight request finished")
 	}
 	tp.waitLog(t, "proxy stopped")
