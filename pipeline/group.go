@@ -321,7 +321,7 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 		t.label = fmt.Sprintf("%d:%d", seg.idx, p)
 		t.stepName = taskStepName(seg.keyStep, p)
 		t.inboxName = inboxName(seg.keyStep, p)
-		t.wm.init(r.def.Source, r.segs[seg.idx-1].nparts, time.Now())
+		t.wm.init(r.def.Source, r.segs[seg.idx-1].nparts, r.clock())
 		t.wm.lateness = 0 // writers subtract it (task.frontier)
 	}
 	if seg.next != nil {

@@ -18,7 +18,7 @@ import (
 // processSource turns one fetched record into a step record and runs the
 // partition's chain on it.
 func (r *route) processSource(t *task, kr *kgo.Record) {
-	now := time.Now()
+	now := r.clock()
 	t.mIn.Inc()
 	r.tracker.Begin(t.id, kr.Offset)
 	t.curOff, t.seq = kr.Offset, 0
@@ -78,9 +78,7 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 // idleLoop moves keyed tasks' watermarks when their writers go idle, and
 // has writers send the markers that say they are alive.
 func (r *route) idleLoop() {
-	iv := min(r.def.Source.IdleTimeout/4, 200*time.Millisecond)
-	iv = max(iv, 10*time.Millisecond)
-	tick := time.NewTicker(iv)
+	tick := time.NewTicker(r.idleInterval())
 	defer tick.Stop()
 	for {
 		select {
@@ -89,23 +87,38 @@ func (r *route) idleLoop() {
 		case now := <-tick.C:
 			r.cut.RLock()
 			if !r.halted {
-				for _, t := range r.tasks {
-					if isClosed(t.stop) {
-						continue
-					}
-					if t.seg.idx > 0 && t.seg.timed {
-						if wm, moved := t.wm.tick(now); moved {
-							// An idle advance emits without a source
-							// record; its origin follows the last one.
-							r.advanceTask(t, wm, nil)
-						}
-					}
-					t.sendMarkers(now, true)
-				}
+				r.idleTick(now)
 			}
 			r.cut.RUnlock()
 		}
 	}
+}
+
+// idleInterval is how often the idle loop ticks.
+func (r *route) idleInterval() time.Duration {
+	iv := min(r.def.Source.IdleTimeout/4, 200*time.Millisecond)
+	return max(iv, 10*time.Millisecond)
+}
+
+// idleTick is one tick of the idle loop, under cut.RLock.
+func (r *route) idleTick(now time.Time) {
+	for _, t := range r.tasks {
+		r.idleTickTask(t, now)
+	}
+}
+
+func (r *route) idleTickTask(t *task, now time.Time) {
+	if isClosed(t.stop) {
+		return
+	}
+	if t.seg.idx > 0 && t.seg.timed {
+		if wm, moved := t.wm.tick(now); moved {
+			// An idle advance emits without a source record; its origin
+			// follows the last one.
+			r.advanceTask(t, wm, nil)
+		}
+	}
+	t.sendMarkers(now, true)
 }
 
 // eventMillis reads an event_time value: epoch millis as a number, an RFC

@@ -138,6 +138,10 @@ type pendingWrite struct {
 
 // send hands kr to kgo, or queues it behind the topic's retries.
 func (r *route) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	if r.local != nil {
+		r.local.write(kr, cb)
+		return
+	}
 	if r.txn.on {
 		// No retry queue: a failed write aborts the transaction.
 		r.txn.produced.Add(1)

@@ -124,6 +124,13 @@ type route struct {
 
 	// Source records processed, and of them those from the tap (tap.go).
 	nIn, nTapped atomic.Int64
+
+	// clock is what watermarks and markers read as now: time.Now, or a
+	// Driver's clock (driver.go).
+	clock func() time.Time
+	// local, when set, takes every write instead of the brokers: the
+	// Driver of `rtproxy test` (driver.go).
+	local *Driver
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
@@ -137,6 +144,7 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.mTapped = m.met.tapped.WithLabelValues(d.Name)
 	r.inflight.zero = sync.NewCond(&r.inflight.Mutex)
 	r.st.state = "starting"
+	r.clock = time.Now
 	return r
 }
 

@@ -280,7 +280,7 @@ func isClosed(c chan struct{}) bool {
 // processRepartitioned handles one record of a repartition topic: a
 // watermark marker, or a record another task wrote for this keyed step.
 func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
-	now := time.Now()
+	now := r.clock()
 	r.tracker.Begin(t.id, kr.Offset)
 	tk := &ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1}
 	defer tk.release()
@@ -374,6 +374,6 @@ func (r *route) advanceTask(t *task, wm int64, tk *ticket) {
 		t.front.Lock()
 		t.front.sinceSent++
 		t.front.Unlock()
-		t.sendMarkers(time.Now(), false)
+		t.sendMarkers(r.clock(), false)
 	}
 }

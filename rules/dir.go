@@ -11,14 +11,18 @@ import (
 )
 
 // isRuleFileName reports whether a directory entry is a rule file: *.yaml
-// or *.yml and not hidden. Hidden names include a Kubernetes ConfigMap
+// or *.yml, not hidden, and not a test file (*.test.yaml). Hidden names include a Kubernetes ConfigMap
 // mount's `..data` and `..2026_01_01_...` directories, whose files are the
 // same files again behind the visible symlinks.
 func isRuleFileName(name string) bool {
 	if strings.HasPrefix(name, ".") {
 		return false
 	}
-	ext := strings.ToLower(filepath.Ext(name))
+	lower := strings.ToLower(name)
+	if strings.HasSuffix(lower, ".test.yaml") || strings.HasSuffix(lower, ".test.yml") {
+		return false // a test file of `rtproxy test`, not a route
+	}
+	ext := filepath.Ext(lower)
 	return ext == ".yaml" || ext == ".yml"
 }
 

@@ -25,6 +25,9 @@ Usage:
               [--upstream HOST:PORT[,HOST:PORT...]] [--rules-dir DIR] [--state-dir DIR]
               [--admin-listen ADDR] [--log-level LEVEL]
   rtproxy check PATH...            lint rule files or directories; exit 1 on any problem
+  rtproxy test [-v] [--run REGEXP] [--format text|json] PATH...
+                                   run the tests beside rule files (NAME.test.yaml);
+                                   exit 1 when one fails, 2 on a malformed test file
   rtproxy state list|drop ROUTE    list routes with kept state, or drop one (proxy stopped)
   rtproxy version                  print the version
   rtproxy demo produce [--bootstrap ADDR] [--topic T] [--rate N] [--count N]
@@ -51,6 +54,8 @@ func realMain(args []string, stdout, stderr io.Writer) int {
 		return cmdRun(args[1:], stdout, stderr)
 	case "check":
 		return cmdCheck(args[1:], stdout, stderr)
+	case "test":
+		return cmdTest(args[1:], stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintf(stdout, "rtproxy %s (%s %s/%s)\n", version, runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		return 0

@@ -1,0 +1,338 @@
+package pipeline
+
+// The Driver runs one route without brokers, for `rtproxy test`: the
+// route's own tasks, chains, operators, repartition envelopes, watermark
+// markers, sink encoding and dead letters, exactly as `rtproxy run` builds
+// them, with two things replaced. Writes go to memory instead of Kafka
+// (route.send hands them to Driver.write), and time is a clock the test
+// moves. Repartition topics become in-memory logs whose records are handed
+// to their keyed task at once, in the order they were written; markers go
+// the same way. Nothing is checkpointed: a test is one run from empty
+// state.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/offsets"
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/rules"
+	"github.com/rtproxy/rtproxy/state"
+)
+
+// DriverConfig configures a Driver.
+type DriverConfig struct {
+	// Partitions is the number of source partitions (default 1); every
+	// repartition topic gets as many, as setup would create them.
+	Partitions int
+	// Start is the clock's time when the route starts (default
+	// 2026-01-01T00:00:00Z, so that runs are reproducible).
+	Start time.Time
+	// Tables replace the route's tables of the same name. A topic table
+	// not replaced is empty.
+	Tables map[string]operators.Table
+	// Logger receives the route's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// DriverInput is one source record.
+type DriverInput struct {
+	Partition int32
+	// Offset is the record's offset; -1 takes the partition's next one.
+	// An offset may skip ahead (a compacted topic), never go back.
+	Offset    int64
+	Key       []byte // nil: no key
+	Value     []byte // nil: a tombstone
+	Headers   []operators.Header
+	Timestamp time.Time // zero: the clock's now
+}
+
+// DriverOutput is one record the route wrote to its sink or its
+// dead-letter topic.
+type DriverOutput struct {
+	Topic      string
+	DeadLetter bool
+	Key        []byte
+	Value      []byte
+	Headers    []operators.Header
+	Timestamp  time.Time
+}
+
+// Driver runs one route on records handed to it. It is not safe for
+// concurrent use.
+type Driver struct {
+	r     *route
+	dir   string
+	now   time.Time
+	next  []int64                   // next source offset per partition
+	ends  map[string][]int64        // next offset per repartition partition, by topic
+	queue []*kgo.Record             // repartition records not yet processed
+	keyed map[string]map[int32]*task // keyed tasks by topic and partition
+	src   []*task
+	out   []DriverOutput
+}
+
+// DefaultDriverStart is where a Driver's clock starts by default.
+var DefaultDriverStart = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// NewDriver builds def's tasks for every partition, with empty state.
+func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
+	if err := checkDefinition(def); err != nil {
+		return nil, err
+	}
+	if cfg.Partitions <= 0 {
+		cfg.Partitions = 1
+	}
+	if cfg.Partitions >= maxTaskPartitions {
+		return nil, fmt.Errorf("pipeline: %d partitions; at most %d are supported", cfg.Partitions, maxTaskPartitions-1)
+	}
+	if cfg.Start.IsZero() {
+		cfg.Start = DefaultDriverStart
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	met, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		return nil, err
+	}
+	// Keyed steps keep their state in pebble as they do in a run; a test's
+	// store is a temporary directory, small and removed by Close.
+	dir, err := os.MkdirTemp("", "rtproxy-test-state-")
+	if err != nil {
+		return nil, fmt.Errorf("pipeline: state for a test: %w", err)
+	}
+	db, err := state.OpenWithOptions(dir, cfg.Logger, state.Options{CacheBytes: 1 << 20, MemTableBytes: 4 << 20})
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("pipeline: state for a test: %w", err)
+	}
+	m := &Manager{cfg: Config{StateDir: dir, Logger: cfg.Logger}, log: cfg.Logger, db: db, met: met}
+	d := &Driver{dir: dir, now: cfg.Start, next: make([]int64, cfg.Partitions),
+		ends: map[string][]int64{}, keyed: map[string]map[int32]*task{}}
+	r := newRoute(m, def)
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.clock = func() time.Time { return d.now }
+	r.local = d
+	d.r = r
+
+	r.tableOf = map[string]operators.Table{}
+	for name, ts := range def.Tables {
+		switch t, ok := cfg.Tables[name]; {
+		case ok:
+			r.tableOf[name] = t
+		case ts.Topic != "":
+			r.tableOf[name] = operators.NewMapTable()
+		default:
+			r.tableOf[name] = ts.Table
+		}
+	}
+	for name := range cfg.Tables {
+		if _, ok := def.Tables[name]; !ok {
+			d.Close()
+			return nil, fmt.Errorf("route %q has no table %q", def.Name, name)
+		}
+	}
+	parts := map[string]int{def.Source.Topic: cfg.Partitions}
+	for i := range def.Steps {
+		if isBoundary(&def.Steps[i]) {
+			parts[repartitionTopic(def.Name, &def.Steps[i])] = cfg.Partitions
+		}
+	}
+	if err := r.buildSegments(parts); err != nil {
+		d.Close()
+		return nil, err
+	}
+	r.tracker = offsets.NewTracker()
+	r.tasks = map[int32]*task{}
+	for _, seg := range r.segs {
+		if seg.idx > 0 {
+			d.keyed[seg.topic] = map[int32]*task{}
+			d.ends[seg.topic] = make([]int64, seg.nparts)
+		}
+		for p := int32(0); p < int32(seg.nparts); p++ {
+			t, err := r.newTask(seg, p, 0)
+			if err == nil && seg.idx > 0 {
+				err = r.buildTaskChain(t)
+				// No close journal: it serves recovery, and a test is one
+				// run from empty state.
+				t.journal, t.closer, t.applied = "", nil, nil
+			}
+			if err != nil {
+				d.Close()
+				return nil, err
+			}
+			r.tracker.Start(t.id, 0)
+			r.tasks[t.id] = t
+			if seg.idx == 0 {
+				d.src = append(d.src, t)
+			} else {
+				d.keyed[seg.topic][p] = t
+			}
+		}
+	}
+	r.ready.Store(true)
+	r.st.state = "running"
+	return d, nil
+}
+
+// Now is the driver's clock.
+func (d *Driver) Now() time.Time { return d.now }
+
+// Send processes one source record and everything it causes downstream.
+func (d *Driver) Send(in DriverInput) error {
+	if in.Partition < 0 || int(in.Partition) >= len(d.next) {
+		return fmt.Errorf("partition %d: the source has partitions 0 to %d", in.Partition, len(d.next)-1)
+	}
+	off := d.next[in.Partition]
+	if in.Offset >= 0 {
+		if in.Offset < off {
+			return fmt.Errorf("offset %d on partition %d: offsets only go up (the next one is %d)", in.Offset, in.Partition, off)
+		}
+		off = in.Offset
+	}
+	d.next[in.Partition] = off + 1
+	ts := in.Timestamp
+	if ts.IsZero() {
+		ts = d.now
+	}
+	kr := &kgo.Record{Topic: d.r.def.Source.Topic, Partition: in.Partition, Offset: off,
+		Key: in.Key, Value: in.Value, Timestamp: ts}
+	for _, h := range in.Headers {
+		kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	t := d.src[in.Partition]
+	d.r.processSource(t, kr)
+	t.pos = off + 1
+	d.r.nIn.Add(1)
+	d.settle()
+	return nil
+}
+
+// AdvanceWatermark moves the event-time frontier of every source partition
+// to at least wm (lateness already subtracted), as records with that event
+// time would, and lets the steps react.
+func (d *Driver) AdvanceWatermark(wm time.Time) {
+	ms := wm.UnixMilli()
+	for _, t := range d.src {
+		t.front.Lock()
+		if !t.front.has || ms > t.front.frontier {
+			t.front.frontier, t.front.has = ms, true
+		}
+		t.front.sinceSent++
+		t.front.Unlock()
+	}
+	d.settle()
+}
+
+// AdvanceIdle moves the clock by dur with no source record, ticking as the
+// idle loop does while a route runs: idle partitions stop holding the
+// watermark back, and a watermark with every partition idle moves at
+// wall-clock speed.
+func (d *Driver) AdvanceIdle(dur time.Duration) {
+	step := d.r.idleInterval()
+	for dur > 0 {
+		s := min(step, dur)
+		d.now = d.now.Add(s)
+		dur -= s
+		for _, t := range d.tasksInOrder() {
+			d.r.idleTickTask(t, d.now)
+		}
+		d.settle()
+	}
+}
+
+// Outputs returns what the route wrote so far, in the order written.
+func (d *Driver) Outputs() []DriverOutput { return d.out }
+
+// Errors returns the route's last error ("" when none), such as a
+// watermark marker it could not read.
+func (d *Driver) Errors() string {
+	d.r.st.Lock()
+	defer d.r.st.Unlock()
+	return d.r.st.lastErr
+}
+
+// Close releases the driver's state.
+func (d *Driver) Close() error {
+	d.r.cancel()
+	err := d.r.m.db.Close()
+	if errors.Is(err, state.ErrBroken) {
+		err = nil
+	}
+	if rerr := os.RemoveAll(d.dir); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// write takes a route's write (route.send): outputs and dead letters are
+// kept, repartition records and markers queued for their keyed task. Every
+// write is acknowledged at once.
+func (d *Driver) write(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	if ends, ok := d.ends[kr.Topic]; ok {
+		p := markerOrKey{kgo.StickyKeyPartitioner(nil).ForTopic(kr.Topic)}.Partition(kr, len(ends))
+		kr.Partition, kr.Offset = int32(p), ends[p]
+		ends[p]++
+		if kr.Timestamp.IsZero() {
+			kr.Timestamp = d.now
+		}
+		d.queue = append(d.queue, kr)
+		cb(kr, nil)
+		return
+	}
+	if kr.Topic == d.r.def.Sink.Topic || kr.Topic == deadLetterTopic(d.r.def) {
+		o := DriverOutput{Topic: kr.Topic, DeadLetter: kr.Topic == deadLetterTopic(d.r.def),
+			Key: kr.Key, Value: kr.Value, Timestamp: kr.Timestamp}
+		if o.Timestamp.IsZero() {
+			o.Timestamp = d.now // the producer's time, as kgo stamps it
+		}
+		for _, h := range kr.Headers {
+			o.Headers = append(o.Headers, operators.Header{Key: h.Key, Value: h.Value})
+		}
+		d.out = append(d.out, o)
+	}
+	// Changelog records are written only at checkpoints, which a test
+	// never takes.
+	cb(kr, nil)
+}
+
+// settle hands queued repartition records to their tasks until nothing is
+// left, with a marker round (as the idle loop's) after each pass so that
+// frontiers that moved reach the next segment.
+func (d *Driver) settle() {
+	for {
+		for len(d.queue) > 0 {
+			kr := d.queue[0]
+			d.queue = d.queue[1:]
+			t := d.keyed[kr.Topic][kr.Partition]
+			d.r.processRepartitioned(t, kr)
+			t.pos = kr.Offset + 1
+		}
+		for _, t := range d.tasksInOrder() {
+			t.sendMarkers(d.now, true)
+		}
+		if len(d.queue) == 0 {
+			return
+		}
+	}
+}
+
+// tasksInOrder lists the tasks by segment and partition, so that a run is
+// reproducible.
+func (d *Driver) tasksInOrder() []*task {
+	ts := make([]*task, 0, len(d.r.tasks))
+	for _, t := range d.r.tasks {
+		ts = append(ts, t)
+	}
+	sort.Slice(ts, func(i, j int) bool { return ts[i].id < ts[j].id })
+	return ts
+}
