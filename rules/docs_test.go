@@ -12,13 +12,13 @@ import (
 
 // docBlock is one fenced block of docs/RULES.md with its marker.
 type docBlock struct {
-	kind, name string // marker: rule-file, file, refused; and the file name
+	kind, name string // marker: rule-file, test-file, file, refused; and the file name
 	line       int    // line of the marker in RULES.md
 	body       string
 	want       string // refused: the ```text block that follows
 }
 
-var markerRe = regexp.MustCompile(`^<!-- (rule-file|file|refused): (\S+) -->$`)
+var markerRe = regexp.MustCompile(`^<!-- (rule-file|test-file|file|refused): (\S+) -->$`)
 
 // docBlocks reads the marked blocks. Every ```yaml block must be marked,
 // so no example in the docs escapes the analyzer.
