@@ -269,12 +269,34 @@ func TestDocsTestFiles(t *testing.T) {
 	if ran == 0 {
 		t.Fatal("docs/RULES.md shows no test file")
 	}
+	// The tests of the page's other examples live in testdata/docs, so that
+	// the page stays about the rules; each runs against the example of its
+	// name.
+	extra, _ := filepath.Glob(filepath.Join("testdata", "docs", "*.test.yaml"))
+	for _, p := range extra {
+		name := filepath.Base(p)
+		rule := strings.TrimSuffix(name, Suffix) + ".yaml"
+		if _, err := os.Stat(filepath.Join(dir, rule)); err != nil {
+			t.Errorf("%s: docs/RULES.md shows no rule file %s", p, rule)
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFiles(t, dir, map[string]string{name: string(b)})
+		if code, out := run(t, Options{Verbose: true}, filepath.Join(dir, name)); code != ExitPass {
+			t.Errorf("%s (exit %d):\n%s", p, code, out)
+		}
+	}
 }
 
 // FuzzParse: no test file makes the parser panic, and what it accepts has
 // tests with names.
 func FuzzParse(f *testing.F) {
 	seeds, _ := filepath.Glob(filepath.Join("testdata", "*.test.yaml"))
+	docs, _ := filepath.Glob(filepath.Join("testdata", "docs", "*.test.yaml"))
+	seeds = append(seeds, docs...)
 	quick, _ := filepath.Glob(filepath.Join("..", "..", "examples", "quickstart", "rules", "*.test.yaml"))
 	for _, p := range append(seeds, quick...) {
 		b, err := os.ReadFile(p)
