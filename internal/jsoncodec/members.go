@@ -1,0 +1,351 @@
+package jsoncodec
+
+// Decoding only the members that are read. A route's expressions name the
+// top-level members of the value they read (value.amount,
+// value.card.country); DecodeMembers builds the object with those members
+// and skips the bytes of the others with a scanner that checks them
+// exactly as Decode does, so a value Decode refuses is refused here too,
+// with the same error. SpliceMembers writes such an object back: the
+// original bytes, with the members the object holds written anew and the
+// ones it added at the end.
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+)
+
+// Fields is a set of top-level member names.
+type Fields map[string]struct{}
+
+// DecodeMembers decodes b like Decode, except that a top-level object
+// keeps only the members named in want; the others are checked and
+// skipped. partial is true when members were skipped (b is an object),
+// false when v is the whole value (not an object, so decoded whole).
+func DecodeMembers(b []byte, want Fields) (v any, partial bool, err error) {
+	d := decoders.Get().(*jsonDecoder)
+	d.s, d.i, d.err = string(b), 0, nil
+	d.ws()
+	if d.i < len(d.s) && d.s[d.i] == '{' {
+		v, partial = d.objectMembers(want), true
+	} else {
+		v = d.value(0)
+	}
+	if d.err == nil {
+		d.ws()
+		if d.i < len(d.s) {
+			d.fail("invalid character %q after top-level value", d.s[d.i])
+		}
+	}
+	err = d.err
+	d.release()
+	if err != nil {
+		return nil, false, fmt.Errorf("decode json: %w", err)
+	}
+	return v, partial, nil
+}
+
+// objectMembers is object(1) keeping only the members in want.
+func (d *jsonDecoder) objectMembers(want Fields) any {
+	d.i++ // {
+	m := make(map[string]any, len(want)+2) // room for what `set` adds
+	d.ws()
+	if d.i < len(d.s) && d.s[d.i] == '}' {
+		d.i++
+		return m
+	}
+	for d.err == nil {
+		d.ws()
+		if d.i >= len(d.s) || d.s[d.i] != '"' {
+			d.fail("want a string object key")
+			break
+		}
+		k, _ := d.str()
+		d.ws()
+		if d.i >= len(d.s) || d.s[d.i] != ':' {
+			d.fail("want ':' after object key")
+			break
+		}
+		d.i++
+		d.ws()
+		if _, ok := want[k]; ok {
+			v := d.value(1)
+			if d.err == nil {
+				m[k] = v // a repeated key: the last wins, as in Decode
+			}
+		} else {
+			d.skip(1)
+		}
+		d.ws()
+		if d.i >= len(d.s) {
+			d.fail("unexpected end of JSON input")
+			break
+		}
+		if d.s[d.i] == ',' {
+			d.i++
+			continue
+		}
+		if d.s[d.i] == '}' {
+			d.i++
+			break
+		}
+		d.fail("invalid character %q after object member", d.s[d.i])
+	}
+	if d.err != nil {
+		return nil
+	}
+	return m
+}
+
+// skip moves past one value, checking it as value(depth) would, without
+// building anything.
+func (d *jsonDecoder) skip(depth int) {
+	if d.i >= len(d.s) {
+		d.fail("unexpected end of JSON input")
+		return
+	}
+	switch c := d.s[d.i]; c {
+	case '{':
+		d.skipContainer(depth+1, '}', true)
+	case '[':
+		d.skipContainer(depth+1, ']', false)
+	case '"':
+		d.skipString()
+	case 't':
+		d.literal("true", nil)
+	case 'f':
+		d.literal("false", nil)
+	case 'n':
+		d.literal("null", nil)
+	default:
+		if c == '-' || (c >= '0' && c <= '9') {
+			d.skipNumber()
+			return
+		}
+		d.fail("invalid character %q looking for beginning of value", c)
+	}
+}
+
+// skipContainer skips an object (members) or an array.
+func (d *jsonDecoder) skipContainer(depth int, end byte, members bool) {
+	if depth > maxDepth {
+		d.fail("%v", errJSONDepth)
+		return
+	}
+	d.i++
+	d.ws()
+	if d.i < len(d.s) && d.s[d.i] == end {
+		d.i++
+		return
+	}
+	for d.err == nil {
+		d.ws()
+		if members {
+			if d.i >= len(d.s) || d.s[d.i] != '"' {
+				d.fail("want a string object key")
+				return
+			}
+			d.skipString()
+			d.ws()
+			if d.i >= len(d.s) || d.s[d.i] != ':' {
+				if d.err == nil {
+					d.fail("want ':' after object key")
+				}
+				return
+			}
+			d.i++
+			d.ws()
+		}
+		d.skip(depth)
+		d.ws()
+		if d.i >= len(d.s) {
+			d.fail("unexpected end of JSON input")
+			return
+		}
+		switch d.s[d.i] {
+		case ',':
+			d.i++
+			continue
+		case end:
+			d.i++
+			return
+		}
+		if members {
+			d.fail("invalid character %q after object member", d.s[d.i])
+		} else {
+			d.fail("invalid character %q after array element", d.s[d.i])
+		}
+	}
+}
+
+// skipString moves past the string at d.i, with the checks of str: control
+// characters and escapes. Invalid UTF-8 is not an error (str replaces it).
+func (d *jsonDecoder) skipString() {
+	d.i++
+	for d.i < len(d.s) {
+		c := d.s[d.i]
+		if !strStop[c] || c >= 0x80 {
+			d.i++
+			continue
+		}
+		switch {
+		case c == '"':
+			d.i++
+			return
+		case c < 0x20:
+			d.fail("invalid control character %q in string", c)
+			return
+		}
+		// A backslash.
+		if d.i+1 >= len(d.s) {
+			break
+		}
+		e := d.s[d.i+1]
+		d.i += 2
+		switch e {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		case 'u':
+			d.hex4()
+			if d.err != nil {
+				return
+			}
+		default:
+			d.i -= 2
+			d.fail("invalid escape %q in string", e)
+			return
+		}
+	}
+	d.fail("unexpected end of JSON input in string")
+}
+
+// skipNumber checks a number as number does, range included.
+func (d *jsonDecoder) skipNumber() {
+	start := d.i
+	s := d.s
+	if s[d.i] == '-' {
+		d.i++
+	}
+	digits := 0
+	switch {
+	case d.i < len(s) && s[d.i] == '0':
+		d.i++
+		digits = 1
+	case d.i < len(s) && s[d.i] >= '1' && s[d.i] <= '9':
+		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
+			digits++
+			d.i++
+		}
+	default:
+		d.fail("invalid number")
+		return
+	}
+	plain := true
+	if d.i < len(s) && s[d.i] == '.' {
+		d.i++
+		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
+			d.fail("invalid number: want a digit after '.'")
+			return
+		}
+		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
+			digits++
+			d.i++
+		}
+	}
+	if d.i < len(s) && (s[d.i] == 'e' || s[d.i] == 'E') {
+		plain = false
+		d.i++
+		if d.i < len(s) && (s[d.i] == '+' || s[d.i] == '-') {
+			d.i++
+		}
+		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
+			d.fail("invalid number: want a digit in the exponent")
+			return
+		}
+		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
+			d.i++
+		}
+	}
+	if plain && digits <= 15 {
+		return
+	}
+	if _, err := strconv.ParseFloat(s[start:d.i], 64); err != nil {
+		d.i = start
+		d.fail("number %s out of range", s[start:min(len(s), start+40)])
+	}
+}
+
+// SpliceMembers encodes obj, the object DecodeMembers made from raw and
+// steps may have changed since (members set, added): raw's members as they
+// are, except those obj holds, which are written from obj, and obj's
+// members that raw lacks appended in name order. raw must be an object
+// DecodeMembers accepted. The result encodes the object Decode(raw) would
+// give with obj's members put into it.
+func SpliceMembers(dst, raw []byte, obj map[string]any) ([]byte, error) {
+	d := decoders.Get().(*jsonDecoder)
+	defer d.release()
+	d.s, d.i, d.err = string(raw), 0, nil
+	d.ws()
+	if d.i >= len(d.s) || d.s[d.i] != '{' {
+		return nil, fmt.Errorf("splice json: the value is not an object")
+	}
+	d.i++
+	dst = append(dst, '{')
+	n := 0
+	seen := make(map[string]bool, len(obj))
+	d.ws()
+	for d.err == nil && d.i < len(d.s) && d.s[d.i] != '}' {
+		start := d.i
+		k, _ := d.str()
+		d.ws()
+		d.i++ // ':'
+		d.ws()
+		d.skip(1)
+		end := d.i
+		if d.err != nil {
+			break
+		}
+		if n > 0 {
+			dst = append(dst, ',')
+		}
+		n++
+		if v, ok := obj[k]; ok {
+			seen[k] = true
+			dst = appendJSONString(dst, k)
+			dst = append(dst, ':')
+			var err error
+			if dst, err = appendJSON(dst, v, 1); err != nil {
+				return nil, err
+			}
+		} else {
+			dst = append(dst, raw[start:end]...)
+		}
+		d.ws()
+		if d.i < len(d.s) && d.s[d.i] == ',' {
+			d.i++
+			d.ws()
+		}
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("splice json: %w", d.err)
+	}
+	added := make([]string, 0, len(obj)-len(seen))
+	for k := range obj {
+		if !seen[k] {
+			added = append(added, k)
+		}
+	}
+	slices.Sort(added)
+	for _, k := range added {
+		if n > 0 {
+			dst = append(dst, ',')
+		}
+		n++
+		dst = appendJSONString(dst, k)
+		dst = append(dst, ':')
+		var err error
+		if dst, err = appendJSON(dst, obj[k], 1); err != nil {
+			return nil, err
+		}
+	}
+	return append(dst, '}'), nil
+}
