@@ -82,6 +82,36 @@ func (s *rawSink) Emit(r *Record) {
 	s.encodeSink.Emit(r)
 }
 
+// memberSink encodes an emitted record as the pipeline's sink does for a
+// route that decodes only the members it reads (Record.EncodeValue:
+// forwarded, spliced or encoded).
+type memberSink struct{ encodeSink }
+
+func (s *memberSink) Emit(r *Record) {
+	var err error
+	s.buf, err = r.EncodeValue(s.buf[:0])
+	if err != nil {
+		panic(err)
+	}
+	s.n++
+}
+
+// readsOf is the members a route of these expressions decodes
+// (rules.Source.Members).
+func readsOf(es ...*Expr) jsoncodec.Fields {
+	f := jsoncodec.Fields{}
+	for _, e := range es {
+		m, whole := e.ValueReads()
+		if whole {
+			panic("reads value whole: " + e.Source)
+		}
+		for _, k := range m {
+			f[k] = struct{}{}
+		}
+	}
+	return f
+}
+
 // countSink only counts.
 type countSink struct{ n, dead int }
 
@@ -136,14 +166,19 @@ func decodeAll(b *testing.B, in [][]byte) []any {
 
 // BenchmarkChainFilterSetMap is the filter + set + map chain of issue 3.
 func BenchmarkChainFilterSetMap(b *testing.B) {
+	exprs := []*Expr{
+		mustExpr(b, `value.amount > 0 && value.status != "test"`),
+		mustExpr(b, `value.amount / (value.risk.score + 1.0)`),
+		mustExpr(b, "value.user_id"), mustExpr(b, "value.amount"), mustExpr(b, "value.risk_adj"), mustExpr(b, "value.merchant_id"),
+	}
 	steps := []Step{
-		NewFilter(mustExpr(b, `value.amount > 0 && value.status != "test"`)),
-		NewSet([]Field{{Name: "risk_adj", Expr: mustExpr(b, `value.amount / (value.risk.score + 1.0)`)}}),
+		NewFilter(exprs[0]),
+		NewSet([]Field{{Name: "risk_adj", Expr: exprs[1]}}),
 		NewMap([]Field{
-			{Name: "user_id", Expr: mustExpr(b, "value.user_id")},
-			{Name: "amount", Expr: mustExpr(b, "value.amount")},
-			{Name: "risk", Expr: mustExpr(b, "value.risk_adj")},
-			{Name: "merchant", Expr: mustExpr(b, "value.merchant_id")},
+			{Name: "user_id", Expr: exprs[2]},
+			{Name: "amount", Expr: exprs[3]},
+			{Name: "risk", Expr: exprs[4]},
+			{Name: "merchant", Expr: exprs[5]},
 		}),
 	}
 	in := benchkit.Inputs(4096)
@@ -162,6 +197,28 @@ func BenchmarkChainFilterSetMap(b *testing.B) {
 				b.Fatal(err)
 			}
 			c.run(&Record{Key: raw[txnAt : txnAt+8], Value: v, Raw: raw})
+		}
+		benchkit.RecPerSec(b, cpu0)
+		if sink.n == 0 || sink.dead != 0 {
+			b.Fatalf("emitted %d, dead %d", sink.n, sink.dead)
+		}
+	})
+	b.Run("json-members", func(b *testing.B) {
+		want := readsOf(exprs...)
+		sink := &memberSink{}
+		c := &chain{steps: steps, next: sink}
+		b.SetBytes(1024)
+		b.ReportAllocs()
+		i := 0
+		cpu0 := benchkit.CPUNow()
+		for b.Loop() {
+			raw := in[i%len(in)]
+			i++
+			r := &Record{Key: raw[txnAt : txnAt+8]}
+			if err := r.SetJSONMembers(raw, want); err != nil {
+				b.Fatal(err)
+			}
+			c.run(r)
 		}
 		benchkit.RecPerSec(b, cpu0)
 		if sink.n == 0 || sink.dead != 0 {
@@ -200,10 +257,11 @@ func BenchmarkFilter(b *testing.B) {
 	run := func(b *testing.B, sink interface {
 		Emitter
 		counts() (int, int)
-	}, setJSON bool) {
+	}, decode string) {
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i, want := 0, 0
+		members := readsOf(f.(*filter).pred)
 		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			raw := in[i%len(in)]
@@ -212,11 +270,16 @@ func BenchmarkFilter(b *testing.B) {
 			}
 			i++
 			r := &Record{Key: raw[txnAt : txnAt+8]}
-			if setJSON {
+			switch decode {
+			case "members":
+				if err := r.SetJSONMembers(raw, members); err != nil {
+					b.Fatal(err)
+				}
+			case "raw":
 				if err := r.SetJSON(raw); err != nil {
 					b.Fatal(err)
 				}
-			} else {
+			default:
 				v, err := jsoncodec.Decode(raw)
 				if err != nil {
 					b.Fatal(err)
@@ -230,8 +293,9 @@ func BenchmarkFilter(b *testing.B) {
 			b.Fatalf("passed %d of %d, want %d, dead %d", n, b.N, want, dead)
 		}
 	}
-	b.Run("json", func(b *testing.B) { run(b, &encodeSink{}, false) })
-	b.Run("json-raw", func(b *testing.B) { run(b, &rawSink{}, true) })
+	b.Run("json", func(b *testing.B) { run(b, &encodeSink{}, "") })
+	b.Run("json-raw", func(b *testing.B) { run(b, &rawSink{}, "raw") })
+	b.Run("json-members", func(b *testing.B) { run(b, &memberSink{}, "members") })
 }
 
 func BenchmarkWindowTumbling10kKeys(b *testing.B) {

@@ -95,6 +95,11 @@ func (e *explode) copyWith(r *Record, elem any) *Record {
 	if _, ok := r.ValueBytes(); ok {
 		c.rawValue, c.rawFrom, c.rawSet = c.Value, r.rawFrom, true
 	}
+	if r.Partial() {
+		// The copy is as partial as the original: it keeps the bytes the
+		// members it lacks are in.
+		c.partialOf, c.partialFrom = c.Value.(map[string]any), r.partialFrom
+	}
 	c.Bound = make(map[string]any, len(r.Bound)+1)
 	maps.Copy(c.Bound, r.Bound)
 	c.Bound[e.as] = elem

@@ -20,13 +20,64 @@ import (
 type Expr struct {
 	Source  string
 	program *vm.Program
+	reads   valueReads
+}
+
+// valueReads is what an expression reads of `value`: the top-level
+// members it names (value.x, value?.x, value["x"]), and whether it uses
+// value any other way (whole), which needs every member.
+type valueReads struct {
+	members []string
+	whole   bool
+}
+
+// ValueReads returns the top-level members of value the expression reads,
+// and whole when it reads value as a whole (passes it on, indexes it with
+// a computed name), so that no member may be left out.
+func (e *Expr) ValueReads() (members []string, whole bool) {
+	return e.reads.members, e.reads.whole
+}
+
+// readsObserver records valueReads; it runs before the other patchers, on
+// the tree as written. Walk visits children first, so each use of the
+// `value` identifier is counted, then the member accesses that name a
+// constant property of it: any use left over reads value whole.
+type readsObserver struct {
+	r     *valueReads
+	uses  int
+	named int
+}
+
+func (o *readsObserver) Visit(node *ast.Node) {
+	switch x := (*node).(type) {
+	case *ast.IdentifierNode:
+		switch x.Value {
+		case "value":
+			o.uses++
+		case "$env":
+			o.uses++ // $env.value, $env["value"]: value by another name
+		}
+	case *ast.MemberNode:
+		id, ok := x.Node.(*ast.IdentifierNode)
+		if !ok || id.Value != "value" || x.Method {
+			return
+		}
+		if prop, ok := x.Property.(*ast.StringNode); ok {
+			o.named++
+			if !slices.Contains(o.r.members, prop.Value) {
+				o.r.members = append(o.r.members, prop.Value)
+			}
+		}
+	}
+	o.r.whole = o.uses > o.named
 }
 
 // CompileExpr compiles src against the record environment. bound are the
 // names that join steps before this expression bind (`as`). opts are extra
 // expr options (for example expr.AsBool() for a filter).
 func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error) {
-	all := []expr.Option{expr.Env(recordEnv{}), fetchFunc}
+	var reads valueReads
+	all := []expr.Option{expr.Env(recordEnv{}), fetchFunc, expr.Patch(&readsObserver{r: &reads})}
 	if len(bound) > 0 {
 		all = append(all, expr.Patch(boundPatcher(bound)))
 	}
@@ -36,7 +87,7 @@ func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Expr{Source: src, program: p}, nil
+	return &Expr{Source: src, program: p, reads: reads}, nil
 }
 
 // vms recycles expr VMs: expr.Run allocates a VM and its stack for every

@@ -24,7 +24,47 @@ func (r *Record) SetJSON(raw []byte) error {
 	}
 	r.Raw, r.Value = raw, v
 	r.rawValue, r.rawFrom, r.rawSet, r.valueChanged = v, raw, true, false
+	r.partialOf, r.partialFrom = nil, nil
 	return nil
+}
+
+// SetJSONMembers is SetJSON for a route whose expressions read only the
+// top-level members in want: an object keeps only those (the rest of raw
+// is checked, not decoded: jsoncodec.DecodeMembers). It fails for exactly
+// the values SetJSON fails for. Such a partial object must be encoded
+// with EncodeValue, which puts back what was not decoded.
+func (r *Record) SetJSONMembers(raw []byte, want jsoncodec.Fields) error {
+	v, partial, err := jsoncodec.DecodeMembers(raw, want)
+	if err != nil {
+		return err
+	}
+	r.Raw, r.Value = raw, v
+	r.rawValue, r.rawFrom, r.rawSet, r.valueChanged = v, raw, true, false
+	r.partialOf, r.partialFrom = nil, nil
+	if partial {
+		r.partialOf, r.partialFrom = v.(map[string]any), raw
+	}
+	return nil
+}
+
+// Partial reports whether Value is an object SetJSONMembers decoded only
+// in part.
+func (r *Record) Partial() bool {
+	return r.partialOf != nil && sameValue(r.Value, r.partialOf)
+}
+
+// EncodeValue is the JSON encoding of Value: the bytes it was decoded from
+// when no step changed it (ValueBytes); for an object decoded in part
+// (SetJSONMembers), those bytes with the members it holds written anew;
+// otherwise jsoncodec.Append.
+func (r *Record) EncodeValue(dst []byte) ([]byte, error) {
+	if raw, ok := r.ValueBytes(); ok {
+		return append(dst, raw...), nil
+	}
+	if r.Partial() {
+		return jsoncodec.SpliceMembers(dst, r.partialFrom, r.partialOf)
+	}
+	return jsoncodec.Append(dst, r.Value)
 }
 
 // ValueBytes returns r.Raw when r.Raw and r.Value are still what SetJSON

@@ -55,6 +55,11 @@ type Record struct {
 	rawFrom      []byte
 	rawSet       bool
 	valueChanged bool
+	// partialOf is the object SetJSONMembers decoded from partialFrom with
+	// only the members the route reads: while Value is that object it is
+	// encoded by splicing it into partialFrom (EncodeValue).
+	partialOf   map[string]any
+	partialFrom []byte
 }
 
 // ResetEnv forgets the expression environment cached on r. Call it after
@@ -66,6 +71,7 @@ func (r *Record) ResetEnv() {
 	r.env = recordEnv{}
 	r.shuffleKeyFor = nil
 	r.rawValue, r.rawFrom, r.rawSet = nil, nil, false
+	r.partialOf, r.partialFrom = nil, nil
 }
 
 // WindowRef names the window a row came from: [Start, End) in epoch millis.

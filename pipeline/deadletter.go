@@ -8,7 +8,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -26,7 +25,7 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	r.m.met.deadLetters.WithLabelValues(r.name, string(reason)).Inc()
 	val := rec.Raw
 	if val == nil && rec.Value != nil {
-		val, _ = jsoncodec.Append(nil, rec.Value)
+		val, _ = rec.EncodeValue(nil)
 	}
 	msg := ""
 	if err != nil {

@@ -72,9 +72,9 @@ type Driver struct {
 	r     *route
 	dir   string
 	now   time.Time
-	next  []int64                   // next source offset per partition
-	ends  map[string][]int64        // next offset per repartition partition, by topic
-	queue []*kgo.Record             // repartition records not yet processed
+	next  []int64                    // next source offset per partition
+	ends  map[string][]int64         // next offset per repartition partition, by topic
+	queue []*kgo.Record              // repartition records not yet processed
 	keyed map[string]map[int32]*task // keyed tasks by topic and partition
 	src   []*task
 	out   []DriverOutput

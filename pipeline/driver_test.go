@@ -12,6 +12,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -185,5 +186,128 @@ func TestDriverErrors(t *testing.T) {
 	}
 	if _, err := NewDriver(def, DriverConfig{Tables: map[string]operators.Table{"nope": nil}}); err == nil {
 		t.Error("a table the route does not have was accepted")
+	}
+}
+
+// TestDecodeMembersChangesNoOutput: a route that decodes only the members
+// its expressions read (rules.Source.DecodeMembers) writes the same values
+// as the same route decoding every record whole: records that pass
+// untouched, values set changed (spliced into the producer's bytes, also
+// across a repartition), explode's copies, dead letters for bad JSON.
+func TestDecodeMembersChangesNoOutput(t *testing.T) {
+	routes := map[string]string{
+		"set-then-dedup": `route: m1
+source: { topic: m1, event_time: value.ts, watermark: 1s, idle_timeout: 1s }
+sink: { topic: m1.out }
+steps:
+  - filter: value.amount > 2 && headers.env != "test"
+  - set:
+      amount: value.amount * 2
+      tag: '"big"'
+      nested: '{"a": value.user, "n": [1, 2]}'
+  - drop_duplicates: { key: value.txn }
+  - filter: value.tag == "big"
+`,
+		"explode-join-window": `route: m2
+source: { topic: m2, event_time: value.ts, watermark: 1s, idle_timeout: 1s }
+sink: { topic: m2.out }
+tables:
+  shops: { file: shops.jsonl, key: shop }
+steps:
+  - explode: { each: value.items, as: item }
+  - join: { table: shops, on: value.shop, as: s, missing: keep }
+  - set:
+      sku: item.sku
+      region: s?.region ?? "none"
+  - window: { kind: tumbling, size: 1s, key: value.region, aggregate: { n: count(), skus: count_distinct(value.sku) }, emit: on_close }
+`,
+		"untouched": `route: m3
+source: { topic: m3 }
+sink: { topic: m3.out, key: value.user }
+steps:
+  - filter: value.user != "u3"
+`,
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "shops.jsonl"),
+		[]byte(`{"shop":"s1","region":"eu"}`+"\n"+`{"shop":"s2","region":"us"}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var values [][]byte
+	for i := range 120 {
+		v := map[string]any{"txn": fmt.Sprint("t", i%90), "user": fmt.Sprint("u", i%5), "shop": fmt.Sprint("s", i%3),
+			"amount": float64(i%9) + 0.5, "ts": 1767225600000 + i*30, "unread": map[string]any{"deep": []any{i, "x\u00e9", nil}},
+			"items": []any{map[string]any{"sku": fmt.Sprint("k", i%4)}, map[string]any{"sku": "k9"}}, "note": "the rest of the record"}
+		b, _ := json.Marshal(v)
+		values = append(values, b)
+		if i%40 == 3 {
+			values = append(values, []byte(`{"user": "u1", "amount": 5, "broken": [1, 2`))
+		}
+	}
+	for name, src := range routes {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(dir, name+".yaml")
+			if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			def, err := rules.LoadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !def.Source.DecodeMembers {
+				t.Fatalf("the route decodes whole (members %v)", def.Source.Members)
+			}
+			whole := *def
+			whole.Source.DecodeMembers = false
+			run := func(d *rules.Route) []string {
+				drv, err := NewDriver(d, DriverConfig{Partitions: 2})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer drv.Close()
+				for i, v := range values {
+					in := DriverInput{Partition: int32(i % 2), Offset: -1, Key: []byte("k"), Value: v}
+					if i%7 == 0 {
+						in.Headers = []operators.Header{{Key: "env", Value: []byte("test")}}
+					}
+					if err := drv.Send(in); err != nil {
+						t.Fatal(err)
+					}
+				}
+				drv.AdvanceIdle(5 * time.Second)
+				var out []string
+				for _, o := range drv.Outputs() {
+					val := string(o.Value)
+					if v, err := jsoncodec.Decode(o.Value); err == nil {
+						b, _ := json.Marshal(v) // the value, whatever its layout
+						val = string(b)
+					}
+					hs := ""
+					for _, h := range o.Headers {
+						hs += h.Key + "=" + string(h.Value) + ";"
+					}
+					out = append(out, fmt.Sprintf("%s key=%s value=%s headers=%s", o.Topic, o.Key, val, hs))
+				}
+				return out
+			}
+			partial, full := run(def), run(&whole)
+			if len(full) < 5 {
+				t.Fatalf("only %d outputs", len(full))
+			}
+			if !slices.Equal(partial, full) {
+				for i := range max(len(partial), len(full)) {
+					var p, f string
+					if i < len(partial) {
+						p = partial[i]
+					}
+					if i < len(full) {
+						f = full[i]
+					}
+					if p != f {
+						t.Fatalf("output %d differs:\n members: %s\n whole:   %s", i, p, f)
+					}
+				}
+			}
+		})
 	}
 }

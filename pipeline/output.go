@@ -126,12 +126,16 @@ func sourceRef(rec *operators.Record) []byte {
 
 // encodeValue is the sink value of rec. A value decoded from JSON that no
 // step changed (filters, joins, drop_duplicates) is forwarded as the bytes
-// the producer sent, without encoding; a window row, or a value set or map
-// changed, is encoded as canonical JSON.
+// the producer sent, without encoding; one decoded in part and changed by
+// set is those bytes with the members set wrote spliced in; a window row,
+// or a value map built, is encoded as canonical JSON.
 func (r *route) encodeValue(rec *operators.Record) ([]byte, error) {
 	if rec.Window == nil {
 		if raw, ok := rec.ValueBytes(); ok {
 			return raw, nil
+		}
+		if rec.Partial() {
+			return rec.EncodeValue(nil)
 		}
 	}
 	switch v := rec.Value.(type) {

@@ -44,7 +44,13 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 		// SetJSON remembers the bytes, so a value no step changes goes to
 		// the sink as it arrived (encodeValue). On error rec keeps Raw and a
 		// nil Value: the dead letter carries the bytes as received.
-		if err := rec.SetJSON(kr.Value); err != nil {
+		var err error
+		if r.members != nil {
+			err = rec.SetJSONMembers(kr.Value, r.members)
+		} else {
+			err = rec.SetJSON(kr.Value)
+		}
+		if err != nil {
 			r.deadLetter(rec, operators.ReasonDecode, err, "source", tk)
 			return
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/offsets"
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
@@ -131,6 +132,10 @@ type route struct {
 	// local, when set, takes every write instead of the brokers: the
 	// Driver of `rtproxy test` (driver.go).
 	local *Driver
+	// members are the only top-level members of a source value the route
+	// reads (rules.Source.Members): source records decode just those. nil:
+	// decode whole.
+	members jsoncodec.Fields
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
@@ -145,6 +150,12 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.inflight.zero = sync.NewCond(&r.inflight.Mutex)
 	r.st.state = "starting"
 	r.clock = time.Now
+	if d.Source.DecodeMembers && d.Source.Format == "json" {
+		r.members = jsoncodec.Fields{}
+		for _, m := range d.Source.Members {
+			r.members[m] = struct{}{}
+		}
+	}
 	return r
 }
 

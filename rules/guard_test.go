@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -74,7 +75,7 @@ func TestGuardExampleParses(t *testing.T) {
 	if !filepath.IsAbs(r.File) || !hex64.MatchString(r.Hash) {
 		t.Errorf("file %q hash %q: want an absolute path and a sha256", r.File, r.Hash)
 	}
-	if r.Source != (Source{}) || r.Sink != (Sink{}) || len(r.Steps) != 0 || r.DeadLetter != "" || len(r.Tables) != 0 {
+	if !reflect.DeepEqual(r.Source, Source{}) || r.Sink != (Sink{}) || len(r.Steps) != 0 || r.DeadLetter != "" || len(r.Tables) != 0 {
 		t.Errorf("a guard's route fields must be empty: %+v", r)
 	}
 

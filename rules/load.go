@@ -117,6 +117,12 @@ type loader struct {
 	opts  Options
 
 	sinkFields map[string]*keyVal // sink.key compiles after the steps
+	// srcReads is what expressions read of a value that still has the
+	// source's shape (noteReads).
+	srcReads struct {
+		members map[string]bool
+		whole   bool
+	}
 	tableDefs  map[string]string  // table name -> definition as written, for join fingerprints
 }
 

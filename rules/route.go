@@ -39,6 +39,12 @@ type Source struct {
 	Watermark   time.Duration   // allowed lateness
 	IdleTimeout time.Duration
 	Start       string // "earliest" or "latest"
+	// DecodeMembers says that the route's expressions read only the
+	// top-level Members of a JSON value while it has the source's shape
+	// (before a map or window replaces it), so a record may be decoded in
+	// part (operators.Record.SetJSONMembers). False: decode it whole.
+	DecodeMembers bool
+	Members       []string
 	// Group is the consumer group every instance running the route joins;
 	// "" means "rtproxy.<route>" (GroupID).
 	Group string

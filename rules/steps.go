@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -24,6 +26,25 @@ import (
 // its shape) with the names bound by earlier joins.
 func compileExpr(src string, bound []string, opts ...expr.Option) (*operators.Expr, error) {
 	return operators.CompileExpr(src, bound, opts...)
+}
+
+// noteReads adds what e reads of `value` to the route's source reads when
+// e sees the value as the source gave it (with set's members on top):
+// not yet replaced by a map or a window, and JSON.
+func (l *loader) noteReads(e *operators.Expr, sc *scope) {
+	if sc.shape.known || sc.shape.raw {
+		return
+	}
+	members, whole := e.ValueReads()
+	if whole {
+		l.srcReads.whole = true
+	}
+	if l.srcReads.members == nil {
+		l.srcReads.members = map[string]bool{}
+	}
+	for _, m := range members {
+		l.srcReads.members[m] = true
+	}
 }
 
 // exprKeywords cannot be bound as a join name: the expression parser reads
@@ -92,6 +113,7 @@ func (l *loader) exprNode(n, keyNode *yaml.Node, what string, sc *scope, kind ex
 		l.exprError(n, src, what, sc, err)
 		return nil
 	}
+	l.noteReads(e, sc)
 	if kind == exprBool {
 		if part, gives := neverBool(src); gives != "" {
 			l.errAt(n, src, "%s must be true or false, but `%s` always gives %s; write a condition such as `value.amount > 0`", what, shorten(part), gives)
@@ -354,6 +376,10 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 		}
 	}
 	l.sinkKey(r, sc)
+	if r.Source.Format == "json" && !l.srcReads.whole {
+		r.Source.Members = slices.Sorted(maps.Keys(l.srcReads.members))
+		r.Source.DecodeMembers = true
+	}
 }
 
 // sinkKey compiles sink.key against what the last step emits.
@@ -875,6 +901,7 @@ func (l *loader) aggregate(nk, nv *yaml.Node, sc *scope) (operators.Aggregate, b
 		l.exprError(inner, argSrc, what, sc, err)
 		return operators.Aggregate{}, false
 	}
+	l.noteReads(arg, sc)
 	agg.Arg = arg
 	return agg, true
 }

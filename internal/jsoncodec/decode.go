@@ -43,7 +43,7 @@ const maxScratch = 4096
 // release returns d to the pool without references to the record it
 // decoded.
 func (d *jsonDecoder) release() {
-	d.s, d.err = "", nil
+	d.s, d.err, d.own = "", nil, false
 	if cap(d.kvs) > maxScratch {
 		d.kvs = nil
 	}
@@ -66,6 +66,9 @@ type jsonDecoder struct {
 	err error
 	kvs []jsonKV // scratch stack of object members being decoded
 	arr []any    // scratch stack of array elements being decoded
+	// own: d.s is the caller's buffer, not a copy (DecodeMembers), so no
+	// decoded string may be a view into it.
+	own bool
 	internCache
 }
 
@@ -101,6 +104,9 @@ func (d *jsonDecoder) value(depth int) any {
 		s, view := d.str()
 		if d.err != nil {
 			return nil
+		}
+		if view && d.own {
+			s, view = strings.Clone(s), false
 		}
 		return d.boxString(s, view)
 	case 't':
@@ -149,7 +155,10 @@ func (d *jsonDecoder) object(depth int) any {
 			d.fail("want a string object key")
 			break
 		}
-		k, _ := d.str()
+		k, view := d.str()
+		if view && d.own {
+			k = strings.Clone(k)
+		}
 		d.ws()
 		if d.i >= len(d.s) || d.s[d.i] != ':' {
 			d.fail("want ':' after object key")

@@ -13,6 +13,8 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
+	"unsafe"
 )
 
 // Fields is a set of top-level member names.
@@ -24,7 +26,9 @@ type Fields map[string]struct{}
 // false when v is the whole value (not an object, so decoded whole).
 func DecodeMembers(b []byte, want Fields) (v any, partial bool, err error) {
 	d := decoders.Get().(*jsonDecoder)
-	d.s, d.i, d.err = string(b), 0, nil
+	// No copy of b: what is kept of it is copied (own), and most of it is
+	// only scanned.
+	d.s, d.i, d.err, d.own = unsafe.String(unsafe.SliceData(b), len(b)), 0, nil, true
 	d.ws()
 	if d.i < len(d.s) && d.s[d.i] == '{' {
 		v, partial = d.objectMembers(want), true
@@ -60,7 +64,7 @@ func (d *jsonDecoder) objectMembers(want Fields) any {
 			d.fail("want a string object key")
 			break
 		}
-		k, _ := d.str()
+		k, view := d.str()
 		d.ws()
 		if d.i >= len(d.s) || d.s[d.i] != ':' {
 			d.fail("want ':' after object key")
@@ -69,6 +73,9 @@ func (d *jsonDecoder) objectMembers(want Fields) any {
 		d.i++
 		d.ws()
 		if _, ok := want[k]; ok {
+			if view {
+				k = strings.Clone(k)
+			}
 			v := d.value(1)
 			if d.err == nil {
 				m[k] = v // a repeated key: the last wins, as in Decode
@@ -283,7 +290,8 @@ func (d *jsonDecoder) skipNumber() {
 func SpliceMembers(dst, raw []byte, obj map[string]any) ([]byte, error) {
 	d := decoders.Get().(*jsonDecoder)
 	defer d.release()
-	d.s, d.i, d.err = string(raw), 0, nil
+	// Keys are compared and forgotten: no copy of raw.
+	d.s, d.i, d.err = unsafe.String(unsafe.SliceData(raw), len(raw)), 0, nil
 	d.ws()
 	if d.i >= len(d.s) || d.s[d.i] != '{' {
 		return nil, fmt.Errorf("splice json: the value is not an object")

@@ -117,3 +117,20 @@ func TestDecodeMembersKeepsOnlyWanted(t *testing.T) {
 		t.Fatalf("splice: %s", got)
 	}
 }
+
+// TestDecodeMembersOwnsItsStrings: nothing DecodeMembers returns is a view
+// into the input, which it does not copy: a caller may reuse the buffer.
+func TestDecodeMembersOwnsItsStrings(t *testing.T) {
+	b := []byte(`{"user": "u-123", "tags": ["a", {"k": "v"}], "skip": "me", "n": "x"}`)
+	v, _, err := DecodeMembers(b, Fields{"user": {}, "tags": {}, "n": {}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		b[i] = '#'
+	}
+	want := map[string]any{"user": "u-123", "tags": []any{"a", map[string]any{"k": "v"}}, "n": "x"}
+	if !reflect.DeepEqual(v, want) {
+		t.Fatalf("after the buffer changed: %#v", v)
+	}
+}
