@@ -20,6 +20,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
@@ -129,15 +130,24 @@ func main() {
 
 	var tput []string
 	if *bulk > 0 {
-		floor := b.drainRate("floor: plain consume of the backlog", "", "")
+		floor := b.drainRate("floor: plain consume of the backlog", "", "", false)
 		tput = append(tput, floor)
-		tput = append(tput, b.drainRate("(e) hand-written loop", "e", ""))
-		for _, s := range []struct{ name, steps string }{
-			{"(a) filter + map", routes[0].File},
-			{"(b) broadcast join", routes[1].File},
-			{"(c) tumbling window on_update", routes[2].File},
+		tput = append(tput, b.drainRate("(e) hand-written loop (filter+map, jsoncodec)", "e", "", false))
+		tput = append(tput, b.drainRate("(e2) hand-written loop (filter+map, encoding/json)", "e2", "", false))
+		filterOnly := filepath.Join(b.dir, "f.yaml")
+		check(os.WriteFile(filterOnly, []byte("route: f\nsource: { topic: f.in }\nsink: { topic: f.out }\nsteps:\n  - filter: value.amount >= 0 && value.user != \"nobody\"\n"), 0o644))
+		for _, s := range []struct {
+			name, steps string
+			whole       bool
+		}{
+			{"(a) filter + map", routes[0].File, false},
+			{"(a) filter + map, every value decoded whole", routes[0].File, true},
+			{"(f) filter only (values forwarded)", filterOnly, false},
+			{"(f) filter only, every value decoded whole", filterOnly, true},
+			{"(b) broadcast join", routes[1].File, false},
+			{"(c) tumbling window on_update", routes[2].File, false},
 		} {
-			tput = append(tput, b.drainRate(s.name, "route", s.steps))
+			tput = append(tput, b.drainRate(s.name, "route", s.steps, s.whole))
 		}
 	}
 	cancel()
@@ -156,8 +166,8 @@ func main() {
 	}
 	if len(tput) > 0 {
 		fmt.Printf("\nMaximum sustainable throughput (drain a backlog of %d records, 8 partitions, to an 8-partition sink):\n\n", *bulk)
-		fmt.Println("| pipeline | records/s | MiB/s in |")
-		fmt.Println("|---|---:|---:|")
+		fmt.Println("| pipeline | records/s | MiB/s in | CPU per record |")
+		fmt.Println("|---|---:|---:|---:|")
 		for _, l := range tput {
 			fmt.Println(l)
 		}
@@ -276,7 +286,12 @@ func (b *bench) latency(name, src, sink string) row {
 // drainRate fills a fresh topic with *bulk records, then measures how fast
 // kind drains it into a sink: "" a plain consumer (no sink), "e" the
 // hand-written loop, "route" a pipeline route compiled from ruleFile.
-func (b *bench) drainRate(name, kind, ruleFile string) string {
+//
+// CPU per record is this process's CPU time (user + system) over the drain,
+// divided by the records: the route or loop, plus the counting consumer,
+// which every row pays alike. whole makes a route decode every value whole
+// (rules.Source.DecodeMembers off), for the side-by-side row.
+func (b *bench) drainRate(name, kind, ruleFile string, whole bool) string {
 	b.nbulk++
 	src := fmt.Sprintf("bulk%d.in", b.nbulk)
 	sink := fmt.Sprintf("bulk%d.out", b.nbulk)
@@ -297,11 +312,14 @@ func (b *bench) drainRate(name, kind, ruleFile string) string {
 	counted := sink
 	var stop func()
 	start := time.Now()
+	cpu0 := benchkit.CPUNow()
 	switch kind {
 	case "":
 		counted = src
 	case "e":
 		stop = startHandLoopFrom(b.addrs, src, sink, kgo.NewOffset().AtStart())
+	case "e2":
+		stop = startStdlibLoop(b.addrs, src, sink)
 	case "route":
 		y, err := os.ReadFile(ruleFile)
 		check(err)
@@ -322,7 +340,10 @@ func (b *bench) drainRate(name, kind, ruleFile string) string {
 		r, err := rules.LoadFile(path)
 		check(err)
 		r.Source.Start = "earliest"
-		start = time.Now()
+		if whole {
+			r.Source.DecodeMembers = false
+		}
+		start, cpu0 = time.Now(), benchkit.CPUNow()
 		b.mgr.Apply(append(append([]*rules.Route(nil), b.routes...), r))
 		stop = func() { b.mgr.Apply(b.routes) }
 	}
@@ -333,6 +354,7 @@ func (b *bench) drainRate(name, kind, ruleFile string) string {
 		n += len(cons.PollFetches(ctx).Records())
 	}
 	el := time.Since(start)
+	cpu := benchkit.CPUNow() - cpu0
 	cancel()
 	cons.Close()
 	if stop != nil {
@@ -342,8 +364,44 @@ func (b *bench) drainRate(name, kind, ruleFile string) string {
 	b.adm.DeleteTopics(dctx, src, sink)
 	dcancel()
 	rps := float64(n) / el.Seconds()
-	log.Printf("throughput %s: %d records in %v = %.0f rec/s", name, n, el.Round(time.Millisecond), rps)
-	return fmt.Sprintf("| %s | %.0f | %.1f |", name, rps, rps*float64(*size)/(1<<20))
+	perRec := float64(cpu.Microseconds()) / float64(max(n, 1))
+	log.Printf("throughput %s: %d records in %v = %.0f rec/s, %.2f µs CPU per record", name, n, el.Round(time.Millisecond), rps, perRec)
+	return fmt.Sprintf("| %s | %.0f | %.1f | %.2f µs |", name, rps, rps*float64(*size)/(1<<20), perRec)
+}
+
+// startStdlibLoop is baseline (e2): loop (e) with encoding/json, the
+// decoder a hand-written consumer would most likely use.
+func startStdlibLoop(addrs []string, src, sink string) func() {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0),
+		kgo.ConsumeTopics(src), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
+	check(err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			fs := cl.PollFetches(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			fs.EachRecord(func(r *kgo.Record) {
+				var m map[string]any
+				if err := json.Unmarshal(r.Value, &m); err != nil {
+					return
+				}
+				amount, _ := m["amount"].(float64)
+				if amount < 0 {
+					return
+				}
+				out, err := json.Marshal(map[string]any{"id": m["id"], "user": m["user"], "amount": amount * 100, "send_ns": m["send_ns"]})
+				if err != nil {
+					return
+				}
+				cl.Produce(ctx, &kgo.Record{Topic: sink, Key: r.Key, Value: out}, nil)
+			})
+		}
+	}()
+	return func() { cancel(); <-done; cl.Close() }
 }
 
 // startHandLoop is baseline (e): the least code that consumes, filters and
