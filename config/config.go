@@ -102,6 +102,9 @@ const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|session
 // RedactPattern compiles RedactHeaders as it is matched: case-insensitive,
 // unanchored.
 func (a Admin) RedactPattern() (*regexp.Regexp, error) {
+	if _, err := regexp.Compile(a.RedactHeaders); err != nil {
+		return nil, err // the error quotes the pattern as it was written
+	}
 	return regexp.Compile("(?i)" + a.RedactHeaders)
 }
 

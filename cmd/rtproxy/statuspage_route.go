@@ -22,6 +22,9 @@ import (
 	"github.com/rtproxy/rtproxy/pipeline"
 )
 
+// millisTime is how the page writes a dead letter's times.
+const millisTime = "2006-01-02T15:04:05.000Z07:00"
+
 // maxRuleFileBytes bounds the rule file shown on a route's page.
 const maxRuleFileBytes = 256 << 10
 
@@ -195,7 +198,7 @@ func ruleFileLines(file string, refs []errorRef) ([]srcLine, string) {
 }
 
 func deadLetterViewOf(d pipeline.DeadLetterInfo) deadLetterView {
-	v := deadLetterView{At: d.At.UTC().Format(time.RFC3339Nano), Reason: d.Reason, Step: d.Step, Error: d.Error,
+	v := deadLetterView{At: d.At.UTC().Format(millisTime), Reason: d.Reason, Step: d.Step, Error: d.Error,
 		Target: d.Target, Headers: d.Headers, ValuesKept: d.ValuesKept}
 	if v.Error == "" {
 		v.Error = "–"
@@ -210,7 +213,7 @@ func deadLetterViewOf(d pipeline.DeadLetterInfo) deadLetterView {
 	}
 	v.Timestamp = "–"
 	if !d.Timestamp.IsZero() && d.Timestamp.UnixMilli() > 0 {
-		v.Timestamp = d.Timestamp.UTC().Format(time.RFC3339Nano)
+		v.Timestamp = d.Timestamp.UTC().Format(millisTime)
 	}
 	if d.ValuesKept {
 		v.Key, v.KeyNote = shownBytes(d.Key, d.KeyLen)
