@@ -181,13 +181,56 @@ steps:
 	p.stop(t)
 }
 
-// startRunUpstream is startRun in front of a broker process.
-func startRunUpstream(t *testing.T, rulesDir string, upstream []string) *proc {
+// With admin.show_records on, a route's page shows its dead letters' keys
+// and values; admin.redact_headers replaces the default pattern. Both come
+// from the environment, through the binary to the pipeline's ring.
+func TestStatusPageShowRecords(t *testing.T) {
+	k := testkit.StartKfakeWith(t, testkit.KfakeOpts{Topics: map[string]int{"orders": 1, "orders.out": 1, "orders.dlq": 1}})
+	rulesDir := t.TempDir()
+	rule := "route: orders\nsource: { topic: orders, format: json }\nsink: { topic: orders.out }\n"
+	if err := os.WriteFile(filepath.Join(rulesDir, "orders.yaml"), []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startRunUpstream(t, rulesDir, k.Addrs, "RTPROXY_ADMIN_SHOW_RECORDS=true", "RTPROXY_ADMIN_REDACT_HEADERS=^x-tenant$")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(p.listen), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	r := &kgo.Record{Topic: "orders", Key: []byte("order-<7>"), Value: []byte("{not json <at all>"),
+		Headers: []kgo.RecordHeader{{Key: "X-Tenant", Value: []byte("tenant-secret")}, {Key: "authorization", Value: []byte("Basic dXNlcg==")}}}
+	if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	waitMetric(t, p.admin, `rtproxy_pipeline_dead_letters_total{reason="decode",route="orders"} 1`)
+	code, page, err := httpGet(p.admin + "/route/orders")
+	if err != nil || code != 200 {
+		t.Fatalf("GET /route/orders: %d %v", code, err)
+	}
+	for _, want := range []string{"order-&lt;7&gt;", "{not json &lt;at all&gt;", `<code>X-Tenant</code>: <span class="redacted">redacted</span>`,
+		"<code>authorization</code>: <code>Basic dXNlcg==</code>", "orders / 0 / 0"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/route/orders lacks %q:\n%s", want, page)
+		}
+	}
+	if strings.Contains(page, "tenant-secret") || strings.Contains(page, "admin.show_records is off") {
+		t.Errorf("/route/orders shows the redacted value, or says show_records is off:\n%s", page)
+	}
+	cl.Close()
+	p.stop(t)
+}
+
+// startRunUpstream is startRun in front of a broker process, with env
+// (RTPROXY_NAME=value) added to a clean environment.
+func startRunUpstream(t *testing.T, rulesDir string, upstream []string, env ...string) *proc {
 	t.Helper()
 	p := testkit.StartProxy(t, testkit.ProxyOpts{
 		Upstream: upstream,
 		RulesDir: rulesDir,
 		StateDir: filepath.Join(t.TempDir(), "state"),
+		Env:      env,
 		CleanEnv: true,
 		Binary:   rtproxyBinary(t),
 	})

@@ -171,13 +171,18 @@ func ruleFileLines(file string, refs []errorRef) ([]srcLine, string) {
 		b = b[:maxRuleFileBytes]
 		note = fmt.Sprintf("only its first %d KiB are shown", maxRuleFileBytes>>10)
 	}
-	text := strings.ToValidUTF8(strings.TrimSuffix(string(b), "\n"), "\uFFFD")
+	return markLines(string(b), refs), note
+}
+
+// markLines splits text into lines and marks the places refs point at.
+func markLines(text string, refs []errorRef) []srcLine {
+	text = strings.ToValidUTF8(strings.TrimSuffix(text, "\n"), "\uFFFD")
 	var lines []srcLine
 	for i, l := range strings.Split(text, "\n") {
 		lines = append(lines, srcLine{N: i + 1, Text: strings.TrimSuffix(l, "\r")})
 	}
 	for _, ref := range refs {
-		if ref.Line > len(lines) {
+		if ref.Line < 1 || ref.Line > len(lines) {
 			continue
 		}
 		sl := &lines[ref.Line-1]
@@ -194,7 +199,7 @@ func ruleFileLines(file string, refs []errorRef) ([]srcLine, string) {
 			sl.At, sl.After = string(rs[c]), string(rs[c+1:])
 		}
 	}
-	return lines, note
+	return lines
 }
 
 func deadLetterViewOf(d pipeline.DeadLetterInfo) deadLetterView {

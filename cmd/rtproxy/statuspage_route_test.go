@@ -49,7 +49,7 @@ func TestRoutePage(t *testing.T) {
 		}
 		return []pipeline.DeadLetterInfo{
 			{At: ts, Reason: "decode", Step: "source", Error: "<script>alert(1)</script>", Topic: "pay", Partition: 1, Offset: 41, Timestamp: ts,
-				Headers: []pipeline.HeaderInfo{{Key: "authorization", Value: pipeline.Redacted, Redacted: true}, {Key: "x-trace", Value: "<i>t1</i>"}},
+				Headers:    []pipeline.HeaderInfo{{Key: "authorization", Value: pipeline.Redacted, Redacted: true}, {Key: "x-trace", Value: "<i>t1</i>"}},
 				ValuesKept: true, Key: []byte("k1"), KeyLen: 2, Value: []byte("{\"a\":\"<img>\"}"), ValueLen: 5000},
 			{At: ts, Reason: "sink", Step: "sink", Error: "too large", Target: "pay.risk", Topic: "pay", Partition: 0, Offset: 7,
 				ValuesKept: true, Value: []byte{0xff, 0x00}, ValueLen: 2},
@@ -126,4 +126,33 @@ func TestErrorRefs(t *testing.T) {
 	if errorRefs("", "x:1:1: y") != nil {
 		t.Fatal("refs without a file")
 	}
+}
+
+// Any rule file and any error text give a page: the places found are in
+// the file's lines, a marked line is still the whole line, and the page
+// renders.
+func FuzzRouteSource(f *testing.F) {
+	const file = "/r/f.yaml"
+	f.Add("route: r\nsteps:\n  - filter: valu.n > 1\n", file+":3:13: unknown name valu")
+	f.Add("a\r\nb\xff\n", file+":2:9: x; "+file+":2:1: y\n"+file+":99999999999999999999:1: z")
+	f.Add("", file+":1:1: empty")
+	f.Add("é€😀\n", file+":1:3: wide; "+file+": no line")
+	f.Fuzz(func(t *testing.T, text, errText string) {
+		refs := errorRefs(file, errText)
+		lines := markLines(text, refs)
+		for _, r := range refs {
+			if r.Line < 1 || r.Col < 0 {
+				t.Fatalf("ref %+v", r)
+			}
+		}
+		for _, l := range lines {
+			if l.Err && l.Before+l.At+l.After != l.Text {
+				t.Fatalf("line %d marked as %q|%q|%q, is %q", l.N, l.Before, l.At, l.After, l.Text)
+			}
+		}
+		v := routePageView{Route: routeView{Name: "r", File: file, RuleError: errText}, Lines: lines, ErrorRefs: refs}
+		if err := statusTmpl.ExecuteTemplate(io.Discard, "route.html", v); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
