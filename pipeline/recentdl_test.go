@@ -147,3 +147,60 @@ func FuzzParseSourceRef(f *testing.F) {
 		}
 	})
 }
+
+// Against a broker: the ring holds what the dead-letter topic received,
+// decode failures and an output the brokers refused (reason sink) alike,
+// with the source record's headers, the sensitive one redacted.
+func TestRecentDeadLettersMatchTheTopic(t *testing.T) {
+	b := startBroker(t, map[string]int{"rd": 1})
+	createTopic(t, b, "rd.out", 1, map[string]string{"max.message.bytes": "2000"})
+	auth := kgo.RecordHeader{Key: "Authorization", Value: []byte("Bearer hunter2")}
+	trace := kgo.RecordHeader{Key: "x-trace", Value: []byte("t-9")}
+	rs := []*kgo.Record{
+		jsonRecord("rd", "0", map[string]any{"n": 0}),
+		{Topic: "rd", Key: []byte("1"), Value: []byte("not json"), Headers: []kgo.RecordHeader{auth, trace}},
+		jsonRecord("rd", "2", map[string]any{"n": 2, "pad": strings.Repeat("x", 3000)}),
+		jsonRecord("rd", "3", map[string]any{"n": 3}),
+	}
+	b.produce(t, rs...)
+	sensitive := regexp.MustCompile(`(?i)auth`)
+	m, stop := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), RecentValues: true, RedactHeader: sensitive.MatchString},
+		newRouteDef("rd", "v1", "rd", "rd.out"))
+	defer stop()
+	dlq := b.consume(t, "rd.dlq", 2, 20*time.Second, 300*time.Millisecond)
+	if len(dlq) != 2 {
+		t.Fatalf("dead-letter topic holds %d records, want 2", len(dlq))
+	}
+	var got []DeadLetterInfo
+	waitFor(t, 10*time.Second, "two recent dead letters", func() bool {
+		got = m.RecentDeadLetters("rd")
+		return len(got) == 2
+	})
+	byReason := map[string]DeadLetterInfo{}
+	for _, d := range got {
+		byReason[d.Reason] = d
+	}
+	for _, rec := range dlq {
+		d, ok := byReason[header(rec, HeaderReason)]
+		if !ok {
+			t.Fatalf("dead letter with reason %q is not in the ring: %+v", header(rec, HeaderReason), got)
+		}
+		if src := fmt.Sprintf("%s/%d/%d", d.Topic, d.Partition, d.Offset); src != header(rec, HeaderSource) {
+			t.Errorf("%s: ring source %s, topic %s", d.Reason, src, header(rec, HeaderSource))
+		}
+		if d.Error != header(rec, HeaderError) || d.Step != header(rec, HeaderStep) {
+			t.Errorf("%s: ring error %q step %q, topic %q %q", d.Reason, d.Error, d.Step, header(rec, HeaderError), header(rec, HeaderStep))
+		}
+		if string(d.Key) != string(rec.Key) || d.ValueLen != len(rec.Value) || string(d.Value) != string(rec.Value[:min(len(rec.Value), RecentValueBytes)]) {
+			t.Errorf("%s: ring key %q value %d/%d bytes, topic %q %d bytes", d.Reason, d.Key, len(d.Value), d.ValueLen, rec.Key, len(rec.Value))
+		}
+	}
+	dec := byReason["decode"]
+	if len(dec.Headers) != 2 || dec.Headers[0] != (HeaderInfo{Key: "Authorization", Value: Redacted, Redacted: true}) ||
+		dec.Headers[1] != (HeaderInfo{Key: "x-trace", Value: "t-9"}) || dec.Offset != 1 {
+		t.Errorf("decode dead letter: %+v", dec)
+	}
+	if sink := byReason[reasonSink]; sink.Target != "rd.out" || sink.Offset != 2 {
+		t.Errorf("sink dead letter: %+v", sink)
+	}
+}
