@@ -11,6 +11,7 @@ import (
 	"html/template"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -29,7 +30,11 @@ var statusFS embed.FS
 
 // statusTmpl holds both pages ("status.html", "route.html") and the parts
 // they share (style.html).
-var statusTmpl = template.Must(template.ParseFS(statusFS, "statuspage/*.html"))
+var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
+	// pathEscape makes a route's page name one path segment ("#" or "?"
+	// in a refused file's name included).
+	"pathEscape": url.PathEscape,
+}).ParseFS(statusFS, "statuspage/*.html"))
 
 // statusPage renders GET /.
 type statusPage struct {

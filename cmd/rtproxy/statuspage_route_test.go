@@ -40,6 +40,7 @@ func TestRoutePage(t *testing.T) {
 				RuleError: file + ":5:27: filter does not compile: unexpected token (near `>>> 100`)\n" + file + ":9:1: past the end",
 				Owned:     []pipeline.OwnedPartition{{Topic: "pay", Partition: 1, DoneOffset: 42, Lag: 3}}},
 			{File: never, State: "error", RuleError: never + ":1:8: did not find expected node content"},
+			{File: filepath.Join(dir, "odd #1?.yaml"), State: "error", RuleError: "odd"},
 		}
 	})
 	ts := time.UnixMilli(1_767_000_000_000)
@@ -102,6 +103,13 @@ func TestRoutePage(t *testing.T) {
 	code, page = get("/route/never.yaml")
 	if code != 200 || !strings.Contains(page, `id="L1"`) || !strings.Contains(page, "<mark>[</mark>") || !strings.Contains(page, "None since this process started.") {
 		t.Errorf("GET /route/never.yaml: %d\n%s", code, page)
+	}
+	// A name that is not a plain path segment is escaped in the link.
+	if !strings.Contains(home, `href="/route/odd%20%231%3F.yaml"`) {
+		t.Errorf("/ does not escape the link to odd #1?.yaml:\n%s", home)
+	}
+	if code, page := get("/route/odd%20%231%3F.yaml"); code != 200 || !strings.Contains(page, "cannot read it") {
+		t.Errorf("GET /route/odd%%20%%231%%3F.yaml: %d\n%s", code, page)
 	}
 	if code, page := get("/route/nope"); code != 404 || !strings.Contains(page, `no route "nope"`) {
 		t.Errorf("GET /route/nope: %d %q", code, page)
