@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -128,12 +129,12 @@ func (r *route) noteDeadLetter(dl *kgo.Record, hs []operators.Header, ts time.Ti
 		if len(kept) == recentHeaders {
 			return
 		}
-		h := HeaderInfo{Key: clip(k, recentHeaderBytes)}
+		h := HeaderInfo{Key: clip([]byte(k), recentHeaderBytes)}
 		switch {
 		case cfg.RedactHeader != nil && cfg.RedactHeader(k):
 			h.Value, h.Redacted = Redacted, true
 		default:
-			h.Value = clip(string(v), recentHeaderBytes)
+			h.Value = clip(v, recentHeaderBytes)
 			h.Truncated = len(v) > recentHeaderBytes
 		}
 		kept = append(kept, h)
@@ -143,7 +144,7 @@ func (r *route) noteDeadLetter(dl *kgo.Record, hs []operators.Header, ts time.Ti
 		case HeaderReason:
 			d.Reason = string(h.Value)
 		case HeaderError:
-			d.Error = clip(string(h.Value), recentErrorBytes)
+			d.Error = clip(h.Value, recentErrorBytes)
 		case HeaderStep:
 			d.Step = string(h.Value)
 		case HeaderTarget:
@@ -152,7 +153,7 @@ func (r *route) noteDeadLetter(dl *kgo.Record, hs []operators.Header, ts time.Ti
 			if t, p, o, ok := parseSourceRef(string(h.Value)); ok {
 				d.Topic, d.Partition, d.Offset = t, p, o
 			} else {
-				d.Topic = clip(string(h.Value), recentHeaderBytes)
+				d.Topic = clip(h.Value, recentHeaderBytes)
 			}
 		case HeaderRoute:
 		default:
@@ -192,19 +193,19 @@ func cutLast(s string, sep byte) (before, after string, ok bool) {
 	return s[:i], s[i+1:], true
 }
 
-// clip cuts s to at most n bytes, at a rune boundary.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
+// clip is b as text, cut to at most n bytes without a rune cut short at
+// the end, bytes that are not UTF-8 replaced by U+FFFD.
+func clip(b []byte, n int) string {
+	if len(b) > n {
+		b = b[:n]
+		for i := 1; i < utf8.UTFMax && i <= len(b); i++ {
+			if utf8.RuneStart(b[len(b)-i]) {
+				if !utf8.FullRune(b[len(b)-i:]) {
+					b = b[:len(b)-i]
+				}
+				break
+			}
+		}
 	}
-	s = s[:n]
-	for len(s) > 0 && !isRuneStart(s[len(s)-1]) {
-		s = s[:len(s)-1]
-	}
-	if len(s) > 0 && s[len(s)-1] >= 0x80 {
-		s = s[:len(s)-1] // the start of a rune cut short
-	}
-	return s
+	return strings.ToValidUTF8(string(b), "\uFFFD")
 }
-
-func isRuneStart(b byte) bool { return b&0xC0 != 0x80 }

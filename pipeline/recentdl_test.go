@@ -204,3 +204,22 @@ func TestRecentDeadLettersMatchTheTopic(t *testing.T) {
 		t.Errorf("sink dead letter: %+v", sink)
 	}
 }
+
+func TestClip(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"abc", 5, "abc"},
+		{"abcdef", 3, "abc"},
+		{"aé", 2, "a"},                    // é cut short
+		{"aéb", 3, "aé"},                  // é whole
+		{"a😀", 4, "a"},                    // a 4-byte rune cut short
+		{"\xff\xfe\xfd\xfc", 2, "\uFFFD"}, // not UTF-8: a run replaced, not dropped
+	} {
+		if got := clip([]byte(c.in), c.n); got != c.want {
+			t.Errorf("clip(%q, %d) = %q, want %q", c.in, c.n, got, c.want)
+		}
+	}
+}
