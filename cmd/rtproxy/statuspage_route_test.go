@@ -6,10 +6,12 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/rtproxy/rtproxy/config"
 	"github.com/rtproxy/rtproxy/pipeline"
 )
 
@@ -163,4 +165,63 @@ func FuzzRouteSource(f *testing.F) {
 			t.Fatal(err)
 		}
 	})
+}
+
+// docs/OPERATIONS.md's "The status page" says what the code does: the
+// default pattern, the headers it redacts and keeps, a config example that
+// loads, and screenshots that are there and small.
+func TestOperationsDocStatusPage(t *testing.T) {
+	doc := readRepoFile(t, "docs/OPERATIONS.md")
+	i := strings.Index(doc, "\n## The status page\n")
+	if i < 0 {
+		t.Fatal("docs/OPERATIONS.md has no section \"The status page\"")
+	}
+	sec := doc[i+1:]
+	sec = sec[:strings.Index(sec, "\n## ")]
+	blocks := regexp.MustCompile("(?s)```(\\w*)\n(.*?)```").FindAllStringSubmatch(sec, -1)
+	if len(blocks) != 2 {
+		t.Fatalf("want the pattern block and the yaml example, found %d blocks", len(blocks))
+	}
+	if got := strings.TrimSpace(blocks[0][2]); got != config.DefaultRedactHeaders {
+		t.Errorf("the documented default pattern is %q, the code's %q", got, config.DefaultRedactHeaders)
+	}
+	c := config.Default()
+	if err := c.Parse("OPERATIONS.md", []byte(blocks[1][2])); err != nil {
+		t.Fatalf("the yaml example: %v", err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("the yaml example: %v", err)
+	}
+	if ext, _ := c.Admin.RedactPattern(); ext == nil || !ext.MatchString("X-Tenant-Id") || !ext.MatchString("Authorization") {
+		t.Errorf("the yaml example's pattern %q does not extend the default", c.Admin.RedactHeaders)
+	}
+	re, _ := config.Default().Admin.RedactPattern()
+	names := func(para string) []string {
+		var out []string
+		for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(para, -1) {
+			out = append(out, m[1])
+		}
+		return out
+	}
+	so := strings.Join(strings.Fields(sec[strings.Index(sec, "so `Authorization`"):]), " ")
+	redacted, kept, _ := strings.Cut(so[:strings.Index(so, "are not.")], "are redacted, and")
+	if len(names(redacted)) < 10 || len(names(kept)) < 3 {
+		t.Fatalf("cannot read the header examples: %q / %q", redacted, kept)
+	}
+	for _, n := range names(redacted) {
+		if !re.MatchString(n) {
+			t.Errorf("the docs say %s is redacted by default; it is not", n)
+		}
+	}
+	for _, n := range names(kept) {
+		if re.MatchString(n) {
+			t.Errorf("the docs say %s is not redacted by default; it is", n)
+		}
+	}
+	for _, m := range regexp.MustCompile(`\]\((status-page[^)]*\.png)\)`).FindAllStringSubmatch(sec, -1) {
+		fi, err := os.Stat(filepath.Join("..", "..", "docs", m[1]))
+		if err != nil || fi.Size() > 200<<10 {
+			t.Errorf("screenshot docs/%s: %v, want it there and under 200 KiB", m[1], err)
+		}
+	}
 }
