@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian machine, and only what is
 # missing: kcat, kafka-python, confluent-kafka (Debian packages, used with
-# /usr/bin/python3; python3-snappy for kafka-python), file (image-check), node/npm and the kafkajs lockfile.
+# /usr/bin/python3; python3-snappy for kafka-python), file (image-check),
+# chromium (the status page's browser test), node/npm and the kafkajs lockfile.
 # With CI=true a dependency that is missing and cannot be installed is an
 # error; locally it is a warning and the tests that need it report it.
 set -euo pipefail
@@ -16,6 +17,9 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 /usr/bin/python3 -c 'import confluent_kafka' >/dev/null 2>&1 || missing+=(python3-confluent-kafka)
 command -v file >/dev/null 2>&1 || missing+=(file)
 command -v curl >/dev/null 2>&1 || missing+=(curl)   # the README examples the docs tests run
+# Headless, for the status page's browser test (cmd/rtproxy); its fonts
+# come with libfontconfig1 (fonts-dejavu-core).
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ -f test/integration/package-lock.json ] && ! command -v npm >/dev/null 2>&1; then
 	missing+=(nodejs npm)
 fi
@@ -45,7 +49,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 		"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 	fi
 else
-	echo "deps: kcat, python3-kafka, python3-snappy, python3-confluent-kafka, file, curl: present"
+	echo "deps: kcat, python3-kafka, python3-snappy, python3-confluent-kafka, file, curl, chromium: present"
 fi
 
 # kafkajs for the client matrix, pinned by the committed lockfile. npm ci

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -76,8 +77,35 @@ type Config struct {
 	Pprof bool `yaml:"pprof"`
 
 	Proxy ProxyLimits `yaml:"proxy"`
+	Admin Admin       `yaml:"admin"`
 	TLS   TLS         `yaml:"tls"`
 	SASL  SASL        `yaml:"sasl"`
+}
+
+// Admin tunes what the status page on admin_listen shows.
+type Admin struct {
+	// ShowRecords shows the key and value (their first 1 KiB) of each
+	// route's recent dead letters on its status page. Default false: only
+	// their metadata and headers, so the page holds no record contents.
+	ShowRecords bool `yaml:"show_records"`
+	// RedactHeaders is a regular expression matched, case-insensitively
+	// and anywhere in the name, against the header names of the recent
+	// dead letters; a matching header's value is never kept nor shown.
+	// Default DefaultRedactHeaders. An empty pattern matches every name.
+	RedactHeaders string `yaml:"redact_headers"`
+}
+
+// DefaultRedactHeaders names the headers whose values the status page
+// never shows: credentials and session identifiers.
+const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|session|credential|signature|private`
+
+// RedactPattern compiles RedactHeaders as it is matched: case-insensitive,
+// unanchored.
+func (a Admin) RedactPattern() (*regexp.Regexp, error) {
+	if _, err := regexp.Compile(a.RedactHeaders); err != nil {
+		return nil, err // the error quotes the pattern as it was written
+	}
+	return regexp.Compile("(?i)" + a.RedactHeaders)
 }
 
 // ProxyLimits bound what client connections may hold.
@@ -170,6 +198,7 @@ func Default() *Config {
 		ShutdownGrace:       10 * time.Second,
 		GroupProtocol:       "auto",
 		GroupSessionTimeout: 10 * time.Second,
+		Admin:               Admin{RedactHeaders: DefaultRedactHeaders},
 		Proxy: ProxyLimits{
 			MaxConnections:     10000,
 			MaxHeldBytes:       256 << 20,
@@ -281,6 +310,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.RequestReadTimeout < 0 {
 		bad("proxy.request_read_timeout", "must be 0 (never) or positive (e.g. 60s), got %s", c.Proxy.RequestReadTimeout)
+	}
+	if _, err := c.Admin.RedactPattern(); err != nil {
+		bad("admin.redact_headers", "%q is not a regular expression: %v", c.Admin.RedactHeaders, err)
 	}
 	if c.StateRetention < 0 {
 		bad("state_retention", "must be 0 (keep until `rtproxy state drop`) or positive (e.g. 24h), got %s", c.StateRetention)

@@ -20,7 +20,8 @@ func TestDefaultIsValid(t *testing.T) {
 	}
 	if !c.Embedded() || c.Listen != "127.0.0.1:9092" || c.BrokerPorts != 9093 || c.BrokerPortCount != 100 ||
 		c.AdminListen != "127.0.0.1:9644" || c.MaxFrameBytes != 104857600 || c.ShutdownGrace != 10*time.Second ||
-		c.RulesDir != "./rules" || c.StateDir != "./state" || c.LogLevel != "info" || c.LogFormat != "text" {
+		c.RulesDir != "./rules" || c.StateDir != "./state" || c.LogLevel != "info" || c.LogFormat != "text" ||
+		c.Admin.ShowRecords || c.Admin.RedactHeaders != DefaultRedactHeaders {
 		t.Fatalf("defaults differ from the agreed ones: %+v", c)
 	}
 }
@@ -36,6 +37,7 @@ func TestParseFullFile(t *testing.T) {
 		StateDir: "/var/lib/rtproxy", AdminListen: "0.0.0.0:19644", LogLevel: "debug", LogFormat: "json",
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
 		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second,
+		Admin:         Admin{ShowRecords: true, RedactHeaders: "authorization|x-tenant-key"},
 		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
 		TLS: TLS{
 			Client:   ClientTLS{CertFile: "/tls/server.crt", KeyFile: "/tls/server.key", ClientCAFile: "/tls/clients-ca.crt", RequireClientCert: true},
@@ -111,7 +113,7 @@ func TestEnvNames(t *testing.T) {
 		"listen": "RTPROXY_LISTEN", "upstream": "RTPROXY_UPSTREAM", "rules_dir": "RTPROXY_RULES_DIR",
 		"broker_ports": "RTPROXY_BROKER_PORTS", "tls.upstream.ca_file": "RTPROXY_TLS_UPSTREAM_CA_FILE",
 		"sasl.password": "RTPROXY_SASL_PASSWORD", "proxy.max_connections": "RTPROXY_PROXY_MAX_CONNECTIONS", "state_retention": "RTPROXY_STATE_RETENTION", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
-		"pprof": "RTPROXY_PPROF",
+		"pprof": "RTPROXY_PPROF", "admin.show_records": "RTPROXY_ADMIN_SHOW_RECORDS", "admin.redact_headers": "RTPROXY_ADMIN_REDACT_HEADERS",
 	}
 	got := map[string]string{}
 	for _, k := range Keys() {
@@ -122,8 +124,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 36 {
-		t.Errorf("%d keys, want 36 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 38 {
+		t.Errorf("%d keys, want 38 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -258,6 +260,8 @@ func TestValidate(t *testing.T) {
 		}, "sasl.username: required with mechanism PLAIN"},
 		{"sasl creds without mech", func(c *Config) { c.SASL = SASL{Username: "u", Password: "p"} }, "sasl.mechanism: username/password are set but no mechanism"},
 		{"sasl with embedded", func(c *Config) { c.SASL = SASL{Mechanism: MechScramSHA256, Username: "u"} }, "sasl.mechanism: the embedded development broker has no SASL"},
+		{"redact_headers not a regexp", func(c *Config) { c.Admin.RedactHeaders = "token|(" }, `admin.redact_headers: "token|(" is not a regular expression: error parsing regexp: missing closing )`},
+		{"redact_headers empty: every header", func(c *Config) { c.Admin.RedactHeaders = "" }, ""},
 		{"two problems reported together", func(c *Config) { c.LogLevel = "x"; c.RulesDir = "" }, "rules_dir: must not be empty\nlog_level"},
 	}
 	for _, tc := range cases {
@@ -302,5 +306,33 @@ func TestUnknownEnv(t *testing.T) {
 	got := UnknownEnv([]string{"RTPROXY_LISTEN=a:1", "RTPROXY_LISTN=a:1", "PATH=/bin", "RTPROXY_CONFIG=f", "RTPROXY_TLS_UPSTREAM_CAFILE=x", "RTPROXY_SASL_PASSWORD=p"}, "RTPROXY_CONFIG")
 	if strings.Join(got, ",") != "RTPROXY_LISTN,RTPROXY_TLS_UPSTREAM_CAFILE" {
 		t.Fatalf("got %q", got)
+	}
+}
+
+// The default redaction pattern catches the usual credential headers in
+// any case and spelling, and leaves ordinary ones alone.
+func TestRedactPattern(t *testing.T) {
+	re, err := Default().Admin.RedactPattern()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"Authorization", "proxy-authorization", "X-Auth-Token", "x-api-key", "API_KEY", "apikey",
+		"Cookie", "Set-Cookie", "x-session-id", "client_secret", "password", "X-Passwd", "aws-credentials", "x-signature", "private-key"} {
+		if !re.MatchString(name) {
+			t.Errorf("%q is not redacted by default", name)
+		}
+	}
+	for _, name := range []string{"x-trace-id", "content-type", "traceparent", "tenant", "user-agent", "rtproxy-window"} {
+		if re.MatchString(name) {
+			t.Errorf("%q is redacted by default", name)
+		}
+	}
+	c := Default()
+	if err := c.ApplyEnv(env(map[string]string{"RTPROXY_ADMIN_SHOW_RECORDS": "true", "RTPROXY_ADMIN_REDACT_HEADERS": "^x-secret$"})); err != nil {
+		t.Fatal(err)
+	}
+	re, err = c.Admin.RedactPattern()
+	if err != nil || !c.Admin.ShowRecords || !re.MatchString("X-Secret") || re.MatchString("authorization") {
+		t.Fatalf("from the environment: show_records %v, pattern %v %v", c.Admin.ShowRecords, re, err)
 	}
 }

@@ -5,6 +5,7 @@ package pipeline
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -39,6 +40,7 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 		{Key: HeaderSource, Value: sourceRef(rec)},
 	}
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
+	r.noteDeadLetter(kr, rec.Headers, time.UnixMilli(rec.Timestamp)) // for the status page
 	r.produce(kr, tk, false, rec.Timestamp)
 }
 
@@ -83,5 +85,7 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 		kgo.RecordHeader{Key: HeaderStep, Value: []byte("sink")},
 		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(got.Topic)},
 	)
-	return &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
+	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
+	r.noteDeadLetter(dl, nil, got.Timestamp) // for the status page
+	return dl
 }

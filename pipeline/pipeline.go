@@ -69,6 +69,14 @@ type Config struct {
 	// SourceRetry is how often a route whose source topic does not exist
 	// yet looks for it again (state "waiting"). Default 5s.
 	SourceRetry time.Duration
+	// RecentValues keeps the key and value (their first 1 KiB) of each
+	// route's recent dead letters (RecentDeadLetters, recentdl.go).
+	// Default false: only their metadata and headers are kept.
+	RecentValues bool
+	// RedactHeader reports whether the value of a header with this name
+	// is kept as "REDACTED" in the recent dead letters (admin.redact_headers);
+	// nil redacts none.
+	RedactHeader func(name string) bool
 }
 
 // ErrClosed is returned by Run when called on a Manager that already ran.
@@ -80,6 +88,8 @@ type Manager struct {
 	log *slog.Logger
 	db  *state.DB
 	met *metrics
+
+	recent recentDeadLetters // the last dead letters per route (recentdl.go)
 
 	applyMu sync.Mutex // serializes reconcile: one start/stop/swap at a time
 

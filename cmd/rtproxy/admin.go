@@ -15,10 +15,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/rtproxy/rtproxy/pipeline"
 )
 
-// admin is the operator-facing HTTP server: the status page (/), /metrics,
-// /healthz, /readyz and /routes.
+// admin is the operator-facing HTTP server: the status pages (/ and
+// /route/NAME), /metrics, /healthz, /readyz and /routes.
 type admin struct {
 	log      *slog.Logger
 	srv      *http.Server
@@ -31,6 +33,8 @@ type admin struct {
 		sync.Mutex
 		ready  func() (bool, string) // readiness and, when not ready, why
 		routes func() any            // the pipeline manager's status; nil: no routes
+		// deadLetters is a route's last dead letters, for its page.
+		deadLetters func(route string) []pipeline.DeadLetterInfo
 	}
 }
 
@@ -46,6 +50,19 @@ func (a *admin) setRoutes(fn func() any) {
 	a.mu.Lock()
 	a.mu.routes = fn
 	a.mu.Unlock()
+}
+
+// setDeadLetters wires the source of the route pages' last dead letters.
+func (a *admin) setDeadLetters(fn func(route string) []pipeline.DeadLetterInfo) {
+	a.mu.Lock()
+	a.mu.deadLetters = fn
+	a.mu.Unlock()
+}
+
+func (a *admin) deadLetters() func(string) []pipeline.DeadLetterInfo {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mu.deadLetters
 }
 
 func (a *admin) hooks() (func() (bool, string), func() any) {
@@ -74,14 +91,21 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger, profiles 
 	mux.HandleFunc("GET /readyz", a.serveReady)
 	mux.HandleFunc("GET /routes", a.serveRoutes)
 	page := &statusPage{reg: reg, started: time.Now()}
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		ready, routes := a.hooks()
-		page.serve(w, r, func() (bool, string) {
+	pageReady := func(ready func() (bool, string)) func() (bool, string) {
+		return func() (bool, string) {
 			if a.stopping.Load() {
 				return false, "shutting down"
 			}
 			return ready()
-		}, routes)
+		}
+	}
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		ready, routes := a.hooks()
+		page.serve(w, r, pageReady(ready), routes)
+	})
+	mux.HandleFunc("GET /route/{name}", func(w http.ResponseWriter, r *http.Request) {
+		ready, routes := a.hooks()
+		page.serveRoute(w, r, pageReady(ready), routes, a.deadLetters())
 	})
 	if profiles {
 		// Opt-in (pprof): Go's profiles, for `go tool pprof URL`.

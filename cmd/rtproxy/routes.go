@@ -40,6 +40,10 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		}
 		log.Info("rules_dir did not exist; created it empty", "component", "rules", "rules_dir", cfg.RulesDir)
 	}
+	redact, err := cfg.Admin.RedactPattern()
+	if err != nil {
+		return nil, fmt.Errorf("admin.redact_headers: %w", err)
+	}
 	m, err := pipeline.New(pipeline.Config{
 		Seeds:      seeds,
 		ClientOpts: opts,
@@ -55,6 +59,9 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		StateRetention: cfg.StateRetention,
 		GroupProtocol:  cfg.GroupProtocol,
 		SessionTimeout: cfg.GroupSessionTimeout,
+		// The last dead letters of each route, for the status page.
+		RecentValues: cfg.Admin.ShowRecords,
+		RedactHeader: redact.MatchString,
 	})
 	if err != nil {
 		return nil, err
@@ -82,6 +89,11 @@ func (r *routes) apply(rs []*rules.Route, errs []error) {
 }
 
 func (r *routes) Status() any { return r.m.Status() }
+
+// RecentDeadLetters is the route's last dead letters, for its status page.
+func (r *routes) RecentDeadLetters(route string) []pipeline.DeadLetterInfo {
+	return r.m.RecentDeadLetters(route)
+}
 
 // Tap is the produce-path tap into the pipelines (proxy.tap).
 func (r *routes) Tap() protocol.Tap { return pipelineTap{r.m} }

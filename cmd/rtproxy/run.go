@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/rtproxy/rtproxy/config"
+	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/protocol"
 )
 
@@ -242,6 +243,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return true, ""
 	})
 	adm.setRoutes(routes.Status)
+	adm.setDeadLetters(routes.RecentDeadLetters)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -318,6 +320,7 @@ type (
 	routeEngine interface {
 		Run(ctx context.Context) error
 		Status() any
+		RecentDeadLetters(route string) []pipeline.DeadLetterInfo
 		Reload()
 		Tap() protocol.Tap
 	}

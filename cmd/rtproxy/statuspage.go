@@ -1,8 +1,9 @@
 package main
 
 // The status page: GET / on the admin listener, a small server-rendered
-// HTML view of what /routes and /metrics say, for people. It refreshes
-// itself every 5 s; rates are computed between two loads of the page.
+// HTML view of what /routes and /metrics say, for people, and a page per
+// route (GET /route/NAME, routepage.go). They refresh themselves every
+// 5 s; rates are computed between two loads of the page.
 
 import (
 	"embed"
@@ -10,8 +11,10 @@ import (
 	"html/template"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,10 +25,16 @@ import (
 	"github.com/rtproxy/rtproxy/pipeline"
 )
 
-//go:embed statuspage/status.html
+//go:embed statuspage/*.html
 var statusFS embed.FS
 
-var statusTmpl = template.Must(template.ParseFS(statusFS, "statuspage/status.html"))
+// statusTmpl holds both pages ("status.html", "route.html") and the parts
+// they share (style.html).
+var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
+	// pathEscape makes a route's page name one path segment ("#" or "?"
+	// in a refused file's name included).
+	"pathEscape": url.PathEscape,
+}).ParseFS(statusFS, "statuspage/*.html"))
 
 // statusPage renders GET /.
 type statusPage struct {
@@ -54,6 +63,13 @@ type proxyView struct {
 type apiView struct{ Name, Total, Rate string }
 
 type routeView struct {
+	// Page is the route's page: /route/Page, its name, or its rule file's
+	// base name for a file that never compiled (no name).
+	Page string
+	// ErrorAt is where in the rule file its error points ("6:35"); empty
+	// when it points nowhere in it. ErrorLine is that line.
+	ErrorAt                                                                string
+	ErrorLine                                                              int
 	Name, State, StateClass, Source, Sink, Delivery, File, Group, Protocol string
 	Generation                                                             int32
 	Owned                                                                  int
@@ -102,7 +118,7 @@ func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() 
 	})
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	if err := statusTmpl.Execute(w, v); err != nil {
+	if err := statusTmpl.ExecuteTemplate(w, "status.html", v); err != nil {
 		// The header is out; the page ends where it failed.
 		fmt.Fprintf(w, "<p>render: %s</p>", template.HTMLEscapeString(err.Error()))
 	}
@@ -148,6 +164,13 @@ func routeViewOf(rs pipeline.RouteStatus, m metricIndex, now time.Time) routeVie
 		File: rs.File, Group: rs.Group, Protocol: rs.Protocol, Generation: rs.Generation, Owned: len(rs.Owned),
 		LastError: rs.LastError, RuleError: rs.RuleError, Partitions: rs.Owned,
 		Pause: fmt.Sprintf("%.2f / %.2f ms", rs.CheckpointPauseMs, rs.MaxCheckpointPauseMs)}
+	rv.Page = pageOf(rs)
+	if refs := errorRefs(rs.File, rs.RuleError+"\n"+rs.LastError); len(refs) > 0 {
+		rv.ErrorLine, rv.ErrorAt = refs[0].Line, strconv.Itoa(refs[0].Line)
+		if refs[0].Col > 0 {
+			rv.ErrorAt += ":" + strconv.Itoa(refs[0].Col)
+		}
+	}
 	switch rs.State {
 	case "running":
 		rv.StateClass = "state-running"
