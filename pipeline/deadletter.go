@@ -5,6 +5,7 @@ package pipeline
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -21,7 +22,8 @@ func deadLetterTopic(d *rules.Route) string {
 }
 
 // deadLetter sends rec to the route's dead-letter topic with its original
-// key and value and headers saying why.
+// key, value and headers (those not named rtproxy-*), and headers saying
+// why.
 func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err error, step string, tk *ticket) {
 	r.m.met.deadLetters.WithLabelValues(r.name, string(reason)).Inc()
 	val := rec.Raw
@@ -32,15 +34,21 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	if err != nil {
 		msg = err.Error()
 	}
-	hs := []kgo.RecordHeader{
+	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+5)
+	for _, h := range rec.Headers {
+		if !strings.HasPrefix(h.Key, "rtproxy-") {
+			hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+		}
+	}
+	hs = append(hs, []kgo.RecordHeader{
 		{Key: HeaderReason, Value: []byte(reason)},
 		{Key: HeaderError, Value: []byte(msg)},
 		{Key: HeaderRoute, Value: []byte(r.name)},
 		{Key: HeaderStep, Value: []byte(step)},
 		{Key: HeaderSource, Value: sourceRef(rec)},
-	}
+	}...)
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
-	r.noteDeadLetter(kr, rec.Headers, time.UnixMilli(rec.Timestamp)) // for the status page
+	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp)) // for the status page; kr carries rec's headers
 	r.produce(kr, tk, false, rec.Timestamp)
 }
 
