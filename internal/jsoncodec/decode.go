@@ -265,6 +265,10 @@ func (d *jsonDecoder) str() (s string, view bool) {
 	start := d.i
 	ascii := true
 	for d.i < len(d.s) {
+		d.i = plainRun(d.s, d.i, !ascii)
+		if d.i >= len(d.s) {
+			break
+		}
 		c := d.s[d.i]
 		if !strStop[c] {
 			d.i++

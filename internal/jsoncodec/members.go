@@ -190,6 +190,10 @@ func (d *jsonDecoder) skipContainer(depth int, end byte, members bool) {
 func (d *jsonDecoder) skipString() {
 	d.i++
 	for d.i < len(d.s) {
+		d.i = plainRun(d.s, d.i, true)
+		if d.i >= len(d.s) {
+			break
+		}
 		c := d.s[d.i]
 		if !strStop[c] || c >= 0x80 {
 			d.i++

@@ -134,3 +134,31 @@ func TestDecodeMembersOwnsItsStrings(t *testing.T) {
 		t.Fatalf("after the buffer changed: %#v", v)
 	}
 }
+
+// TestLongStringsAtEveryOffset: the 8-byte scan of strings (swar.go) finds
+// a quote, an escape, a control character or a non-ASCII byte wherever it
+// sits in a word, for Decode and for the skip scanner.
+func TestLongStringsAtEveryOffset(t *testing.T) {
+	for _, special := range []string{`\"`, `\\`, `\n`, `\u00e9`, "\x01", "\x1f", "é", "\xff", `"`} {
+		for p := 0; p < 24; p++ {
+			doc := []byte(`{"a":"` + strings.Repeat("x", p) + special + strings.Repeat("y", 19) + `","b":1}`)
+			var want any
+			werr := json.Unmarshal(doc, &want)
+			got, err := Decode(doc)
+			if (err == nil) != (werr == nil) {
+				t.Fatalf("%q at %d: Decode %v, encoding/json %v", special, p, err, werr)
+			}
+			if err == nil {
+				g, _ := json.Marshal(got)
+				w, _ := json.Marshal(want)
+				if !bytes.Equal(g, w) {
+					t.Fatalf("%q at %d: %s, want %s", special, p, g, w)
+				}
+			}
+			_, _, merr := DecodeMembers(doc, Fields{"b": {}})
+			if (merr == nil) != (err == nil) {
+				t.Fatalf("%q at %d: skipping gives %v, decoding %v", special, p, merr, err)
+			}
+		}
+	}
+}
