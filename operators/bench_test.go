@@ -308,7 +308,8 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 			{Name: "mean", Func: AggAvg, Arg: mustExpr(b, "value.amount")},
 		},
 	}
-	run := func(b *testing.B, decode bool) {
+	members := readsOf(spec.Key, spec.Aggregates[1].Arg)
+	run := func(b *testing.B, decode, partial bool) {
 		w := NewWindow(spec)
 		in := benchkit.Inputs(4096)
 		tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
@@ -331,7 +332,12 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 				raw := in[i%len(in)]
 				stamp(raw, userAt, 5, k)
 				var err error
-				if v, err = jsoncodec.Decode(raw); err != nil {
+				if partial {
+					v, _, err = jsoncodec.DecodeMembers(raw, members)
+				} else {
+					v, err = jsoncodec.Decode(raw)
+				}
+				if err != nil {
 					b.Fatal(err)
 				}
 			} else {
@@ -354,8 +360,9 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 			b.Fatalf("dead %d", sink.dead)
 		}
 	}
-	b.Run("json", func(b *testing.B) { run(b, true) })
-	b.Run("op", func(b *testing.B) { run(b, false) })
+	b.Run("json", func(b *testing.B) { run(b, true, false) })
+	b.Run("json-members", func(b *testing.B) { run(b, true, true) })
+	b.Run("op", func(b *testing.B) { run(b, false, false) })
 }
 
 // BenchmarkDropDuplicates1MKeys measures a step that already remembers 1M
@@ -385,6 +392,8 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 			sink = &encodeSink{}
 		case "json-raw":
 			sink = &rawSink{}
+		case "json-members":
+			sink = &memberSink{}
 		default:
 			sink = &countSink{}
 		}
@@ -406,6 +415,11 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 			case "json-raw":
 				stampTxn(raw, k)
 				if err := r.SetJSON(raw); err != nil {
+					b.Fatal(err)
+				}
+			case "json-members":
+				stampTxn(raw, k)
+				if err := r.SetJSONMembers(raw, dedupMembers); err != nil {
 					b.Fatal(err)
 				}
 			default:
@@ -431,8 +445,11 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 	}
 	b.Run("json", func(b *testing.B) { run(b, "json") })
 	b.Run("json-raw", func(b *testing.B) { run(b, "json-raw") })
+	b.Run("json-members", func(b *testing.B) { run(b, "json-members") })
 	b.Run("op", func(b *testing.B) { run(b, "op") })
 }
+
+var dedupMembers = jsoncodec.Fields{"txn_id": {}}
 
 func BenchmarkJoin100kRows(b *testing.B) {
 	mt := NewMapTable()
@@ -486,6 +503,28 @@ func BenchmarkJoin100kRows(b *testing.B) {
 		benchkit.RecPerSec(b, cpu0)
 		if sink.n != b.N || sink.forwarded != b.N {
 			b.Fatalf("joined %d, forwarded %d of %d", sink.n, sink.forwarded, b.N)
+		}
+	})
+	b.Run("json-members", func(b *testing.B) {
+		members := readsOf(mustExpr(b, "value.merchant_id"))
+		sink := &memberSink{}
+		b.SetBytes(1024)
+		b.ReportAllocs()
+		i := 0
+		cpu0 := benchkit.CPUNow()
+		for b.Loop() {
+			raw := in[i%len(in)]
+			stamp(raw, merchantAt, 5, i%100_000)
+			r := &Record{}
+			if err := r.SetJSONMembers(raw, members); err != nil {
+				b.Fatal(err)
+			}
+			j.Process(r, sink)
+			i++
+		}
+		benchkit.RecPerSec(b, cpu0)
+		if sink.n != b.N {
+			b.Fatalf("joined %d of %d", sink.n, b.N)
 		}
 	})
 	b.Run("op", func(b *testing.B) {
