@@ -2,6 +2,11 @@
 // jsoncodec.Decode and jsoncodec.Append) on rtproxy's workload: decode a
 // 1 KiB payment-like object into `any` (numbers as float64) and encode it
 // back. It is its own module so the candidates never enter rtproxy's go.mod.
+//
+// The Partial benchmarks (partial_test.go) compare jsoncodec.DecodeMembers
+// and jsoncodec.SpliceMembers with the libraries that read or write single
+// members of a record: tidwall/gjson and sjson, valyala/fastjson,
+// bytedance/sonic/ast and minio/simdjson-go.
 package jsonbench
 
 import (
