@@ -54,6 +54,8 @@ type groupState struct {
 
 	mu struct {
 		sync.Mutex
+		owners    []PartitionOwner // the group's assignment, as last described (owners.go)
+		ownersErr string
 		fetched   map[string]map[int32]committed // the group's offsets, as last fetched
 		lastOffs  map[int32]int64                // offsets of the last local checkpoint
 		restoring int                            // tasks being restored now

@@ -358,7 +358,12 @@ type RouteStatus struct {
 	Protocol   string           `json:"group_protocol,omitempty"` // consumer (KIP-848) or classic
 	Generation int32            `json:"generation"`
 	Owned      []OwnedPartition `json:"owned"`
-	Restore    RestoreStatus    `json:"restore"`
+	// Assignment is every partition of the route's topics with its owner
+	// in the group (refreshed every 5 s), when the group could be
+	// described; AssignmentError says why not.
+	Assignment      []PartitionOwner `json:"assignment,omitempty"`
+	AssignmentError string           `json:"assignment_error,omitempty"`
+	Restore         RestoreStatus    `json:"restore"`
 	// CheckpointPauseMs is how long the last checkpoint held dispatch at a
 	// record boundary; MaxCheckpointPauseMs the longest since the start.
 	CheckpointPauseMs    float64 `json:"checkpoint_pause_ms"`
@@ -381,6 +386,20 @@ type OwnedPartition struct {
 	Partition  int32  `json:"partition"`
 	DoneOffset int64  `json:"done_offset"`
 	Lag        int64  `json:"lag"`
+	// Watermark is the partition's event-time watermark in timed routes:
+	// for a source partition, the newest event time minus the allowed
+	// lateness (what it hands on); for a keyed step's partition, the
+	// watermark its windows close by.
+	Watermark *time.Time `json:"watermark,omitempty"`
+}
+
+// PartitionOwner is which member of the route's group owns one partition
+// of the route's topics, as the group's coordinator last described it.
+type PartitionOwner struct {
+	Topic     string `json:"topic"`
+	Partition int32  `json:"partition"`
+	Owner     string `json:"owner"` // client host and member id
+	Self      bool   `json:"self"`  // this instance
 }
 
 // RestoreStatus says whether keyed state is being rebuilt from changelog
@@ -394,10 +413,11 @@ type RestoreStatus struct {
 // PartitionStatus is one source partition of a route that this instance
 // owns.
 type PartitionStatus struct {
-	Partition     int32 `json:"partition"`
-	DoneOffset    int64 `json:"done_offset"`
-	HighWatermark int64 `json:"high_watermark"`
-	Lag           int64 `json:"lag"`
+	Partition     int32      `json:"partition"`
+	DoneOffset    int64      `json:"done_offset"`
+	HighWatermark int64      `json:"high_watermark"`
+	Lag           int64      `json:"lag"`
+	Watermark     *time.Time `json:"watermark,omitempty"` // event time, timed routes
 }
 
 // Status returns []RouteStatus (sorted by name) for the admin /routes page.

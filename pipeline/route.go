@@ -387,11 +387,14 @@ func (r *route) pollLoop() {
 func (r *route) lagLoop() {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	for {
+	for tick := 0; ; tick++ {
 		select {
 		case <-r.halt:
 			return
 		case <-t.C:
+			if tick%5 == 0 {
+				r.describeOwners()
+			}
 			var low int64
 			has := false
 			for _, t := range r.tasksSnapshot() {

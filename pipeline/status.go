@@ -72,6 +72,8 @@ func (r *route) status() RouteStatus {
 	s.Owned = []OwnedPartition{}
 	r.grp.mu.Lock()
 	s.Restore = RestoreStatus{State: "idle", Records: r.grp.mu.restored, Seconds: r.grp.mu.restoreS}
+	s.Assignment = slices.Clone(r.grp.mu.owners)
+	s.AssignmentError = r.grp.mu.ownersErr
 	if r.grp.mu.restoring > 0 {
 		s.Restore.State = "restoring"
 	}
@@ -96,9 +98,16 @@ func (r *route) status() RouteStatus {
 		done := tr.DoneOffset(t.id)
 		hwm := t.hwm.Load()
 		lag := max(hwm-done, 0)
-		s.Owned = append(s.Owned, OwnedPartition{Topic: t.seg.topic, Partition: t.part, DoneOffset: done, Lag: lag})
+		op := OwnedPartition{Topic: t.seg.topic, Partition: t.part, DoneOffset: done, Lag: lag}
+		if r.timed {
+			if f, ok := t.frontier(); ok {
+				w := time.UnixMilli(f).UTC()
+				op.Watermark = &w
+			}
+		}
+		s.Owned = append(s.Owned, op)
 		if t.seg.idx == 0 {
-			s.Partitions = append(s.Partitions, PartitionStatus{Partition: t.part, DoneOffset: done, HighWatermark: hwm, Lag: lag})
+			s.Partitions = append(s.Partitions, PartitionStatus{Partition: t.part, DoneOffset: done, HighWatermark: hwm, Lag: lag, Watermark: op.Watermark})
 		} else if wm, ok := t.wm.current(); ok && t.seg.timed {
 			if !hasWM || wm < low {
 				low, hasWM = wm, true

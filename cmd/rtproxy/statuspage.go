@@ -76,8 +76,56 @@ type routeView struct {
 	Lag                                                                    int64
 	LastCheckpoint, Pause, Latency, LastError, RuleError                   string
 	Watermark, Restore, Txn                                                string
-	Partitions                                                             []pipeline.OwnedPartition
+	Partitions                                                             []partView
+	AssignmentError                                                        string
 	StateKeys, DeadLetters                                                 []namedValue
+}
+
+// partView is one partition of a route's topics: its owner in the group,
+// and for this instance's partitions their progress.
+type partView struct {
+	Topic                string
+	Partition            int32
+	Owner                string
+	Self                 bool
+	Done, Lag, Watermark string
+}
+
+// partViews lists the group's assignment with this instance's progress on
+// the partitions it owns; without an assignment, this instance's own.
+func partViews(rs pipeline.RouteStatus) []partView {
+	type tp struct {
+		t string
+		p int32
+	}
+	owned := map[tp]pipeline.OwnedPartition{}
+	for _, o := range rs.Owned {
+		owned[tp{o.Topic, o.Partition}] = o
+	}
+	var out []partView
+	fill := func(v partView) partView {
+		if o, ok := owned[tp{v.Topic, v.Partition}]; ok {
+			v.Done, v.Lag = strconv.FormatInt(o.DoneOffset, 10), strconv.FormatInt(o.Lag, 10)
+			if o.Watermark != nil {
+				v.Watermark = o.Watermark.UTC().Format(time.RFC3339Nano)
+			}
+			delete(owned, tp{v.Topic, v.Partition})
+		}
+		return v
+	}
+	for _, a := range rs.Assignment {
+		v := partView{Topic: a.Topic, Partition: a.Partition, Owner: a.Owner, Self: a.Self, Done: "–", Lag: "–"}
+		if a.Self {
+			v.Owner = "this instance"
+		}
+		out = append(out, fill(v))
+	}
+	for _, o := range rs.Owned {
+		if _, ok := owned[tp{o.Topic, o.Partition}]; ok {
+			out = append(out, fill(partView{Topic: o.Topic, Partition: o.Partition, Owner: "this instance", Self: true}))
+		}
+	}
+	return out
 }
 
 type namedValue struct {
@@ -162,7 +210,7 @@ func (s *statusPage) proxyView(m metricIndex, now time.Time) proxyView {
 func routeViewOf(rs pipeline.RouteStatus, m metricIndex, now time.Time) routeView {
 	rv := routeView{Name: rs.Name, State: rs.State, Source: rs.Source, Sink: rs.Sink, Delivery: rs.Delivery,
 		File: rs.File, Group: rs.Group, Protocol: rs.Protocol, Generation: rs.Generation, Owned: len(rs.Owned),
-		LastError: rs.LastError, RuleError: rs.RuleError, Partitions: rs.Owned,
+		LastError: rs.LastError, RuleError: rs.RuleError, Partitions: partViews(rs), AssignmentError: rs.AssignmentError,
 		Pause: fmt.Sprintf("%.2f / %.2f ms", rs.CheckpointPauseMs, rs.MaxCheckpointPauseMs)}
 	rv.Page = pageOf(rs)
 	if refs := errorRefs(rs.File, rs.RuleError+"\n"+rs.LastError); len(refs) > 0 {

@@ -975,7 +975,12 @@ type srRouteStatus struct {
 	Group      string `json:"group"`
 	Generation int64  `json:"generation"`
 	Owned      []srTP `json:"owned"`
-	Restore    *struct {
+	Assignment []struct {
+		srTP
+		Owner string `json:"owner"`
+		Self  bool   `json:"self"`
+	} `json:"assignment"`
+	Restore *struct {
 		State   string  `json:"state"`
 		Records int64   `json:"records"`
 		Seconds float64 `json:"seconds"`

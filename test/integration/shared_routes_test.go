@@ -84,6 +84,45 @@ func TestSharedRoutesThreeInstancesStateless(t *testing.T) {
 	if total != 8 {
 		t.Errorf("rtproxy_route_partitions_owned summed over the instances = %v, want the 8 source partitions", total)
 	}
+
+	// Each instance shows the whole group's assignment (the status page's
+	// owner column): every source partition once, with an owner, and
+	// "self" exactly on the partitions that instance owns.
+	srWait(t, 30*time.Second, "every instance's /routes shows the group's assignment", func() error {
+		for i, p := range ps {
+			rs, err := srRoutes(p)
+			if err != nil {
+				return err
+			}
+			st := rs[rec.Name]
+			seen, self := map[int32]bool{}, map[int32]bool{}
+			for _, a := range st.Assignment {
+				if a.Topic != source {
+					continue
+				}
+				if seen[a.Partition] || a.Owner == "" {
+					return fmt.Errorf("instance %d: assignment %+v", i, st.Assignment)
+				}
+				seen[a.Partition] = true
+				if a.Self {
+					self[a.Partition] = true
+				}
+			}
+			if len(seen) != 8 {
+				return fmt.Errorf("instance %d: %d of the 8 source partitions in its assignment %+v", i, len(seen), st.Assignment)
+			}
+			owned := srOwnedOf(st.Owned, source)
+			if len(owned) != len(self) {
+				return fmt.Errorf("instance %d: owns %v, assignment marks %v as its own", i, owned, self)
+			}
+			for _, p := range owned {
+				if !self[p] {
+					return fmt.Errorf("instance %d: owns %d, not marked its own in %+v", i, p, st.Assignment)
+				}
+			}
+		}
+		return nil
+	})
 }
 
 // TestSharedRoutesThreeInstancesWindows: three instances share a tumbling
