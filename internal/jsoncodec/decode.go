@@ -97,7 +97,7 @@ func (d *jsonDecoder) value(depth int) any {
 	}
 	switch c := d.s[d.i]; c {
 	case '{':
-		return d.object(depth + 1)
+		return d.object(depth+1, nil)
 	case '[':
 		return d.array(depth + 1)
 	case '"':
@@ -137,7 +137,9 @@ func (d *jsonDecoder) literal(word string, v any) any {
 	return v
 }
 
-func (d *jsonDecoder) object(depth int) any {
+// object decodes an object; with want, only the members it names are
+// kept and the others are checked and skipped (DecodeMembers).
+func (d *jsonDecoder) object(depth int, want Fields) any {
 	if depth > maxDepth {
 		d.fail("%v", errJSONDepth)
 		return nil
@@ -156,9 +158,6 @@ func (d *jsonDecoder) object(depth int) any {
 			break
 		}
 		k, view := d.str()
-		if view && d.own {
-			k = strings.Clone(k)
-		}
 		d.ws()
 		if d.i >= len(d.s) || d.s[d.i] != ':' {
 			d.fail("want ':' after object key")
@@ -166,8 +165,14 @@ func (d *jsonDecoder) object(depth int) any {
 		}
 		d.i++
 		d.ws()
-		v := d.value(depth)
-		d.kvs = append(d.kvs, jsonKV{k, v})
+		if _, keep := want[k]; want != nil && !keep {
+			d.skip(depth)
+		} else {
+			if view && d.own {
+				k = strings.Clone(k)
+			}
+			d.kvs = append(d.kvs, jsonKV{k, d.value(depth)})
+		}
 		d.ws()
 		if d.i >= len(d.s) {
 			d.fail("unexpected end of JSON input")

@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"unsafe"
 )
 
@@ -31,7 +30,7 @@ func DecodeMembers(b []byte, want Fields) (v any, partial bool, err error) {
 	d.s, d.i, d.err, d.own = unsafe.String(unsafe.SliceData(b), len(b)), 0, nil, true
 	d.ws()
 	if d.i < len(d.s) && d.s[d.i] == '{' {
-		v, partial = d.objectMembers(want), true
+		v, partial = d.object(1, want), true
 	} else {
 		v = d.value(0)
 	}
@@ -47,61 +46,6 @@ func DecodeMembers(b []byte, want Fields) (v any, partial bool, err error) {
 		return nil, false, fmt.Errorf("decode json: %w", err)
 	}
 	return v, partial, nil
-}
-
-// objectMembers is object(1) keeping only the members in want.
-func (d *jsonDecoder) objectMembers(want Fields) any {
-	d.i++ // {
-	m := make(map[string]any, len(want)+2) // room for what `set` adds
-	d.ws()
-	if d.i < len(d.s) && d.s[d.i] == '}' {
-		d.i++
-		return m
-	}
-	for d.err == nil {
-		d.ws()
-		if d.i >= len(d.s) || d.s[d.i] != '"' {
-			d.fail("want a string object key")
-			break
-		}
-		k, view := d.str()
-		d.ws()
-		if d.i >= len(d.s) || d.s[d.i] != ':' {
-			d.fail("want ':' after object key")
-			break
-		}
-		d.i++
-		d.ws()
-		if _, ok := want[k]; ok {
-			if view {
-				k = strings.Clone(k)
-			}
-			v := d.value(1)
-			if d.err == nil {
-				m[k] = v // a repeated key: the last wins, as in Decode
-			}
-		} else {
-			d.skip(1)
-		}
-		d.ws()
-		if d.i >= len(d.s) {
-			d.fail("unexpected end of JSON input")
-			break
-		}
-		if d.s[d.i] == ',' {
-			d.i++
-			continue
-		}
-		if d.s[d.i] == '}' {
-			d.i++
-			break
-		}
-		d.fail("invalid character %q after object member", d.s[d.i])
-	}
-	if d.err != nil {
-		return nil
-	}
-	return m
 }
 
 // skip moves past one value, checking it as value(depth) would, without

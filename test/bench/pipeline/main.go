@@ -381,41 +381,6 @@ func (b *bench) drainRate(name, kind, ruleFile string, whole bool) string {
 	return fmt.Sprintf("| %s | %.0f | %.1f | %.2f µs |", name, rps, rps*float64(*size)/(1<<20), perRec)
 }
 
-// startStdlibLoop is baseline (e2): loop (e) with encoding/json, the
-// decoder a hand-written consumer would most likely use.
-func startStdlibLoop(addrs []string, src, sink string) func() {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0),
-		kgo.ConsumeTopics(src), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
-	check(err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			fs := cl.PollFetches(ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			fs.EachRecord(func(r *kgo.Record) {
-				var m map[string]any
-				if err := json.Unmarshal(r.Value, &m); err != nil {
-					return
-				}
-				amount, _ := m["amount"].(float64)
-				if amount < 0 {
-					return
-				}
-				out, err := json.Marshal(map[string]any{"id": m["id"], "user": m["user"], "amount": amount * 100, "send_ns": m["send_ns"]})
-				if err != nil {
-					return
-				}
-				cl.Produce(ctx, &kgo.Record{Topic: sink, Key: r.Key, Value: out}, nil)
-			})
-		}
-	}()
-	return func() { cancel(); <-done; cl.Close() }
-}
-
 // startHandLoop is baseline (e): the least code that consumes, filters and
 // maps with the same JSON library and produces with linger 0.
 func startHandLoop(addrs []string, src, sink string) func() {
@@ -423,6 +388,28 @@ func startHandLoop(addrs []string, src, sink string) func() {
 }
 
 func startHandLoopFrom(addrs []string, src, sink string, from kgo.Offset) func() {
+	decode := func(b []byte) (map[string]any, bool) {
+		v, err := jsoncodec.Decode(b)
+		m, ok := v.(map[string]any)
+		return m, err == nil && ok
+	}
+	return startLoop(addrs, src, sink, from, decode, func(v any) ([]byte, error) { return jsoncodec.Append(nil, v) })
+}
+
+// startStdlibLoop is baseline (e2): loop (e) with encoding/json, the
+// decoder a hand-written consumer would most likely use.
+func startStdlibLoop(addrs []string, src, sink string) func() {
+	decode := func(b []byte) (map[string]any, bool) {
+		var m map[string]any
+		return m, json.Unmarshal(b, &m) == nil
+	}
+	return startLoop(addrs, src, sink, kgo.NewOffset().AtStart(), decode, json.Marshal)
+}
+
+// startLoop runs a hand-written consume, filter + map, produce loop with
+// the given JSON decoder and encoder.
+func startLoop(addrs []string, src, sink string, from kgo.Offset,
+	decode func([]byte) (map[string]any, bool), encode func(any) ([]byte, error)) func() {
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0),
 		kgo.ConsumeTopics(src), kgo.ConsumeResetOffset(from), kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
 	check(err)
@@ -436,11 +423,7 @@ func startHandLoopFrom(addrs []string, src, sink string, from kgo.Offset) func()
 				return
 			}
 			fs.EachRecord(func(r *kgo.Record) {
-				v, err := jsoncodec.Decode(r.Value)
-				if err != nil {
-					return
-				}
-				m, ok := v.(map[string]any)
+				m, ok := decode(r.Value)
 				if !ok {
 					return
 				}
@@ -448,7 +431,7 @@ func startHandLoopFrom(addrs []string, src, sink string, from kgo.Offset) func()
 				if amount < 0 {
 					return
 				}
-				out, err := jsoncodec.Append(nil, map[string]any{"id": m["id"], "user": m["user"], "amount": amount * 100, "send_ns": m["send_ns"]})
+				out, err := encode(map[string]any{"id": m["id"], "user": m["user"], "amount": amount * 100, "send_ns": m["send_ns"]})
 				if err != nil {
 					return
 				}
