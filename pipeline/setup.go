@@ -254,16 +254,20 @@ func (r *route) setup() error {
 // buildSegments cuts the route's steps at each keyed step (ARCHITECTURE.md).
 func (r *route) buildSegments(parts map[string]int) error {
 	d := r.def
-	seg := &segment{idx: 0, topic: d.Source.Topic, from: 0, nparts: parts[d.Source.Topic]}
+	seg := &segment{idx: 0, topic: d.Source.Topic, from: 0, nparts: parts[d.Source.Topic], sourceShaped: true}
 	r.segs = []*segment{seg}
+	shaped := true // no map or window yet
 	for i := range d.Steps {
 		s := &d.Steps[i]
+		reshapes := s.Kind == "map" || s.Kind == "window"
 		if !isBoundary(s) {
+			shaped = shaped && !reshapes
 			continue
 		}
 		seg.to = i
 		next := &segment{idx: len(r.segs), topic: repartitionTopic(d.Name, s), from: i, keyStep: s,
-			changelog: changelogTopic(d.Name, s)}
+			changelog: changelogTopic(d.Name, s), sourceShaped: shaped}
+		shaped = shaped && !reshapes
 		next.nparts = parts[next.topic]
 		if next.nparts >= maxTaskPartitions {
 			return fmt.Errorf("route %q: %s has %d partitions; at most %d are supported", d.Name, next.topic, next.nparts, maxTaskPartitions-1)

@@ -29,6 +29,10 @@ type segment struct {
 	nparts    int             // partitions of topic (for markers sent to it)
 	timed     bool            // a step of the segment reacts to the watermark
 	markers   bool            // a later segment is timed: send it watermark markers
+	// sourceShaped: the values this segment reads still have the source's
+	// shape (no map or window before it), so they may be decoded in part
+	// like source records (route.members).
+	sourceShaped bool
 }
 
 // taskID numbers a task (segment, partition) for the offsets tracker and
@@ -332,7 +336,13 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 	case e.flags&envRaw != 0:
 		rec.Value = string(kr.Value)
 	default:
-		if err := rec.SetJSON(kr.Value); err != nil {
+		var err error
+		if r.members != nil && t.seg.sourceShaped && rec.Window == nil {
+			err = rec.SetJSONMembers(kr.Value, r.members)
+		} else {
+			err = rec.SetJSON(kr.Value)
+		}
+		if err != nil {
 			r.deadLetter(rec, operators.ReasonDecode, err, stepLabel(t.seg.keyStep), tk)
 			return
 		}
