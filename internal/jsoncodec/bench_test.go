@@ -77,3 +77,19 @@ func TestPaymentIs1KiB(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkSkip is the scanner DecodeMembers skips unread members with:
+// the whole payment checked, nothing kept.
+func BenchmarkSkip(b *testing.B) {
+	raw := benchkit.Payment(7)
+	none := Fields{}
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	cpu0 := benchkit.CPUNow()
+	for b.Loop() {
+		if _, _, err := DecodeMembers(raw, none); err != nil {
+			b.Fatal(err)
+		}
+	}
+	benchkit.RecPerSec(b, cpu0)
+}

@@ -139,14 +139,13 @@ func (d *jsonDecoder) skipString() {
 			break
 		}
 		c := d.s[d.i]
-		if !strStop[c] || c >= 0x80 {
-			d.i++
-			continue
-		}
 		switch {
 		case c == '"':
 			d.i++
 			return
+		case c != '\\' && c >= 0x20:
+			d.i++ // one of the last few bytes, or non-ASCII
+			continue
 		case c < 0x20:
 			d.fail("invalid control character %q in string", c)
 			return
