@@ -92,7 +92,7 @@ func BenchmarkFetchResponse(b *testing.B) {
 					b.Fatal(err)
 				}
 				if mode != "held" {
-					if err := streamFetch(clW, upR, head, rest, m); err != nil {
+					if _, err := streamFetch(clW, upR, head, rest, m); err != nil {
 						b.Fatal(err)
 					}
 					ReleaseFrame(head)
