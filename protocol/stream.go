@@ -135,6 +135,12 @@ func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) 
 		streamWriters.Put(bw)
 	}()
 	w := &tee{r: br, w: bw, left: int64(len(head)-4) + int64(rest), head: hr, lr: lr, dst: dst, src: src}
+	if corkStreamed {
+		if c, ok := dst.(net.Conn); ok {
+			cork(c, true)
+			defer cork(c, false)
+		}
+	}
 	if _, err := bw.Write(head[:4]); err != nil {
 		return 0, err
 	}
@@ -214,6 +220,9 @@ const spliceAbove = 64 << 10
 // spliceRecords turns the socket-to-socket copy on (BenchmarkFetchResponse
 // measures both).
 var spliceRecords = true
+
+// corkStreamed corks the client's socket while a response streams (cork).
+var corkStreamed = true
 
 func (t *tee) fail(err error) {
 	if t.err == nil {
