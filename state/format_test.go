@@ -176,3 +176,31 @@ func TestCheckOldFormat(t *testing.T) {
 		t.Errorf("pebble.FormatMinSupported = %d: the refusal's message and the tests assume 13", pebble.FormatMinSupported)
 	}
 }
+
+// FuzzCheckOldFormat: any directory listing is accepted or refused with
+// ErrOldFormat, never anything else, and never a panic.
+func FuzzCheckOldFormat(f *testing.F) {
+	f.Add("CURRENT", "marker.format-version.000001.012")
+	f.Add("CURRENT", "marker.format-version.000015.016")
+	f.Add("000002.log", "marker.format-version.x.")
+	f.Add("marker.format-version.", "marker.format-version.1.99999999999999999999")
+	f.Fuzz(func(t *testing.T, a, b string) {
+		fs := vfs.NewMem()
+		if err := fs.MkdirAll("db", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{a, b} {
+			if name == "" || strings.ContainsAny(name, "/\x00") || name == "." || name == ".." {
+				continue
+			}
+			fl, err := fs.Create(filepath.Join("db", name), vfs.WriteCategoryUnspecified)
+			if err != nil {
+				continue
+			}
+			fl.Close()
+		}
+		if err := checkOldFormat(fs, "db"); err != nil && !errors.Is(err, ErrOldFormat) {
+			t.Fatalf("listing %q, %q: %v", a, b, err)
+		}
+	})
+}
