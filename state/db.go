@@ -189,8 +189,8 @@ func checkOldFormat(fs vfs.FS, dir string) error {
 
 func oldFormatError(dir string, vers int) error {
 	return fmt.Errorf("%w: %s is at pebble format major version %d, this build reads %d and later. "+
-		"It is a cache of what the routes keep in Kafka; with the proxy stopped, either upgrade it in place once "+
-		"(keeps everything; back it up first): echo y | go run github.com/cockroachdb/pebble/cmd/pebble@v1.1.5 db upgrade %s "+
+		"It is a cache of what the routes keep in Kafka. With the proxy stopped, either upgrade it in place once, "+
+		"keeping everything (back it up first), by running \"echo y | go run github.com/cockroachdb/pebble/cmd/pebble@v1.1.5 db upgrade %s\"; "+
 		"or move it aside and start with an empty one: each route restores its keyed state from its changelog topics "+
 		"and resumes from its group's offsets, but gets a new exactly-once transactional id, "+
 		"and the state kept for routes whose rule file was deleted is gone (docs/OPERATIONS.md, \"State directory\")",
