@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/vfs"
-	"github.com/cockroachdb/pebble/vfs/errorfs"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtproxy/rtproxy/state"
@@ -23,8 +23,8 @@ import (
 func TestFullDiskStopsRoutesNotTheProcess(t *testing.T) {
 	b := startBroker(t, map[string]int{"fd": 2})
 	var full atomic.Bool
-	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op, path string) error {
-		if full.Load() && op.OpKind() == errorfs.OpKindWrite {
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite {
 			return syscall.ENOSPC
 		}
 		return nil

@@ -444,7 +444,8 @@ func (pr *pair) brokerLoop() {
 			// Streamed, its endpoints rewritten at the same length
 			// (stream.go): no frame is held whole.
 			p.m.bytesB2C.Add(float64(len(frame) + rest))
-			err := streamFetch(pr.client, pr.upstream, frame, rest, p)
+			padded, err := streamFetch(pr.client, pr.upstream, frame, rest, p)
+			p.m.endpointsPadded.Add(float64(padded))
 			ReleaseFrame(frame)
 			if err != nil {
 				select {

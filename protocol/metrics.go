@@ -20,6 +20,9 @@ type metrics struct {
 	frameErrors  *prometheus.CounterVec
 	heldBytes    prometheus.Gauge
 	heldWaits    prometheus.Counter
+	// endpointsPadded counts node endpoints of streamed Fetch responses
+	// rewritten in place with padding (stream.go).
+	endpointsPadded prometheus.Counter
 
 	reqs *prometheus.CounterVec
 	errs *prometheus.CounterVec
@@ -77,6 +80,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		heldBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rtproxy_proxy_held_bytes", Help: "Bytes of frames held whole in memory to be rewritten, all connections together (bounded by proxy.max_held_bytes).",
 		}),
+		endpointsPadded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_endpoints_padded_total", Help: "KIP-951 node endpoints of streamed Fetch responses rewritten in place, padded with an unknown tagged field to keep the frame's length.",
+		}),
 		heldWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_held_waits_total", Help: "Frames that waited for proxy.max_held_bytes to be read whole.",
 		}),
@@ -99,7 +105,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2.5, 14),
 	}, []string{"api"})
 	m.reqs, m.errs, m.lat = reqs, errs, lat
-	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, m.heldBytes, m.heldWaits, bytes, reqs, errs, lat} {
+	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, m.heldBytes, m.heldWaits, m.endpointsPadded, bytes, reqs, errs, lat} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -119,8 +119,9 @@ var (
 // streamFetch copies one Fetch response (v16+) from src to dst as it
 // arrives: head is what was read of the frame (its size prefix included),
 // rest what is still to come from src. The frame keeps its length; node
-// endpoints are rewritten through m in place.
-func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) error {
+// endpoints are rewritten through m in place. padded is how many of them
+// were padded (rtproxy_proxy_endpoints_padded_total).
+func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) (padded int, err error) {
 	hr := &sliceReader{b: head[4:]}
 	lr := &io.LimitedReader{R: src, N: int64(rest)}
 	br := streamReaders.Get().(*bufio.Reader)
@@ -134,8 +135,14 @@ func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) 
 		streamWriters.Put(bw)
 	}()
 	w := &tee{r: br, w: bw, left: int64(len(head)-4) + int64(rest), head: hr, lr: lr, dst: dst, src: src}
+	if corkStreamed {
+		if c, ok := dst.(net.Conn); ok {
+			cork(c, true)
+			defer cork(c, false)
+		}
+	}
 	if _, err := bw.Write(head[:4]); err != nil {
-		return err
+		return 0, err
 	}
 	w.take(4) // correlation id
 	w.tags()  // response header tags (flexible)
@@ -157,24 +164,25 @@ func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) 
 		w.tags()
 	}
 	if w.err != nil {
-		return w.err
+		return 0, w.err
 	}
 	// What is left is the top-level tags: small, read whole, rewritten in
 	// place, then sent.
 	if w.left > 1<<20 {
-		return fmt.Errorf("%w: %d bytes after the topics", errStreamShape, w.left)
+		return 0, fmt.Errorf("%w: %d bytes after the topics", errStreamShape, w.left)
 	}
 	tail := make([]byte, w.left)
 	if _, err := io.ReadFull(br, tail); err != nil {
-		return fmt.Errorf("%w: %v", errStreamShape, err)
+		return 0, fmt.Errorf("%w: %v", errStreamShape, err)
 	}
-	if err := rewriteTopTags(tail, m); err != nil {
-		return err
+	padded, err = rewriteTopTags(tail, m)
+	if err != nil {
+		return 0, err
 	}
 	if _, err := bw.Write(tail); err != nil {
-		return err
+		return 0, err
 	}
-	return bw.Flush()
+	return padded, bw.Flush()
 }
 
 // sliceReader reads a byte slice without the bytes.Reader allocation.
@@ -212,6 +220,9 @@ const spliceAbove = 64 << 10
 // spliceRecords turns the socket-to-socket copy on (BenchmarkFetchResponse
 // measures both).
 var spliceRecords = true
+
+// corkStreamed corks the client's socket while a response streams (cork).
+var corkStreamed = true
 
 func (t *tee) fail(err error) {
 	if t.err == nil {
@@ -331,38 +342,40 @@ func (t *tee) tags() {
 
 // rewriteTopTags rewrites, in place and at the same length, the node
 // endpoints (tag 0) among a response's top-level tags; other tags are kept
-// as they are.
-func rewriteTopTags(tail []byte, m Mapper) error {
+// as they are. padded is how many endpoints were padded.
+func rewriteTopTags(tail []byte, m Mapper) (padded int, err error) {
 	s := skipper{p: tail}
 	n := s.uvarint()
 	for i := uint64(0); i < n && !s.bad; i++ {
 		id := s.uvarint()
 		size := s.uvarint()
 		if s.bad || size > uint64(len(tail)-s.off) {
-			return fmt.Errorf("%w: top-level tags", errStreamShape)
+			return 0, fmt.Errorf("%w: top-level tags", errStreamShape)
 		}
 		payload := tail[s.off : s.off+int(size)]
 		if id == 0 {
-			out, err := rewriteEndpoints(payload, m)
+			out, n, err := rewriteEndpoints(payload, m)
 			if err != nil {
-				return err
+				return 0, err
 			}
 			copy(payload, out)
+			padded += n
 		}
 		s.skip(int(size))
 	}
 	if s.bad || s.off != len(tail) {
-		return fmt.Errorf("%w: top-level tags do not end the frame", errStreamShape)
+		return 0, fmt.Errorf("%w: top-level tags do not end the frame", errStreamShape)
 	}
-	return nil
+	return padded, nil
 }
 
 // rewriteEndpoints re-encodes a NodeEndpoints array (node id, host, port,
 // rack, tags each) with every host and port mapped, each endpoint padded
-// to its original length. The result has the length of payload.
-func rewriteEndpoints(payload []byte, m Mapper) ([]byte, error) {
+// to its original length. The result has the length of payload; padded is
+// how many endpoints needed padding fields (a host that encodes shorter).
+func rewriteEndpoints(payload []byte, m Mapper) (out []byte, padded int, err error) {
 	s := skipper{p: payload}
-	out := make([]byte, 0, len(payload))
+	out = make([]byte, 0, len(payload))
 	count := s.uvarint()
 	out = binary.AppendUvarint(out, count)
 	for i := uint64(1); i < count && !s.bad; i++ {
@@ -401,7 +414,7 @@ func rewriteEndpoints(payload []byte, m Mapper) ([]byte, error) {
 		oldLen := s.off - start
 		mh, mp, err := m.MapBroker(node, host, port)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		e := binary.BigEndian.AppendUint32(nil, uint32(node))
 		e = binary.AppendUvarint(e, uint64(len(mh)+1))
@@ -418,26 +431,29 @@ func rewriteEndpoints(payload []byte, m Mapper) ([]byte, error) {
 			var k int
 			if pad, k, ok = padding(oldLen - base); ok && k == extra {
 				e = binary.AppendUvarint(e, tagCount+uint64(k))
+				if k > 0 {
+					padded++
+				}
 				break
 			}
 			ok = false
 		}
 		if !ok {
-			return nil, fmt.Errorf("%w: node %d host %q in place of %q", errStreamLength, node, mh, host)
+			return nil, 0, fmt.Errorf("%w: node %d host %q in place of %q", errStreamLength, node, mh, host)
 		}
 		e = append(e, fields...)
 		e = append(e, pad...)
 		if len(e) != oldLen {
-			return nil, fmt.Errorf("%w: node %d", errStreamLength, node)
+			return nil, 0, fmt.Errorf("%w: node %d", errStreamLength, node)
 		}
 		out = append(out, e...)
 	}
 	if s.bad {
-		return nil, fmt.Errorf("%w: node endpoints", errStreamShape)
+		return nil, 0, fmt.Errorf("%w: node endpoints", errStreamShape)
 	}
 	out = append(out, payload[s.off:]...) // the array's own tags, if any follow
 	if len(out) != len(payload) {
-		return nil, fmt.Errorf("%w: endpoints", errStreamLength)
+		return nil, 0, fmt.Errorf("%w: endpoints", errStreamLength)
 	}
-	return out, nil
+	return out, padded, nil
 }

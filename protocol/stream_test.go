@@ -62,7 +62,7 @@ func randomFetch(rng *rand.Rand, v int16) *kmsg.FetchResponse {
 // responses instead: streamable).
 func TestStreamFetchMatchesTheFullRewrite(t *testing.T) {
 	rng := rand.New(rand.NewSource(7))
-	streamed, refused := 0, 0
+	streamed, refused, totalPadded := 0, 0, 0
 	for i := range 400 {
 		v := int16(16 + rng.Intn(3))
 		in := randomFetch(rng, v)
@@ -75,7 +75,7 @@ func TestStreamFetchMatchesTheFullRewrite(t *testing.T) {
 		head, rest := frame[:cut], frame[cut:]
 
 		var out bytes.Buffer
-		err := streamFetch(&out, bytes.NewReader(rest), head, len(rest), newFakeMapper())
+		padded, err := streamFetch(&out, bytes.NewReader(rest), head, len(rest), newFakeMapper())
 		fits := true
 		for _, b := range in.Brokers {
 			fits = fits && hostFits(b.Host, "proxy.local")
@@ -99,9 +99,17 @@ func TestStreamFetchMatchesTheFullRewrite(t *testing.T) {
 		if err := got.ReadFrom(out.Bytes()[9:]); err != nil {
 			t.Fatalf("case %d: the streamed response does not decode: %v", i, err)
 		}
+		withPad := 0
 		for j := range got.Brokers {
+			if got.Brokers[j].UnknownTags.Len() > 0 {
+				withPad++
+			}
 			got.Brokers[j].UnknownTags = kmsg.Tags{} // the padding
 		}
+		if padded != withPad {
+			t.Fatalf("case %d: streamFetch reports %d padded endpoints, the client sees %d", i, padded, withPad)
+		}
+		totalPadded += padded
 		want, changed, err := rewriteFetch(newFakeMapper(), v, body, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -113,10 +121,10 @@ func TestStreamFetchMatchesTheFullRewrite(t *testing.T) {
 			t.Fatalf("case %d (v%d): the streamed response differs from the full rewrite", i, v)
 		}
 	}
-	if streamed < 100 || refused < 20 {
-		t.Fatalf("weak cases: %d streamed, %d refused", streamed, refused)
+	if streamed < 100 || refused < 20 || totalPadded < 50 {
+		t.Fatalf("weak cases: %d streamed, %d refused, %d endpoints padded", streamed, refused, totalPadded)
 	}
-	t.Logf("%d streamed, %d refused", streamed, refused)
+	t.Logf("%d streamed, %d refused, %d endpoints padded", streamed, refused, totalPadded)
 }
 
 // TestPadding: every difference of 0 or at least 2 bytes has a padding of
@@ -151,7 +159,7 @@ func FuzzStreamFetch(f *testing.F) {
 		frame = append(frame, payload...)
 		at := min(len(frame), 4+int(cut))
 		var out bytes.Buffer
-		err := streamFetch(&out, bytes.NewReader(frame[at:]), frame[:at], len(frame)-at, newFakeMapper())
+		_, err := streamFetch(&out, bytes.NewReader(frame[at:]), frame[:at], len(frame)-at, newFakeMapper())
 		if err == nil && out.Len() != len(frame) {
 			t.Fatalf("streamed %d bytes of a %d-byte frame", out.Len(), len(frame))
 		}

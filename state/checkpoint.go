@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cockroachdb/pebble"
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/rtproxy/rtproxy/offsets"
 )
 

@@ -5,13 +5,15 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/cockroachdb/pebble"
-	"github.com/cockroachdb/pebble/bloom"
-	"github.com/cockroachdb/pebble/vfs"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // Sentinel errors callers branch on.
@@ -29,7 +31,20 @@ var (
 	// ErrDiscarded is returned by Frozen.Commit for a cut that DB.Discard
 	// dropped.
 	ErrDiscarded = errors.New("state: frozen checkpoint was discarded")
+	// ErrOldFormat is returned by Open for a state directory written by
+	// pebble v1 (rtproxy before its move to pebble v2) at an on-disk format
+	// pebble v2 cannot read. The error says what to do.
+	ErrOldFormat = errors.New("state: the state directory was written by an earlier rtproxy (pebble v1) in an on-disk format this build cannot read")
 )
+
+// storeFormat is the pebble format major version a new state directory is
+// created at, and the one an older directory is ratcheted to when opened
+// (pebble does that itself, in place, and it cannot be undone). Pebble v2
+// opens directories from FormatFlushableIngest on; pebble v1 wrote
+// rtproxy's at its default, FormatMostCompatible, which needs the upgrade
+// oldFormatError describes. Raise it deliberately, never by following
+// pebble.FormatNewest: a raised format cannot be read by a build before.
+const storeFormat = pebble.FormatValueSeparation
 
 // Options tunes the pebble database. The zero value means every default.
 type Options struct {
@@ -111,8 +126,12 @@ func OpenWithOptions(dir string, log *slog.Logger, o Options) (*DB, error) {
 		MemTableStopWritesThreshold: 4,
 		Logger:                      fatal,
 		FS:                          o.FS,
+		FormatMajorVersion:          storeFormat,
 	}
 	popts.EnsureDefaults()
+	if err := checkOldFormat(popts.FS, dir); err != nil {
+		return nil, err
+	}
 	for i := range popts.Levels {
 		// drop_duplicates looks up mostly absent keys: a bloom filter
 		// answers those without reading data blocks.
@@ -133,6 +152,49 @@ func OpenWithOptions(dir string, log *slog.Logger, o Options) (*DB, error) {
 		return nil, fmt.Errorf("state: open %s: %w", dir, err)
 	}
 	return db, nil
+}
+
+// checkOldFormat refuses, before pebble touches it, a directory pebble v2
+// cannot open: one written by pebble v1 at a format major version before
+// pebble.FormatMinSupported. FormatMostCompatible (pebble v1's default, so
+// every rtproxy state directory from before pebble v2) has a CURRENT file
+// and no format-version marker; later versions name theirs in the marker
+// file "marker.format-version.<seq>.<version>".
+func checkOldFormat(fs vfs.FS, dir string) error {
+	names, err := fs.List(dir)
+	if err != nil {
+		return nil // absent: pebble creates it, or says why it cannot
+	}
+	current, vers := false, -1
+	for _, name := range names {
+		if name == "CURRENT" {
+			current = true
+		}
+		if rest, ok := strings.CutPrefix(name, "marker.format-version."); ok {
+			if i := strings.LastIndexByte(rest, '.'); i >= 0 {
+				if v, err := strconv.Atoi(rest[i+1:]); err == nil {
+					vers = v
+				}
+			}
+		}
+	}
+	switch {
+	case vers < 0 && current:
+		return oldFormatError(dir, 1)
+	case vers >= 0 && vers < int(pebble.FormatMinSupported):
+		return oldFormatError(dir, vers)
+	}
+	return nil
+}
+
+func oldFormatError(dir string, vers int) error {
+	return fmt.Errorf("%w: %s is at pebble format major version %d, this build reads %d and later. "+
+		"It is a cache of what the routes keep in Kafka. With the proxy stopped, either upgrade it in place once, "+
+		"keeping everything (back it up first), by running \"echo y | go run github.com/cockroachdb/pebble/cmd/pebble@v1.1.5 db upgrade %s\"; "+
+		"or move it aside and start with an empty one: each route restores its keyed state from its changelog topics "+
+		"and resumes from its group's offsets, but gets a new exactly-once transactional id, "+
+		"and the state kept for routes whose rule file was deleted is gone (docs/OPERATIONS.md, \"State directory\")",
+		ErrOldFormat, dir, vers, pebble.FormatMinSupported, dir)
 }
 
 func (db *DB) checkFormat() error {

@@ -2,6 +2,7 @@ package state
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,10 +67,23 @@ func (g *fatalGuard) Fatalf(format string, args ...any) {
 	select {}
 }
 
-// Infof implements pebble's Logger. A line pebble repeats (a background
+// Infof implements pebble's Logger. A line pebble repeats is logged at
+// most once per infoEvery (see logLimited).
+func (g *fatalGuard) Infof(format string, args ...any) {
+	g.logLimited(slog.LevelInfo, format, args)
+}
+
+// Errorf implements pebble's Logger: the errors pebble goes on after (a
+// background flush or compaction that failed and is retried, a metrics
+// error). Logged at most once per infoEvery like Infof.
+func (g *fatalGuard) Errorf(format string, args ...any) {
+	g.logLimited(slog.LevelError, format, args)
+}
+
+// logLimited logs one pebble line. A line pebble repeats (a background
 // error retried on a full disk: hundreds a second) is logged at most once
 // per infoEvery, with how many were left out.
-func (g *fatalGuard) Infof(format string, args ...any) {
+func (g *fatalGuard) logLimited(level slog.Level, format string, args []any) {
 	now := time.Now()
 	g.infoMu.Lock()
 	if g.infoLast == nil {
@@ -85,10 +99,10 @@ func (g *fatalGuard) Infof(format string, args ...any) {
 	g.infoLast[format], g.infoSkipped[format] = now, 0
 	g.infoMu.Unlock()
 	if skipped > 0 {
-		g.log.Info(fmt.Sprintf(format, args...), "component", "pebble", "repeats_left_out", skipped)
+		g.log.Log(context.Background(), level, fmt.Sprintf(format, args...), "component", "pebble", "repeats_left_out", skipped)
 		return
 	}
-	g.log.Info(fmt.Sprintf(format, args...), "component", "pebble")
+	g.log.Log(context.Background(), level, fmt.Sprintf(format, args...), "component", "pebble")
 }
 
 // infoEvery is how often one pebble log line (by its format) is logged.

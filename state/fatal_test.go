@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/vfs"
-	"github.com/cockroachdb/pebble/vfs/errorfs"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 )
 
 // TestFatalDiskErrorBreaksTheStoreNotTheProcess: a write-ahead log that
@@ -21,8 +21,8 @@ import (
 // write fails fast with it, and the process goes on (issue 10).
 func TestFatalDiskErrorBreaksTheStoreNotTheProcess(t *testing.T) {
 	var full atomic.Bool
-	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op, path string) error {
-		if full.Load() && op.OpKind() == errorfs.OpKindWrite && strings.HasSuffix(path, ".log") {
+	fs := errorfs.Wrap(vfs.NewMem(), errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && strings.HasSuffix(op.Path, ".log") {
 			return syscall.ENOSPC
 		}
 		return nil

@@ -7,7 +7,7 @@ import (
 	"iter"
 	"sync"
 
-	"github.com/cockroachdb/pebble"
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // namespace is the KV of one step of one route. Reads look through three
