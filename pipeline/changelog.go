@@ -198,7 +198,11 @@ func (r *route) produceChangelog(recs []*kgo.Record) (map[string]map[int32]int64
 		cl = r.cl
 		r.txn.produced.Add(int64(len(recs)))
 	}
-	for _, res := range cl.ProduceSync(r.prodCtx, recs...) {
+	results, err := produceAll(r.prodCtx, cl, recs)
+	if err != nil {
+		return nil, fmt.Errorf("changelog: %w", err)
+	}
+	for _, res := range results {
 		if res.Err != nil {
 			return nil, fmt.Errorf("changelog %s[%d]: %w", res.Record.Topic, res.Record.Partition, res.Err)
 		}
@@ -208,6 +212,23 @@ func (r *route) produceChangelog(recs []*kgo.Record) (map[string]map[int32]int64
 		ends[res.Record.Topic][res.Record.Partition] = max(ends[res.Record.Topic][res.Record.Partition], res.Record.Offset+1)
 	}
 	return ends, nil
+}
+
+// produceAll is ProduceSync that returns when ctx ends even while the
+// client still holds the records: with every broker gone, kgo keeps
+// buffered records until it can send them (routes set no delivery
+// timeout), whatever their context, and a checkpoint waiting for them
+// would hold cpMu and with it the route's stop for good. The records are
+// failed when the client closes.
+func produceAll(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) (kgo.ProduceResults, error) {
+	done := make(chan kgo.ProduceResults, 1)
+	go func() { done <- cl.ProduceSync(ctx, recs...) }()
+	select {
+	case res := <-done:
+		return res, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // tasksSnapshot returns the owned tasks.
@@ -285,7 +306,11 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 		}
 	}
 	t.prevSnap = prev
-	for _, res := range r.logCl.ProduceSync(ctx, recs...) {
+	results, err := produceAll(ctx, r.logCl, recs)
+	if err != nil {
+		return fmt.Errorf("changelog fence: %w", err)
+	}
+	for _, res := range results {
 		if res.Err != nil {
 			return fmt.Errorf("changelog fence: %w", res.Err)
 		}
