@@ -5,7 +5,7 @@
 // watermarks, writes outputs and dead letters through an idempotent producer,
 // and checkpoints state and offsets together as a consistent cut.
 //
-// It may import operators, internal/jsoncodec, state, offsets, rules (types)
+// It may import operators, internal/jsoncodec, internal/serde, state, offsets, rules (types)
 // and franz-go; it must never import protocol/, config/ or cmd/.
 package pipeline
 
@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/serde"
 	"github.com/rtproxy/rtproxy/rules"
 	"github.com/rtproxy/rtproxy/state"
 )
@@ -69,6 +70,9 @@ type Config struct {
 	// SourceRetry is how often a route whose source topic does not exist
 	// yet looks for it again (state "waiting"). Default 5s.
 	SourceRetry time.Duration
+	// SchemaRegistry is where routes with source.format avro or protobuf
+	// find their schemas, unless their rule file names its own.
+	SchemaRegistry serde.Config
 }
 
 // ErrClosed is returned by Run when called on a Manager that already ran.

@@ -124,6 +124,8 @@ type route struct {
 
 	// Source records processed, and of them those from the tap (tap.go).
 	nIn, nTapped atomic.Int64
+
+	codec *codec // source.format avro | protobuf (format.go); nil otherwise
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
@@ -137,6 +139,7 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.mTapped = m.met.tapped.WithLabelValues(d.Name)
 	r.inflight.zero = sync.NewCond(&r.inflight.Mutex)
 	r.st.state = "starting"
+	r.codec = newCodec(m.cfg.SchemaRegistry, d)
 	return r
 }
 

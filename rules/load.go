@@ -45,7 +45,7 @@ const (
 // The keys each mapping of a rule file may hold. Anything else is refused
 // with the closest known key as a suggestion.
 var (
-	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps"}
+	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps", "schema_registry"}
 	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group"}
 	sinkKeys   = []string{"topic", "key", "delivery"}
 	tableKeys  = []string{"file", "key", "topic"}
@@ -296,6 +296,7 @@ func (l *loader) load() *Route {
 
 	l.source(top["source"], root, r)
 	l.sink(top["sink"], root, r)
+	l.schemaRegistry(top["schema_registry"], r)
 
 	// dead_letter
 	r.DeadLetter = r.Source.Topic + DefaultDeadLetterSuffix
@@ -505,7 +506,7 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 		r.Source.Topic = name
 	}
 	if x := f["format"]; x != nil {
-		if s, ok := l.oneOf(x, "source.format", "json", "raw"); ok {
+		if s, ok := l.oneOf(x, "source.format", "json", "raw", FormatAvro, FormatProtobuf); ok {
 			r.Source.Format = s
 		}
 	}

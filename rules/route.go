@@ -29,12 +29,15 @@ type Route struct {
 	CheckpointInterval time.Duration
 	Tables             map[string]TableSpec
 	Steps              []StepSpec
+	// SchemaRegistry is the rule file's `schema_registry:`, overriding the
+	// proxy's for this route; nil: the proxy's.
+	SchemaRegistry *SchemaRegistry
 }
 
 // Source is the `source:` block.
 type Source struct {
 	Topic       string
-	Format      string          // "json" or "raw"
+	Format      string          // "json", "raw", FormatAvro or FormatProtobuf
 	EventTime   *operators.Expr // nil: the record timestamp
 	Watermark   time.Duration   // allowed lateness
 	IdleTimeout time.Duration

@@ -1,0 +1,90 @@
+package serde
+
+import (
+	"errors"
+	"os"
+	"testing"
+
+	"github.com/hamba/avro/v2"
+	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+)
+
+// fuzzDecode decodes b (a whole framed value) with the schema s, as the
+// registry would hand it for any id, and checks that the result is a
+// value tree the JSON encoder writes, or a DecodeError.
+func fuzzDecode(t *testing.T, f Format, s *Schema, b []byte) {
+	id, rest, err := header(b)
+	if err != nil {
+		var de *DecodeError
+		if !errors.As(err, &de) || de.HasID {
+			t.Fatalf("bad header gave %v", err)
+		}
+		return
+	}
+	s.ID = id
+	v, err := (&Decoder{format: f}).decode(s, rest)
+	if err != nil {
+		var de *DecodeError
+		if !errors.As(err, &de) || de.ID != id {
+			t.Fatalf("error is no DecodeError naming id %d: %v", id, err)
+		}
+		return
+	}
+	if _, err := jsoncodec.Append(nil, v); err != nil {
+		t.Fatalf("decoded value does not encode as JSON: %v (%#v)", err, v)
+	}
+}
+
+func fuzzSchema(t testing.TB, typ sr.SchemaType, text string, refs ...reference) *Schema {
+	s, err := compile(1, sr.Schema{Schema: text, Type: typ}, refs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func FuzzAvroDecode(f *testing.F) {
+	text, err := os.ReadFile("testdata/payment.avsc")
+	if err != nil {
+		f.Fatal(err)
+	}
+	s := fuzzSchema(f, sr.TypeAvro, string(text))
+	body, err := avro.Marshal(avro.MustParse(string(text)), samplePayment())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(frame(f, 1, nil, body))
+	f.Add(frame(f, 1, nil, body[:10]))
+	f.Add([]byte{0, 0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, b []byte) { fuzzDecode(t, Avro, s, b) })
+}
+
+func FuzzProtobufDecode(f *testing.F) {
+	common, err := os.ReadFile("testdata/common.proto")
+	if err != nil {
+		f.Fatal(err)
+	}
+	text, err := os.ReadFile("testdata/payment.proto")
+	if err != nil {
+		f.Fatal(err)
+	}
+	s := fuzzSchema(f, sr.TypeProtobuf, string(text), reference{name: "common.proto", schema: string(common)})
+	md := compileTestProto(f).Messages().ByName("Payment")
+	msg := dynamicpb.NewMessage(md)
+	if err := protojson.Unmarshal([]byte(samplePaymentProtoJSON), msg); err != nil {
+		f.Fatal(err)
+	}
+	body, err := proto.Marshal(msg)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(frame(f, 1, protoIndexOf(md), body))
+	f.Add(frame(f, 1, []int{1, 2}, body[:7]))
+	f.Add([]byte{0, 0, 0, 0, 1, 0x7f})
+	f.Fuzz(func(t *testing.T, b []byte) { fuzzDecode(t, Protobuf, s, b) })
+}
