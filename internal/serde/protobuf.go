@@ -40,6 +40,12 @@ func compileProto(id int, main string, refs []reference) (protoreflect.FileDescr
 	name := "rtproxy-schema-" + strconv.Itoa(id) + ".proto"
 	srcs := map[string]string{name: main}
 	for _, r := range refs {
+		if strings.HasPrefix(r.name, "google/protobuf/") {
+			// A well-known type: the built-in file (WithStandardImports)
+			// is the same, and some serializers register a descriptor of
+			// it that does not link (empty json_name on every field).
+			continue
+		}
 		srcs[r.name] = r.schema
 	}
 	res := protocompile.ResolverFunc(func(path string) (protocompile.SearchResult, error) {
@@ -78,7 +84,24 @@ func descriptorText(text string) *descriptorpb.FileDescriptorProto {
 	if proto.Unmarshal(b, fdp) != nil || (len(fdp.MessageType) == 0 && len(fdp.EnumType) == 0 && len(fdp.Dependency) == 0) {
 		return nil
 	}
+	for _, m := range fdp.MessageType {
+		clearEmptyJSONNames(m)
+	}
 	return fdp
+}
+
+// clearEmptyJSONNames drops json_name "" from m's fields: a descriptor
+// serialized by some runtimes carries it, and the linker would read it as
+// the same custom JSON name given to every field.
+func clearEmptyJSONNames(m *descriptorpb.DescriptorProto) {
+	for _, f := range m.Field {
+		if f.JsonName != nil && *f.JsonName == "" {
+			f.JsonName = nil
+		}
+	}
+	for _, n := range m.NestedType {
+		clearEmptyJSONNames(n)
+	}
 }
 
 // protoMessage is the message the indexes of a record's header name.
