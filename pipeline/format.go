@@ -23,10 +23,15 @@ import (
 // (reasons decode and encode): the id, in decimal.
 const HeaderSchemaID = "rtproxy-schema-id"
 
-// codec is a route's reader of registry formats.
+// reasonEncode is the dead-letter reason of an output that does not fit
+// the sink's schema.
+const reasonEncode operators.Reason = "encode"
+
+// codec is a route's reader and writer of registry formats.
 type codec struct {
-	dec *serde.Decoder
-	err error // no usable registry: records wait, the route says why
+	dec *serde.Decoder // source.format avro | protobuf
+	enc *serde.Encoder // sink.format avro | protobuf
+	err error          // no usable registry: records wait, the route says why
 }
 
 // registryConfig is the registry a route uses: its rule file's, else the
@@ -50,13 +55,51 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 	}
 	rc := registryConfig(cfg, d)
 	if !rc.Set() {
-		return &codec{err: fmt.Errorf("source.format %s needs a schema registry: set schema_registry.url in the proxy config or `schema_registry:` in %s", d.Source.Format, d.File)}
+		return &codec{err: fmt.Errorf("source.format %s / sink.format %s need a schema registry: set schema_registry.url in the proxy config or `schema_registry:` in %s", d.Source.Format, d.Sink.Format, d.File)}
 	}
 	reg, err := serde.NewRegistry(rc, os.LookupEnv)
 	if err != nil {
 		return &codec{err: err}
 	}
-	return &codec{dec: serde.NewDecoder(reg, serde.Format(d.Source.Format))}
+	c := &codec{}
+	if f := d.Source.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
+		c.dec = serde.NewDecoder(reg, serde.Format(f))
+	}
+	if f := d.Sink.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
+		c.enc = serde.NewEncoder(reg, serde.Format(f), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
+	}
+	return c
+}
+
+// ready reports whether kr can be processed without a registry request.
+func (c *codec) ready(kr *kgo.Record, source bool) bool {
+	if c.err != nil {
+		return false
+	}
+	if c.enc != nil && !c.enc.Ready() {
+		return false
+	}
+	if source && c.dec != nil {
+		_, ok := c.dec.Ready(kr.Value)
+		return ok
+	}
+	return true
+}
+
+// fetch asks the registry for what kr needs.
+func (c *codec) fetch(ctx context.Context, kr *kgo.Record, source bool) error {
+	if c.err != nil {
+		return c.err
+	}
+	if c.enc != nil {
+		if err := c.enc.Resolve(ctx); err != nil {
+			return err
+		}
+	}
+	if source && c.dec != nil {
+		return c.dec.Fetch(ctx, kr.Value)
+	}
+	return nil
 }
 
 // Backoff of the retries while a schema cannot be fetched.
@@ -75,23 +118,20 @@ func (r *route) awaitSchema(t *task, kr *kgo.Record) bool {
 	if c == nil {
 		return true
 	}
-	if c.err == nil {
-		if _, ready := c.dec.Ready(kr.Value); ready {
-			return true
-		}
+	source := t.seg.idx == 0
+	if c.ready(kr, source) {
+		return true
 	}
 	wait := schemaRetryMin
 	shown := ""
 	for {
-		err := c.err
+		err := c.fetch(r.ctx, kr, source)
 		if err == nil {
-			if err = c.dec.Fetch(r.ctx, kr.Value); err == nil {
-				if shown != "" {
-					r.clearError(shown)
-					r.log.Info("schema registry answered; records flow again", "topic", kr.Topic, "partition", kr.Partition, "offset", kr.Offset)
-				}
-				return true
+			if shown != "" {
+				r.clearError(shown)
+				r.log.Info("schema registry answered; records flow again", "topic", kr.Topic, "partition", kr.Partition, "offset", kr.Offset)
 			}
+			return true
 		}
 		msg := fmt.Sprintf("%s[%d] waits at offset %d: %v (retrying)", kr.Topic, kr.Partition, kr.Offset, err)
 		if msg != shown {
@@ -131,6 +171,35 @@ func (r *route) decodeValue(rec *operators.Record, kr *kgo.Record, tk *ticket) b
 		time.Sleep(wait)
 		wait = min(2*wait, schemaRetryMax)
 	}
+}
+
+// sinkValue is the sink value of rec: encoded with the sink's schema for
+// sink.format avro | protobuf, else as encodeValue writes it.
+func (r *route) sinkValue(rec *operators.Record) ([]byte, error) {
+	c := r.codec
+	if c == nil || c.enc == nil {
+		return r.encodeValue(rec)
+	}
+	if !c.enc.Ready() {
+		// Only a window closed by the idle watermark before any record of
+		// this run passed awaitSchema gets here.
+		ctx, cancel := context.WithTimeout(r.ctx, schemaRetryMax)
+		err := c.enc.Resolve(ctx)
+		cancel()
+		if err != nil {
+			return nil, &serde.EncodeError{Err: err}
+		}
+	}
+	return c.enc.Encode(rec.Value)
+}
+
+// outputReason is the dead-letter reason of a value sinkValue refused.
+func outputReason(err error) operators.Reason {
+	var e *serde.EncodeError
+	if errors.As(err, &e) {
+		return reasonEncode
+	}
+	return operators.ReasonError
 }
 
 // schemaHeaders are the extra dead-letter headers of err: the schema id of

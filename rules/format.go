@@ -1,9 +1,12 @@
 package rules
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/rtproxy/rtproxy/internal/serde"
 )
 
 // Value formats read through a schema registry (`source.format`).
@@ -15,7 +18,83 @@ const (
 // UsesRegistry reports whether the route reads or writes values through a
 // schema registry.
 func (r *Route) UsesRegistry() bool {
-	return r.Source.Format == FormatAvro || r.Source.Format == FormatProtobuf
+	return r.Source.Format == FormatAvro || r.Source.Format == FormatProtobuf || r.Sink.Format == FormatAvro || r.Sink.Format == FormatProtobuf
+}
+
+// sinkFormat reads sink.format, sink.subject, sink.schema and
+// sink.message.
+func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
+	r.Sink.Format = "json"
+	if x := f["format"]; x != nil {
+		if s, ok := l.oneOf(x, "sink.format", "json", FormatAvro, FormatProtobuf); ok {
+			r.Sink.Format = s
+		}
+	}
+	registry := r.Sink.Format != "json"
+	for _, k := range []string{"subject", "schema", "message"} {
+		if x := f[k]; x != nil && !registry {
+			l.errAt(x.key, k, "`sink.%s` is for `sink.format: avro` or `protobuf`; the sink writes JSON", k)
+		}
+	}
+	if x := f["message"]; x != nil && r.Sink.Format == FormatAvro {
+		l.errAt(x.key, "message", "`sink.message` names a Protobuf message; the sink writes Avro")
+	}
+	if !registry {
+		return
+	}
+	r.Sink.Subject = r.Sink.Topic + "-value"
+	if x := f["subject"]; x != nil {
+		if s, ok := l.scalar(x, "sink.subject"); ok {
+			r.Sink.Subject = s
+		}
+	}
+	if x := f["message"]; x != nil {
+		if s, ok := l.scalar(x, "sink.message"); ok {
+			r.Sink.Message = s
+		}
+	}
+	x := f["schema"]
+	if x == nil {
+		return // the subject's latest version, looked up when the route starts
+	}
+	p, ok := l.scalar(x, "sink.schema")
+	if !ok {
+		return
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(l.dir, p)
+	}
+	if err := tableFileAllowed(l.dir, l.opts.TablesDir, p); err != nil {
+		l.errAt(x.val, x.val.Value, "sink.schema: %s", strings.ReplaceAll(err.Error(), "table file", "schema file"))
+		return
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		l.errAt(x.val, x.val.Value, "sink.schema cannot be read: %v", unwrapPathError(err))
+		return
+	}
+	if err := serde.CheckSchema(serde.Format(r.Sink.Format), string(b), r.Sink.Message); err != nil {
+		l.errAt(x.val, x.val.Value, "sink.schema %s: %v", filepath.Base(p), err)
+		return
+	}
+	r.Sink.SchemaFile, r.Sink.Schema = p, string(b)
+	l.res.tableFiles = append(l.res.tableFiles, p) // watched and hashed like a table file
+}
+
+// checkSinkSchema refuses, when the fields the last step writes are known
+// (a map, a window row) and the output schema is given, fields that do not
+// fit it.
+func (l *loader) checkSinkSchema(r *Route, sc *scope) {
+	if r.Sink.Schema == "" || !sc.shape.known {
+		return
+	}
+	problems, err := serde.CheckFields(serde.Format(r.Sink.Format), r.Sink.Schema, r.Sink.Message, sc.shape.fields)
+	if err != nil || len(problems) == 0 {
+		return // a schema that does not parse was refused already
+	}
+	x := l.sinkFields["schema"]
+	l.errAt(x.val, x.val.Value, "the output does not fit sink.schema %s: %s (the fields come from %s)",
+		filepath.Base(r.Sink.SchemaFile), strings.Join(problems, "; "), sc.shape.origin)
 }
 
 // SchemaRegistry is a rule file's `schema_registry:` block: how to reach

@@ -64,3 +64,50 @@ func TestSchemaRegistryRefusals(t *testing.T) {
 		})
 	}
 }
+
+const outAvsc = `{"type":"record","name":"Out","fields":[
+	{"name":"id","type":"string"},
+	{"name":"amount","type":"double"},
+	{"name":"note","type":["null","string"],"default":null}]}`
+
+const outProto = `syntax = "proto3";
+message Row { string key = 1; int64 window_start = 2; int64 window_end = 3; double n = 4; }
+`
+
+func TestSinkFormatChecksTheOutputSchema(t *testing.T) {
+	head := "route: a\nsource: { topic: in }\n"
+	for name, c := range map[string]struct{ body, want string }{
+		"fits": {head + "sink: { topic: out, format: avro, schema: out.avsc }\nsteps:\n  - map: { id: value.id, amount: value.n }\n", ""},
+		"fits a window row": {head + "sink: { topic: out, format: protobuf, schema: row.proto, message: Row }\nsteps:\n" +
+			"  - window: { kind: tumbling, size: 1m, key: value.k, aggregate: { n: count() } }\n", ""},
+		"latest version, nothing to check": {head + "sink: { topic: out, format: avro, subject: out-v }\nsteps:\n  - map: { colour: value.c }\n", ""},
+		"unknown field": {head + "sink: { topic: out, format: avro, schema: out.avsc }\nsteps:\n  - map: { id: value.id, amount: value.n, colour: value.c }\n",
+			"the output does not fit sink.schema out.avsc: field `colour` is not in record Out"},
+		"required field not written": {head + "sink: { topic: out, format: avro, schema: out.avsc }\nsteps:\n  - map: { id: value.id }\n",
+			"record Out needs field `amount` (it has no default), which is not written"},
+		"window row field": {head + "sink: { topic: out, format: protobuf, schema: row.proto }\nsteps:\n" +
+			"  - window: { kind: tumbling, size: 1m, key: value.k, aggregate: { total: sum(value.x) } }\n", "field `total` is not in message Row"},
+		"schema does not parse": {head + "sink: { topic: out, format: avro, schema: bad.avsc }\n", "sink.schema bad.avsc: the Avro schema does not parse"},
+		"subject with json":     {head + "sink: { topic: out, subject: s }\n", "`sink.subject` is for `sink.format: avro` or `protobuf`"},
+		"message with avro":     {head + "sink: { topic: out, format: avro, message: M }\n", "`sink.message` names a Protobuf message"},
+		"missing schema file":   {head + "sink: { topic: out, format: avro, schema: none.avsc }\n", "sink.schema cannot be read"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFiles(t, dir, map[string]string{"r.yaml": c.body, "out.avsc": outAvsc, "row.proto": outProto, "bad.avsc": `{"type":`})
+			r, err := LoadFile(filepath.Join(dir, "r.yaml"))
+			if c.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Sink.Subject == "" || !r.UsesRegistry() {
+					t.Fatalf("sink %+v", r.Sink)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("got %v, want %q", err, c.want)
+			}
+		})
+	}
+}

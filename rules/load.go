@@ -47,7 +47,7 @@ const (
 var (
 	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps", "schema_registry"}
 	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group"}
-	sinkKeys   = []string{"topic", "key", "delivery"}
+	sinkKeys   = []string{"topic", "key", "delivery", "format", "subject", "schema", "message"}
 	tableKeys  = []string{"file", "key", "topic"}
 )
 
@@ -356,6 +356,9 @@ func (l *loader) hash(r *Route) string {
 			h.Write(b)
 		}
 	}
+	if r.Sink.Schema != "" {
+		fmt.Fprintf(h, "\x00sink.schema\x00%s", r.Sink.Schema)
+	}
 	return hex.EncodeToString(h.Sum(nil))
 }
 
@@ -585,6 +588,7 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 			r.Sink.Delivery = v
 		}
 	}
+	l.sinkFormat(f, r)
 	// sink.key is compiled after the steps: it sees what the last step emits.
 }
 

@@ -62,6 +62,16 @@ type Sink struct {
 	Key   *operators.Expr // nil: the source key (window rows: the window key)
 	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce.
 	Delivery string
+	// Format is "json" (the default), FormatAvro or FormatProtobuf; the
+	// last two write through the schema registry with the schema of
+	// Subject: Schema (the text of the file SchemaFile) registered there,
+	// or, when empty, the subject's latest version. Message names the
+	// Protobuf message ("": the file's first).
+	Format     string
+	Subject    string // default "<sink.topic>-value"
+	SchemaFile string
+	Schema     string
+	Message    string
 }
 
 // Sink delivery guarantees (`sink.delivery`).

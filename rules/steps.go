@@ -354,6 +354,7 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 		}
 	}
 	l.sinkKey(r, sc)
+	l.checkSinkSchema(r, sc)
 }
 
 // sinkKey compiles sink.key against what the last step emits.

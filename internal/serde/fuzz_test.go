@@ -88,3 +88,47 @@ func FuzzProtobufDecode(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 0, 1, 0x7f})
 	f.Fuzz(func(t *testing.T, b []byte) { fuzzDecode(t, Protobuf, s, b) })
 }
+
+// FuzzEncode: any JSON value encodes with the payment schemas without
+// panicking, and what encodes decodes again.
+func FuzzEncode(f *testing.F) {
+	avsc, err := os.ReadFile("testdata/payment.avsc")
+	if err != nil {
+		f.Fatal(err)
+	}
+	common, _ := os.ReadFile("testdata/common.proto")
+	text, _ := os.ReadFile("testdata/payment.proto")
+	as := fuzzSchema(f, sr.TypeAvro, string(avsc))
+	ps := fuzzSchema(f, sr.TypeProtobuf, string(text), reference{name: "common.proto", schema: string(common)})
+	md, err := pickMessage(ps.proto, "rtproxy.test.Payment")
+	if err != nil {
+		f.Fatal(err)
+	}
+	encs := []*Encoder{
+		{format: Avro, s: as},
+		{format: Protobuf, s: ps, md: md, index: protoIndexOf(md)},
+	}
+	f.Add([]byte(samplePaymentJSON))
+	f.Add([]byte(samplePaymentProtoTree))
+	f.Add([]byte(`{"id":"x","extra":{"k":[1,2,{"a":null}]},"ts":-1e300,"price":1e400}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := jsoncodec.Decode(b)
+		if err != nil {
+			return
+		}
+		for _, e := range encs {
+			out, err := e.Encode(v)
+			if err != nil {
+				var ee *EncodeError
+				if !errors.As(err, &ee) {
+					t.Fatalf("%s: error is no EncodeError: %v", e.format, err)
+				}
+				continue
+			}
+			_, rest, _ := header(out)
+			if _, err := (&Decoder{format: e.format}).decode(e.s, rest); err != nil {
+				t.Fatalf("%s: encoded %s, which does not decode: %v", e.format, b, err)
+			}
+		}
+	})
+}

@@ -109,7 +109,7 @@ func SchemaID(err error) (int, bool) {
 	}
 	var e *EncodeError
 	if errors.As(err, &e) {
-		return e.ID, true
+		return e.ID, e.ID != 0
 	}
 	return 0, false
 }

@@ -192,6 +192,33 @@ sink: { topic: orders.windows }
 steps:
   - window: { kind: tumbling, size: 1h, key: value.customer, aggregate: { n: count(), total: sum(value.amount) }, emit: on_update }
 `)
+	// Outputs in Avro and Protobuf, with their schemas registered by the
+	// routes (sink.schema).
+	for name, body := range map[string]string{"out.avsc": itOutAvsc, "row.proto": itRowProto} {
+		if err := os.WriteFile(filepath.Join(rulesDir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	WriteRuleFile(t, rulesDir, "avro-sink.yaml", `route: it-avro-sink
+source: { topic: pay.avro, format: avro }
+sink: { topic: pay.avro.enc, format: avro, schema: out.avsc }
+dead_letter: pay.avro.enc.dlq
+steps:
+  - filter: value.amount > 0
+  - drop_duplicates: { key: value.id, ttl: 1h }
+  - map:
+      id: value.id
+      amount: 'value.amount >= 4 ? value.amount : "tiny"'
+      currency: value.currency
+      merchant: value.merchant
+`)
+	WriteRuleFile(t, rulesDir, "proto-sink.yaml", `route: it-proto-sink
+source: { topic: orders.pb, format: protobuf, event_time: value.ts }
+sink: { topic: orders.enc, format: protobuf, schema: row.proto }
+dead_letter: orders.enc.dlq
+steps:
+  - window: { kind: tumbling, size: 1h, key: value.customer, aggregate: { n: count(), total: sum(value.amount) }, emit: on_update }
+`)
 	s := StartStack(t, KfakeOpts{Topics: map[string]int{"pay.avro": 2, "orders.pb": 2}},
 		ProxyOpts{RulesDir: rulesDir, Env: []string{"RTPROXY_SCHEMA_REGISTRY_URL=" + reg.URL}})
 	boot := s.Bootstrap[0]
@@ -289,6 +316,8 @@ steps:
 		t.Errorf("protobuf windows: c1 %v c2 %v; want n 3 total 30, n 1 total 7.5", c1, c2)
 	}
 
+	checkEncodedOutputs(t, s, reg)
+
 	// The bad records are dead letters with reason decode and their id.
 	dlq := ConsumeQuiet(t, s.Bootstrap, "pay.avro.dlq", 2, 500*time.Millisecond, 30*time.Second)
 	want := map[string]string{"bad-bytes": fmt.Sprint(node.ID), "bad-id": "12345"}
@@ -308,5 +337,157 @@ steps:
 	}
 	if len(want) > 0 {
 		t.Errorf("dead letters missing: %v", want)
+	}
+}
+
+const itOutAvsc = `{"type":"record","name":"Out","namespace":"rtproxy.it.out","fields":[
+	{"name":"id","type":"string"},
+	{"name":"amount","type":"double"},
+	{"name":"currency","type":{"type":"enum","name":"Currency","symbols":["EUR","USD"]}},
+	{"name":"merchant","type":["null","string"],"default":null}]}`
+
+type itOut struct {
+	ID       string  `avro:"id"`
+	Amount   float64 `avro:"amount"`
+	Currency string  `avro:"currency"`
+	Merchant *string `avro:"merchant"`
+}
+
+const itRowProto = `syntax = "proto3";
+package rtproxy.out;
+
+import "google/protobuf/timestamp.proto";
+
+message CustomerTotals {
+  string key = 1;
+  google.protobuf.Timestamp window_start = 2;
+  google.protobuf.Timestamp window_end = 3;
+  int64 n = 4;
+  double total = 5;
+}
+`
+
+func rowDescriptor(t *testing.T) string {
+	t.Helper()
+	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+		Accessor: protocompile.SourceAccessorFromMap(map[string]string{"row.proto": itRowProto})})}
+	files, err := c.Compile(context.Background(), "row.proto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := proto.Marshal(protodesc.ToFileDescriptorProto(files[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(b)
+}
+
+// checkEncodedOutputs reads the Avro and Protobuf sinks with real
+// deserializers: kafkajs's @kafkajs/confluent-schema-registry and franz-go's
+// sr.Serde (hamba/avro) for Avro, confluent-kafka's ProtobufDeserializer for
+// Protobuf. An output that does not fit its schema is a dead letter with
+// reason encode and the output schema's id.
+func checkEncodedOutputs(t *testing.T, s *Stack, reg *testkit.Registry) {
+	t.Helper()
+	var node struct {
+		Records []struct {
+			Key   string         `json:"key"`
+			Value map[string]any `json:"value"`
+		} `json:"records"`
+		Errors []string `json:"errors"`
+	}
+	outs := ConsumeQuiet(t, s.Bootstrap, "pay.avro.enc", 2, 300*time.Millisecond, 30*time.Second)
+	var recs []map[string]string
+	for _, r := range outs {
+		recs = append(recs, map[string]string{"key": string(r.Key), "value": base64.StdEncoding.EncodeToString(r.Value)})
+	}
+	runJSONClient(t, &node, 60*time.Second, "node", "clients/schema_registry_avro_decode.js", mustJSON(map[string]any{
+		"registry": reg.URL, "records": recs}))
+	if len(node.Errors) > 0 {
+		t.Fatalf("avsc could not decode the Avro outputs: %v", node.Errors)
+	}
+	got := map[string]string{}
+	for _, r := range node.Records {
+		got[r.Key] = mustJSON(r.Value)
+	}
+	assertValues(t, "Avro outputs read by avsc", got, map[string]string{
+		"p1": `{"amount":10.5,"currency":"EUR","id":"p1","merchant":"m1"}`,
+		"p2": `{"amount":4,"currency":"USD","id":"p2","merchant":null}`,
+	})
+
+	srcl, err := sr.NewClient(sr.URLs(reg.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := srcl.SchemaByVersion(context.Background(), "pay.avro.enc-value", -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serde sr.Serde
+	sch := avro.MustParse(itOutAvsc)
+	serde.Register(ss.ID, itOut{}, sr.DecodeFn(func(b []byte, v any) error { return avro.Unmarshal(sch, b, v) }))
+	for _, r := range outs {
+		var o itOut
+		if err := serde.Decode(r.Value, &o); err != nil {
+			t.Fatalf("sr.Serde cannot decode output %s: %v", r.Key, err)
+		}
+		if o.ID != string(r.Key) || (o.ID == "p1" && (o.Merchant == nil || *o.Merchant != "m1" || o.Amount != 10.5)) || (o.ID == "p2" && (o.Merchant != nil || o.Currency != "USD")) {
+			t.Errorf("sr.Serde read %s as %+v", r.Key, o)
+		}
+	}
+	// p3 and p4 map their amount to "tiny": not a double.
+	enc := map[string]bool{"p3": true, "p4": true}
+	for _, r := range ConsumeQuiet(t, s.Bootstrap, "pay.avro.enc.dlq", 4, 500*time.Millisecond, 30*time.Second) {
+		h := map[string]string{}
+		for _, x := range r.Headers {
+			h[x.Key] = string(x.Value)
+		}
+		k := string(r.Key)
+		switch {
+		case enc[k]:
+			if h["rtproxy-reason"] != "encode" || h["rtproxy-schema-id"] != fmt.Sprint(ss.ID) || h["rtproxy-step"] != "sink" || !strings.Contains(h["rtproxy-error"], "value.amount: want a number") {
+				t.Errorf("encode dead letter %s: %v", k, h)
+			}
+			delete(enc, k)
+		case k == "bad-bytes" || k == "bad-id":
+			if h["rtproxy-reason"] != "decode" {
+				t.Errorf("dead letter %s: %v", k, h)
+			}
+		default:
+			t.Errorf("unexpected dead letter %s: %v", k, h)
+		}
+	}
+	if len(enc) > 0 {
+		t.Errorf("encode dead letters missing: %v", enc)
+	}
+
+	var py struct {
+		Records []struct {
+			Key   string         `json:"key"`
+			Value map[string]any `json:"value"`
+		} `json:"records"`
+		Errors []string `json:"errors"`
+	}
+	runJSONClient(t, &py, 90*time.Second, DebianPython, "clients/confluent_protobuf_consume.py", mustJSON(map[string]any{
+		"bootstrap": s.Bootstrap[0], "topic": "orders.enc", "group": "it-pb-reader", "descriptor": rowDescriptor(t),
+		"message": "rtproxy.out.CustomerTotals", "n": 4, "timeout": 45}))
+	if len(py.Errors) > 0 || len(py.Records) != 4 {
+		t.Fatalf("ProtobufDeserializer read %d rows, errors %v", len(py.Records), py.Errors)
+	}
+	last := map[string]map[string]any{}
+	for _, r := range py.Records {
+		k := fmt.Sprint(r.Value["key"])
+		if p := last[k]; p == nil || fmt.Sprint(r.Value["n"]) > fmt.Sprint(p["n"]) {
+			last[k] = r.Value
+		}
+	}
+	want := map[string]string{
+		"c1": `{"key":"c1","n":"3","total":30,"window_end":"2023-11-14T23:00:00Z","window_start":"2023-11-14T22:00:00Z"}`,
+		"c2": `{"key":"c2","n":"1","total":7.5,"window_end":"2023-11-14T23:00:00Z","window_start":"2023-11-14T22:00:00Z"}`,
+	}
+	for k, w := range want {
+		if g := mustJSON(last[k]); g != w {
+			t.Errorf("Protobuf row %s read by ProtobufDeserializer: %s, want %s", k, g, w)
+		}
 	}
 }
