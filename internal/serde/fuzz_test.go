@@ -2,6 +2,7 @@ package serde
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sr"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
@@ -86,7 +88,22 @@ func FuzzProtobufDecode(f *testing.F) {
 	f.Add(frame(f, 1, protoIndexOf(md), body))
 	f.Add(frame(f, 1, []int{1, 2}, body[:7]))
 	f.Add([]byte{0, 0, 0, 0, 1, 0x7f})
-	f.Fuzz(func(t *testing.T, b []byte) { fuzzDecode(t, Protobuf, s, b) })
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fuzzDecode(t, Protobuf, s, b)
+		// The wire decoder agrees with the runtime's dynamicpb message,
+		// for every message of the file.
+		for _, name := range []string{"Payment", "Other"} {
+			md := s.proto.Messages().ByName(protoreflect.Name(name))
+			got, gerr := protoWireDecode(md, b)
+			want, werr := protoDecodeDynamic(md, b)
+			if (gerr == nil) != (werr == nil) {
+				t.Fatalf("%s: wire decoder error %v, dynamicpb error %v", name, gerr, werr)
+			}
+			if gerr == nil && fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("%s: wire decoder gives\n%v\ndynamicpb\n%v", name, got, want)
+			}
+		}
+	})
 }
 
 // FuzzEncode: any JSON value encodes with the payment schemas without

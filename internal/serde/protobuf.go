@@ -135,7 +135,13 @@ func protoIndexOf(md protoreflect.MessageDescriptor) []int {
 	return idx
 }
 
-func protoDecode(md protoreflect.MessageDescriptor, b []byte) (v any, err error) {
+func protoDecode(md protoreflect.MessageDescriptor, b []byte) (any, error) {
+	return protoWireDecode(md, b)
+}
+
+// protoDecodeDynamic is protoDecode through a dynamicpb message: the
+// reference the wire decoder (protowire.go) is checked against.
+func protoDecodeDynamic(md protoreflect.MessageDescriptor, b []byte) (v any, err error) {
 	defer func() {
 		// dynamicpb's unmarshal panics on some malformed input (a map
 		// entry whose key has the wrong wire type: "cannot convert nil to
@@ -196,8 +202,11 @@ func protoScalar(fd protoreflect.FieldDescriptor, v protoreflect.Value) any {
 		return v.Bool()
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
 		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		return float64(v.Int())
+		return boxInt(v.Int())
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		if u := v.Uint(); u < uint64(len(smallFloats)) {
+			return smallFloats[u]
+		}
 		return float64(v.Uint())
 	case protoreflect.FloatKind:
 		return float32To64(float32(v.Float()))
@@ -250,4 +259,20 @@ func wellKnown(m protoreflect.Message, md protoreflect.MessageDescriptor) (any, 
 		return protoScalar(fd, m.Get(fd)), true
 	}
 	return nil, false
+}
+
+// smallFloats are the float64 values 0..1023 boxed once: quantities,
+// counts and enum-like numbers cost no allocation.
+var smallFloats = func() (a [1024]any) {
+	for i := range a {
+		a[i] = float64(i)
+	}
+	return a
+}()
+
+func boxInt(n int64) any {
+	if n >= 0 && n < int64(len(smallFloats)) {
+		return smallFloats[n]
+	}
+	return float64(n)
 }
