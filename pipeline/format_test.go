@@ -10,9 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bufbuild/protocompile"
 	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sr"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/dynamicpb"
 
 	"github.com/rtproxy/rtproxy/internal/serde"
 	"github.com/rtproxy/rtproxy/internal/testkit"
@@ -278,5 +282,112 @@ func checkOutputs(t *testing.T, out []*kgo.Record, want map[string]string) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("%d outputs, want %d: %v", len(got), len(want), got)
+	}
+}
+
+const pbOrder = `syntax = "proto3";
+package rtproxy.pt;
+
+import "google/protobuf/timestamp.proto";
+
+message Order {
+  string id = 1;
+  double amount = 2;
+  string customer = 3;
+  google.protobuf.Timestamp ts = 4;
+  oneof pay {
+    string card = 5;
+    string iban = 6;
+  }
+}
+`
+
+// TestProtobufRouteWithSrSerde: Protobuf records written with franz-go's
+// sr.Serde (the runtime's own encoding of a dynamicpb message) go through
+// filter, drop_duplicates, map and a window, and corrupt bytes are a
+// decode dead letter naming the schema id.
+func TestProtobufRouteWithSrSerde(t *testing.T) {
+	b := startBroker(t, map[string]int{"orders.pb": 2})
+	reg := testkit.StartRegistry(t, "")
+	srcl, err := sr.NewClient(sr.URLs(reg.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := srcl.CreateSchema(context.Background(), "orders.pb-value", sr.Schema{Schema: pbOrder, Type: sr.TypeProtobuf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
+		Accessor: protocompile.SourceAccessorFromMap(map[string]string{"order.proto": pbOrder})})}
+	files, err := c.Compile(context.Background(), "order.proto")
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := files[0].Messages().ByName("Order")
+	var ser sr.Serde
+	ser.Register(ss.ID, &dynamicpb.Message{}, sr.Index(0), sr.EncodeFn(func(v any) ([]byte, error) { return proto.Marshal(v.(*dynamicpb.Message)) }))
+	order := func(js string) []byte {
+		t.Helper()
+		m := dynamicpb.NewMessage(md)
+		if err := protojson.Unmarshal([]byte(js), m); err != nil {
+			t.Fatal(err)
+		}
+		out, err := ser.Encode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	dir := t.TempDir()
+	def := writeRule(t, dir, "orders.yaml", `route: pb-orders
+source: { topic: orders.pb, format: protobuf, event_time: value.ts }
+sink: { topic: orders.out }
+steps:
+  - filter: value.amount > 0
+  - drop_duplicates: { key: value.id, ttl: 1h }
+  - map:
+      id: value.id
+      amount: value.amount
+      pay: value.card ?? value.iban
+      ts: value.ts
+`)
+	win := writeRule(t, dir, "totals.yaml", `route: pb-totals
+source: { topic: orders.pb, format: protobuf, event_time: value.ts }
+sink: { topic: orders.totals }
+dead_letter: orders.totals.dlq
+steps:
+  - window: { kind: tumbling, size: 1h, key: value.customer, aggregate: { n: count(), total: sum(value.amount) }, emit: on_update }
+`)
+	o1 := order(`{"id":"o1","amount":3.5,"customer":"c1","ts":"2023-11-14T22:13:20Z","card":"4111"}`)
+	b.produce(t,
+		&kgo.Record{Topic: "orders.pb", Key: []byte("o1"), Value: o1},
+		&kgo.Record{Topic: "orders.pb", Key: []byte("o1"), Value: o1},
+		&kgo.Record{Topic: "orders.pb", Key: []byte("o2"), Value: order(`{"id":"o2","amount":1,"customer":"c1","ts":"2023-11-14T22:13:21.250Z","iban":"DE00"}`)},
+		&kgo.Record{Topic: "orders.pb", Key: []byte("o0"), Value: order(`{"id":"o0","customer":"c2","ts":"2023-11-14T22:13:22Z"}`)},
+		&kgo.Record{Topic: "orders.pb", Key: []byte("bad"), Value: append(append([]byte{}, o1[:6]...), 0x0a, 0x7f)},
+	)
+	runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), SchemaRegistry: serde.Config{URL: reg.URL}}, def, win)
+
+	checkOutputs(t, b.consume(t, "orders.out", 2, 30*time.Second, 300*time.Millisecond), map[string]string{
+		"o1": `{"amount":3.5,"id":"o1","pay":"4111","ts":1700000000000}`,
+		"o2": `{"amount":1,"id":"o2","pay":"DE00","ts":1700000001250}`,
+	})
+	dlq := b.consume(t, "orders.pb.dlq", 1, 30*time.Second, 300*time.Millisecond)
+	if len(dlq) != 1 || header(dlq[0], HeaderReason) != "decode" || header(dlq[0], HeaderSchemaID) != fmt.Sprint(ss.ID) {
+		t.Fatalf("dead letters %d, first %v", len(dlq), dlq[0].Headers)
+	}
+	last := map[string]map[string]any{}
+	for _, r := range b.consume(t, "orders.totals", 4, 30*time.Second, 300*time.Millisecond) {
+		var v map[string]any
+		if err := json.Unmarshal(r.Value, &v); err != nil {
+			t.Fatal(err)
+		}
+		k := v["key"].(string)
+		if p := last[k]; p == nil || v["n"].(float64) > p["n"].(float64) {
+			last[k] = v
+		}
+	}
+	if c1, c2 := last["c1"], last["c2"]; c1["n"] != 3.0 || c1["total"] != 8.0 || c2["n"] != 1.0 || c2["total"] != 0.0 {
+		t.Fatalf("windows c1 %v c2 %v", c1, c2)
 	}
 }
