@@ -242,7 +242,7 @@ func (r *route) dispatch(t *task, recs []*kgo.Record, tapped bool) bool {
 	for _, rec := range recs {
 		// A record whose schema the registry has not given yet waits
 		// here, outside cut (format.go).
-		if rec.Offset >= t.pos && !r.awaitSchema(t, rec) {
+		if !r.awaitSchema(t, rec) {
 			return false
 		}
 		// Each record is a boundary: a checkpoint, a release or a stop
