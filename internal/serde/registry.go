@@ -134,7 +134,7 @@ func (c Config) client(lookup func(string) (string, bool)) (*sr.Client, error) {
 type Registry struct {
 	cl *sr.Client
 
-	mu   sync.Mutex
+	mu   sync.RWMutex
 	byID map[int]*entry
 }
 
@@ -166,8 +166,8 @@ func (r *Registry) Client() *sr.Client { return r.cl }
 // Cached reports whether id needs no request: its schema (or its refusal)
 // is known.
 func (r *Registry) Cached(id int) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.mu.RLock()
+	defer r.mu.RUnlock()
 	e := r.byID[id]
 	if e == nil {
 		return false
@@ -184,6 +184,13 @@ func (r *Registry) Cached(id int) bool {
 // the registry does not know id or its schema does not compile, an
 // *UnavailableError when the registry cannot be asked now.
 func (r *Registry) Schema(ctx context.Context, id int) (*Schema, error) {
+	// The path of every record: a schema fetched before.
+	r.mu.RLock()
+	if e := r.byID[id]; e != nil && isClosed(e.done) && e.err == nil {
+		r.mu.RUnlock()
+		return e.s, nil
+	}
+	r.mu.RUnlock()
 	r.mu.Lock()
 	e := r.byID[id]
 	var prev *entry
@@ -290,4 +297,13 @@ func (r *Registry) references(ctx context.Context, refs []sr.SchemaReference, se
 		out = append(out, reference{name: ref.Name, schema: ss.Schema.Schema})
 	}
 	return out, nil
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
