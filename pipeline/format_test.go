@@ -391,3 +391,23 @@ steps:
 		t.Fatalf("windows c1 %v c2 %v", c1, c2)
 	}
 }
+
+// TestAvroRouteWithoutRegistryWaits: a route reading Avro with no registry
+// configured drops nothing: its records wait and /routes says why.
+func TestAvroRouteWithoutRegistryWaits(t *testing.T) {
+	b := startBroker(t, map[string]int{"nr.avro": 1})
+	b.produce(t, &kgo.Record{Topic: "nr.avro", Key: []byte("k"), Value: []byte{0, 0, 0, 0, 1, 2}})
+	def := writeRule(t, t.TempDir(), "nr.yaml", "route: nr\nsource: { topic: nr.avro, format: avro }\nsink: { topic: nr.out }\n")
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir()}, def)
+	waitFor(t, 30*time.Second, "/routes to say the route needs a registry", func() bool {
+		for _, s := range m.Routes() {
+			if s.Name == "nr" && strings.Contains(s.LastError, "nr.avro[0] waits at offset 0") && strings.Contains(s.LastError, "need a schema registry") {
+				return true
+			}
+		}
+		return false
+	})
+	if got := b.consume(t, "nr.avro.dlq", 0, time.Second, 500*time.Millisecond); len(got) != 0 {
+		t.Fatalf("%d dead letters while the route has no registry", len(got))
+	}
+}
