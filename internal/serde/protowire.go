@@ -126,9 +126,12 @@ var (
 type wireDec struct {
 	src    string
 	capAll int // cap of the buffer src copies; a subslice v starts at capAll-cap(v)
+	in     *interner
 }
 
-func newWireDec(b []byte) *wireDec { return &wireDec{src: string(b), capAll: cap(b)} }
+func newWireDec(b []byte, in *interner) *wireDec {
+	return &wireDec{src: string(b), capAll: cap(b), in: in}
+}
 
 // str is v as a string: a substring of src when v lies in the buffer.
 func (d *wireDec) str(v []byte) string {
@@ -141,7 +144,9 @@ func (d *wireDec) str(v []byte) string {
 // protoWireDecode is the value tree of the message md encoded in b.
 func protoWireDecode(md protoreflect.MessageDescriptor, b []byte) (any, error) {
 	b = b[:len(b):len(b)]
-	v, err := newWireDec(b).message(msgOf(md), b, 0)
+	in := interners.Get().(*interner)
+	v, err := newWireDec(b, in).message(msgOf(md), b, 0)
+	interners.Put(in)
 	if err != nil {
 		return nil, fmt.Errorf("protobuf: %w", err)
 	}
@@ -153,17 +158,8 @@ func (d *wireDec) message(p *pmsg, b []byte, depth int) (any, error) {
 		return nil, errProtoDepth
 	}
 	out := make(map[string]any, len(p.all))
-	for _, f := range p.all {
-		switch {
-		case f.list:
-			out[f.name] = []any{}
-		case f.isMap:
-			out[f.name] = map[string]any{}
-		case !f.pres:
-			out[f.name] = f.zero
-		}
-	}
-	var seen []seenMsg       // singular message fields, for merging
+	var seenBuf [8]seenMsg
+	seen := seenBuf[:0]      // singular message fields, for merging
 	var set map[*pfield]bool // required fields met
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
@@ -197,7 +193,12 @@ func (d *wireDec) message(p *pmsg, b []byte, depth int) (any, error) {
 				return nil, protowire.ParseError(n)
 			}
 			b = b[n:]
-			err = d.entry(f, raw, out[f.name].(map[string]any), depth)
+			m, ok := out[f.name].(map[string]any)
+			if !ok {
+				m = map[string]any{}
+				out[f.name] = m
+			}
+			err = d.entry(f, raw, m, depth)
 		case f.list:
 			n, err = d.list(f, typ, b, out, depth)
 			if err == nil {
@@ -221,7 +222,7 @@ func (d *wireDec) message(p *pmsg, b []byte, depth int) (any, error) {
 					// one. They are no longer in src: decode them alone.
 					raw = append(append([]byte{}, seen[i].raw...), raw...)
 					seen[i].raw, merged = raw, true
-					dd = newWireDec(raw)
+					dd = newWireDec(raw, d.in)
 				}
 			}
 			if !merged {
@@ -246,6 +247,22 @@ func (d *wireDec) message(p *pmsg, b []byte, depth int) (any, error) {
 	for _, f := range p.req {
 		if !set[f] {
 			return nil, fmt.Errorf("required field %s not set", f.fd.FullName())
+		}
+	}
+	// Fields without presence that the bytes did not set: their zero.
+	if len(out) < len(p.all) {
+		for _, f := range p.all {
+			if _, ok := out[f.name]; ok {
+				continue
+			}
+			switch {
+			case f.list:
+				out[f.name] = []any{}
+			case f.isMap:
+				out[f.name] = map[string]any{}
+			case !f.pres:
+				out[f.name] = f.zero
+			}
 		}
 	}
 	if p.wk != "" {
@@ -309,7 +326,7 @@ func wireTypeOf(k protoreflect.Kind) protowire.Type {
 // protoWireList reads one occurrence of a repeated field (packed or not)
 // and appends it; n is the bytes it took.
 func (d *wireDec) list(f *pfield, typ protowire.Type, b []byte, out map[string]any, depth int) (int, error) {
-	l := out[f.name].([]any)
+	l, _ := out[f.name].([]any)
 	if cap(l) == 0 {
 		l = make([]any, 0, 4)
 	}
@@ -397,7 +414,7 @@ func (d *wireDec) entry(f *pfield, raw []byte, m map[string]any, depth int) erro
 			dd := d
 			if valSet {
 				sub = append(append([]byte{}, valRaw...), sub...)
-				dd = newWireDec(sub)
+				dd = newWireDec(sub, d.in)
 			}
 			v, err := dd.message(g.msg, sub, depth+1)
 			if err != nil {
@@ -435,6 +452,18 @@ func (d *wireDec) scalar(f *pfield, typ protowire.Type, b []byte) (any, int, err
 	v, n, err := d.value(f, typ, b)
 	if err != nil {
 		return nil, 0, err
+	}
+	// The values protoScalar gives, boxes shared when they repeat.
+	switch f.kind {
+	case protoreflect.StringKind:
+		return d.in.str(v.String()), n, nil
+	case protoreflect.DoubleKind:
+		return d.in.num(v.Float()), n, nil
+	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
+		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
+		return d.in.num(float64(v.Int())), n, nil
+	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		return d.in.num(float64(v.Uint())), n, nil
 	}
 	return protoScalar(f.fd, v), n, nil
 }
