@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the tests need on a fresh Debian machine, and only what is
 # missing: kcat, kafka-python, confluent-kafka (Debian packages, used with
-# /usr/bin/python3; python3-snappy for kafka-python), file (image-check),
-# chromium (the status page's browser test), node/npm and the kafkajs lockfile.
+# /usr/bin/python3; python3-snappy for kafka-python; python3-requests and python3-protobuf for
+# confluent-kafka's schema registry serializers), file (image-check), chromium (the status
+# page's browser test), node/npm and the kafkajs lockfile.
 # With CI=true a dependency that is missing and cannot be installed is an
 # error; locally it is a warning and the tests that need it report it.
 set -euo pipefail
@@ -15,6 +16,11 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 # kafka-python reads snappy batches (rtproxy's route outputs) only with it.
 /usr/bin/python3 -c 'import snappy' >/dev/null 2>&1 || missing+=(python3-snappy)
 /usr/bin/python3 -c 'import confluent_kafka' >/dev/null 2>&1 || missing+=(python3-confluent-kafka)
+# confluent-kafka's schema registry client and ProtobufSerializer
+# (test/integration/schema_registry_test.go). Debian has no fastavro, so the
+# Avro serializer there is @kafkajs/confluent-schema-registry (npm, below).
+/usr/bin/python3 -c 'import requests' >/dev/null 2>&1 || missing+=(python3-requests)
+/usr/bin/python3 -c 'import google.protobuf' >/dev/null 2>&1 || missing+=(python3-protobuf)
 command -v file >/dev/null 2>&1 || missing+=(file)
 command -v curl >/dev/null 2>&1 || missing+=(curl)   # the README examples the docs tests run
 # Headless, for the status page's browser test (cmd/rtproxy); its fonts
@@ -49,7 +55,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 		"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 	fi
 else
-	echo "deps: kcat, python3-kafka, python3-snappy, python3-confluent-kafka, file, curl, chromium: present"
+	echo "deps: kcat, python3-kafka, python3-snappy, python3-confluent-kafka, python3-requests, python3-protobuf, file, curl, chromium: present"
 fi
 
 # kafkajs for the client matrix, pinned by the committed lockfile. npm ci

@@ -80,6 +80,22 @@ type Config struct {
 	Admin Admin       `yaml:"admin"`
 	TLS   TLS         `yaml:"tls"`
 	SASL  SASL        `yaml:"sasl"`
+
+	SchemaRegistry SchemaRegistry `yaml:"schema_registry"`
+}
+
+// SchemaRegistry is the Confluent-API schema registry routes with
+// `source.format: avro | protobuf` read their schemas from (a rule file's
+// own `schema_registry:` overrides it). Secrets are never written here:
+// they are read from a file or an environment variable named here.
+type SchemaRegistry struct {
+	URL             string        `yaml:"url"`               // http(s)://host:port; several comma-separated
+	BasicAuthFile   string        `yaml:"basic_auth_file"`   // a file holding user:password
+	BasicAuthEnv    string        `yaml:"basic_auth_env"`    // an environment variable holding user:password
+	BearerTokenFile string        `yaml:"bearer_token_file"` // a file holding a bearer token
+	BearerTokenEnv  string        `yaml:"bearer_token_env"`  // an environment variable holding one
+	CAFile          string        `yaml:"ca_file"`           // CA for the registry's certificate; empty: system roots
+	Timeout         time.Duration `yaml:"timeout"`           // one request; default 10s
 }
 
 // Admin tunes what the status page on admin_listen shows.
@@ -199,6 +215,7 @@ func Default() *Config {
 		GroupProtocol:       "auto",
 		GroupSessionTimeout: 10 * time.Second,
 		Admin:               Admin{RedactHeaders: DefaultRedactHeaders},
+		SchemaRegistry:      SchemaRegistry{Timeout: 10 * time.Second},
 		Proxy: ProxyLimits{
 			MaxConnections:     10000,
 			MaxHeldBytes:       256 << 20,
@@ -363,7 +380,41 @@ func (c *Config) Validate() error {
 		bad("sasl.mechanism", "%q is not one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512", s.Mechanism)
 	}
 
+	c.SchemaRegistry.validate(bad)
+
 	return errors.Join(errs...)
+}
+
+func (s SchemaRegistry) validate(bad func(key, format string, args ...any)) {
+	if s.URL == "" {
+		if s.BasicAuthFile != "" || s.BasicAuthEnv != "" || s.BearerTokenFile != "" || s.BearerTokenEnv != "" || s.CAFile != "" {
+			bad("schema_registry.url", "required when other schema_registry settings are given")
+		}
+	}
+	for _, u := range strings.Split(s.URL, ",") {
+		u = strings.TrimSpace(u)
+		if s.URL == "" {
+			break
+		}
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			bad("schema_registry.url", "%q must start with http:// or https://", u)
+		} else if i := strings.Index(u, "://"); strings.Contains(u[i+3:], "@") {
+			bad("schema_registry.url", "holds credentials; name them in basic_auth_file or basic_auth_env instead")
+		}
+	}
+	basic := s.BasicAuthFile != "" || s.BasicAuthEnv != ""
+	bearer := s.BearerTokenFile != "" || s.BearerTokenEnv != ""
+	switch {
+	case basic && bearer:
+		bad("schema_registry", "basic auth and a bearer token are both set; use one")
+	case s.BasicAuthFile != "" && s.BasicAuthEnv != "":
+		bad("schema_registry.basic_auth_env", "basic_auth_file is set too; use one")
+	case s.BearerTokenFile != "" && s.BearerTokenEnv != "":
+		bad("schema_registry.bearer_token_env", "bearer_token_file is set too; use one")
+	}
+	if s.Timeout <= 0 {
+		bad("schema_registry.timeout", "must be positive (e.g. 10s), got %s", s.Timeout)
+	}
 }
 
 // hostPort checks a host:port address and returns its port. An empty host

@@ -44,6 +44,8 @@ func TestParseFullFile(t *testing.T) {
 			Upstream: UpstreamTLS{Enabled: true, CAFile: "/tls/kafka-ca.crt", CertFile: "/tls/proxy.crt", KeyFile: "/tls/proxy.key", ServerName: "kafka.example"},
 		},
 		SASL: SASL{Mechanism: "SCRAM-SHA-512", Username: "rtproxy", Password: "s3cret"},
+		SchemaRegistry: SchemaRegistry{URL: "https://registry.example:8081", BearerTokenFile: "/secrets/registry-token",
+			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("parsed\n%+v\nwant\n%+v", c, want)
@@ -114,6 +116,8 @@ func TestEnvNames(t *testing.T) {
 		"broker_ports": "RTPROXY_BROKER_PORTS", "tls.upstream.ca_file": "RTPROXY_TLS_UPSTREAM_CA_FILE",
 		"sasl.password": "RTPROXY_SASL_PASSWORD", "proxy.max_connections": "RTPROXY_PROXY_MAX_CONNECTIONS", "state_retention": "RTPROXY_STATE_RETENTION", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
 		"pprof": "RTPROXY_PPROF", "admin.show_records": "RTPROXY_ADMIN_SHOW_RECORDS", "admin.redact_headers": "RTPROXY_ADMIN_REDACT_HEADERS",
+		"schema_registry.url": "RTPROXY_SCHEMA_REGISTRY_URL",
+		"schema_registry.bearer_token_file": "RTPROXY_SCHEMA_REGISTRY_BEARER_TOKEN_FILE",
 	}
 	got := map[string]string{}
 	for _, k := range Keys() {
@@ -124,8 +128,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 38 {
-		t.Errorf("%d keys, want 38 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 45 {
+		t.Errorf("%d keys, want 45 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -207,6 +211,15 @@ func TestValidate(t *testing.T) {
 		want string // "" = valid
 	}{
 		{"default", func(c *Config) {}, ""},
+		{"schema registry ok", func(c *Config) {
+			c.SchemaRegistry = SchemaRegistry{URL: "http://r:8081", BasicAuthEnv: "SR_AUTH", Timeout: time.Second}
+		}, ""},
+		{"schema registry url scheme", func(c *Config) { c.SchemaRegistry.URL = "r:8081" }, `schema_registry.url: "r:8081" must start with http:// or https://`},
+		{"schema registry inline credentials", func(c *Config) { c.SchemaRegistry.URL = "http://u:p@r:8081" }, "schema_registry.url: holds credentials"},
+		{"schema registry two auths", func(c *Config) {
+			c.SchemaRegistry = SchemaRegistry{URL: "http://r", BasicAuthFile: "a", BearerTokenEnv: "T", Timeout: time.Second}
+		}, "schema_registry: basic auth and a bearer token are both set; use one"},
+		{"schema registry auth without url", func(c *Config) { c.SchemaRegistry.BearerTokenFile = "t" }, "schema_registry.url: required"},
 		{"listen not host:port", func(c *Config) { c.Listen = "9092" }, `listen: "9092" is not host:port`},
 		{"listen any interface", func(c *Config) { c.Listen = ":9092" }, ""},
 		{"admin empty", func(c *Config) { c.AdminListen = "" }, "admin_listen: must not be empty"},

@@ -171,6 +171,7 @@ var pathKeys = map[string]bool{
 	"rules_dir": true, "state_dir": true,
 	"tls.client.cert_file": true, "tls.client.key_file": true, "tls.client.client_ca_file": true,
 	"tls.upstream.ca_file": true, "tls.upstream.cert_file": true, "tls.upstream.key_file": true,
+	"schema_registry.basic_auth_file": true, "schema_registry.bearer_token_file": true, "schema_registry.ca_file": true,
 }
 
 // LoadFile overlays the YAML file at path onto c. Relative paths in it are

@@ -47,6 +47,7 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 		{Key: HeaderStep, Value: []byte(step)},
 		{Key: HeaderSource, Value: sourceRef(rec)},
 	}...)
+	hs = append(hs, schemaHeaders(err)...)
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
 	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp)) // for the status page; kr carries rec's headers
 	r.produce(kr, tk, false, rec.Timestamp)

@@ -18,8 +18,10 @@ func checkDefinition(d *rules.Route) error {
 	if s.Topic == "" {
 		bad("source.topic is empty")
 	}
-	if s.Format != "json" && s.Format != "raw" {
-		bad("source.format %q is neither json nor raw", s.Format)
+	switch s.Format {
+	case "json", "raw", rules.FormatAvro, rules.FormatProtobuf:
+	default:
+		bad("source.format %q is none of json, raw, avro, protobuf", s.Format)
 	}
 	if s.Start != "earliest" && s.Start != "latest" {
 		bad("source.start %q is neither earliest nor latest", s.Start)

@@ -42,9 +42,9 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 		}
 		key = keyBytes(v)
 	}
-	val, err := r.encodeValue(rec)
+	val, err := r.sinkValue(rec) // format.go
 	if err != nil {
-		r.deadLetter(rec, operators.ReasonError, err, "sink", tk)
+		r.deadLetter(rec, outputReason(err), err, "sink", tk)
 		return
 	}
 	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+1)

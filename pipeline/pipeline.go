@@ -5,7 +5,7 @@
 // watermarks, writes outputs and dead letters through an idempotent producer,
 // and checkpoints state and offsets together as a consistent cut.
 //
-// It may import operators, internal/jsoncodec, state, offsets, rules (types)
+// It may import operators, internal/jsoncodec, internal/serde, state, offsets, rules (types)
 // and franz-go; it must never import protocol/, config/ or cmd/.
 package pipeline
 
@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/internal/serde"
 	"github.com/rtproxy/rtproxy/rules"
 	"github.com/rtproxy/rtproxy/state"
 )
@@ -77,6 +78,9 @@ type Config struct {
 	// is kept as "REDACTED" in the recent dead letters (admin.redact_headers);
 	// nil redacts none.
 	RedactHeader func(name string) bool
+	// SchemaRegistry is where routes with source.format avro or protobuf
+	// find their schemas, unless their rule file names its own.
+	SchemaRegistry serde.Config
 }
 
 // ErrClosed is returned by Run when called on a Manager that already ran.

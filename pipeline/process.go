@@ -40,6 +40,11 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 	defer tk.release()
 	if r.def.Source.Format == "raw" {
 		rec.Value = string(kr.Value)
+	} else if r.codec != nil {
+		// Avro or Protobuf through the schema registry (format.go).
+		if !r.decodeValue(rec, kr, tk) {
+			return
+		}
 	} else {
 		// SetJSON remembers the bytes, so a value no step changes goes to
 		// the sink as it arrived (encodeValue). On error rec keeps Raw and a

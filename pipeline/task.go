@@ -244,6 +244,11 @@ func (r *route) dispatchLoop(t *task) {
 func (r *route) dispatch(t *task, recs []*kgo.Record, tapped bool) bool {
 	n := 0
 	for _, rec := range recs {
+		// A record whose schema the registry has not given yet waits
+		// here, outside cut (format.go).
+		if !r.awaitSchema(t, rec) {
+			return false
+		}
 		// Each record is a boundary: a checkpoint, a release or a stop
 		// may take cut between any two.
 		r.cut.RLock()

@@ -45,9 +45,9 @@ const (
 // The keys each mapping of a rule file may hold. Anything else is refused
 // with the closest known key as a suggestion.
 var (
-	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps"}
+	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps", "schema_registry"}
 	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group"}
-	sinkKeys   = []string{"topic", "key", "delivery"}
+	sinkKeys   = []string{"topic", "key", "delivery", "format", "subject", "schema", "message"}
 	tableKeys  = []string{"file", "key", "topic"}
 )
 
@@ -302,6 +302,7 @@ func (l *loader) load() *Route {
 
 	l.source(top["source"], root, r)
 	l.sink(top["sink"], root, r)
+	l.schemaRegistry(top["schema_registry"], r)
 
 	// dead_letter
 	r.DeadLetter = r.Source.Topic + DefaultDeadLetterSuffix
@@ -360,6 +361,9 @@ func (l *loader) hash(r *Route) string {
 		if b, err := os.ReadFile(t.File); err == nil {
 			h.Write(b)
 		}
+	}
+	if r.Sink.Schema != "" {
+		fmt.Fprintf(h, "\x00sink.schema\x00%s", r.Sink.Schema)
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -511,7 +515,7 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 		r.Source.Topic = name
 	}
 	if x := f["format"]; x != nil {
-		if s, ok := l.oneOf(x, "source.format", "json", "raw"); ok {
+		if s, ok := l.oneOf(x, "source.format", "json", "raw", FormatAvro, FormatProtobuf); ok {
 			r.Source.Format = s
 		}
 	}
@@ -590,6 +594,7 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 			r.Sink.Delivery = v
 		}
 	}
+	l.sinkFormat(f, r)
 	// sink.key is compiled after the steps: it sees what the last step emits.
 }
 

@@ -29,12 +29,15 @@ type Route struct {
 	CheckpointInterval time.Duration
 	Tables             map[string]TableSpec
 	Steps              []StepSpec
+	// SchemaRegistry is the rule file's `schema_registry:`, overriding the
+	// proxy's for this route; nil: the proxy's.
+	SchemaRegistry *SchemaRegistry
 }
 
 // Source is the `source:` block.
 type Source struct {
 	Topic       string
-	Format      string          // "json" or "raw"
+	Format      string          // "json", "raw", FormatAvro or FormatProtobuf
 	EventTime   *operators.Expr // nil: the record timestamp
 	Watermark   time.Duration   // allowed lateness
 	IdleTimeout time.Duration
@@ -65,6 +68,16 @@ type Sink struct {
 	Key   *operators.Expr // nil: the source key (window rows: the window key)
 	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce.
 	Delivery string
+	// Format is "json" (the default), FormatAvro or FormatProtobuf; the
+	// last two write through the schema registry with the schema of
+	// Subject: Schema (the text of the file SchemaFile) registered there,
+	// or, when empty, the subject's latest version. Message names the
+	// Protobuf message ("": the file's first).
+	Format     string
+	Subject    string // default "<sink.topic>-value"
+	SchemaFile string
+	Schema     string
+	Message    string
 }
 
 // Sink delivery guarantees (`sink.delivery`).

@@ -376,10 +376,13 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 		}
 	}
 	l.sinkKey(r, sc)
-	if r.Source.Format == "json" && !l.srcReads.whole {
+	// A sink that encodes Avro or Protobuf builds its output from the
+	// whole value, so such a route decodes its source whole.
+	if r.Source.Format == "json" && !l.srcReads.whole && (r.Sink.Format == "" || r.Sink.Format == "json") {
 		r.Source.Members = slices.Sorted(maps.Keys(l.srcReads.members))
 		r.Source.DecodeMembers = true
 	}
+	l.checkSinkSchema(r, sc)
 }
 
 // sinkKey compiles sink.key against what the last step emits.

@@ -24,6 +24,7 @@ import (
 type admin struct {
 	log      *slog.Logger
 	srv      *http.Server
+	mux      *http.ServeMux
 	ln       net.Listener
 	stopping atomic.Bool
 
@@ -117,6 +118,7 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger, profiles 
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 		log.Info("serving Go profiles under /debug/pprof/ (pprof: true)", "admin_listen", addr)
 	}
+	a.mux = mux
 	a.srv = &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
@@ -124,6 +126,9 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger, profiles 
 	}
 	return a, nil
 }
+
+// handle serves h under pattern too (the embedded schema registry).
+func (a *admin) handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }
 
 // Addr is the bound address (useful when admin_listen asked for port 0).
 func (a *admin) Addr() string { return a.ln.Addr().String() }

@@ -15,13 +15,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/hamba/avro/v2"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
 )
 
 // cmdDemo holds helpers for the quickstart; today one: demo produce.
 func cmdDemo(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "produce" {
-		fmt.Fprintln(stderr, "usage: rtproxy demo produce [--bootstrap ADDR] [--topic T] [--rate N] [--count N]")
+		fmt.Fprintln(stderr, "usage: rtproxy demo produce [--bootstrap ADDR] [--topic T] [--rate N] [--count N] [--format json|avro] [--registry URL]")
 		return 2
 	}
 	fs := flag.NewFlagSet("rtproxy demo produce", flag.ContinueOnError)
@@ -31,19 +33,29 @@ func cmdDemo(args []string, stdout, stderr io.Writer) int {
 	rate := fs.Int("rate", 100, "records per second; 0 produces as fast as the broker acknowledges")
 	count := fs.Int("count", 1000, "records to produce; 0 runs until interrupted")
 	seed := fs.Uint64("seed", 0, "random seed; 0 picks one, the same seed gives the same records")
+	format := fs.String("format", "json", "json, or avro: the schema registered under <topic>-value in --registry, records in the Confluent wire format")
+	registry := fs.String("registry", "http://127.0.0.1:9644"+embeddedRegistryPath, "schema registry for --format avro (default: the embedded one of `rtproxy run` without upstream)")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
 	}
-	if *rate < 0 || *count < 0 || *topic == "" {
-		fmt.Fprintln(stderr, "rtproxy demo produce: --rate and --count must be >= 0 and --topic non-empty")
+	if *rate < 0 || *count < 0 || *topic == "" || (*format != "json" && *format != "avro") {
+		fmt.Fprintln(stderr, "rtproxy demo produce: --rate and --count must be >= 0, --topic non-empty, --format json or avro")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	n, err := demoProduce(ctx, strings.Split(*bootstrap, ","), *topic, *rate, *count, *seed)
+	enc := func(p payment) ([]byte, error) { return json.Marshal(p) }
+	if *format == "avro" {
+		var err error
+		if enc, err = demoAvro(ctx, *registry, *topic+"-value"); err != nil {
+			fmt.Fprintf(stderr, "rtproxy demo produce: %v\n", err)
+			return 1
+		}
+	}
+	n, err := demoProduce(ctx, strings.Split(*bootstrap, ","), *topic, *rate, *count, *seed, enc)
 	fmt.Fprintf(stdout, "produced %d records to %s\n", n, *topic)
 	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintf(stderr, "rtproxy demo produce: %v\n", err)
@@ -91,7 +103,45 @@ func samplePayment(r *rand.Rand, i int, now time.Time) payment {
 	}
 }
 
-func demoProduce(ctx context.Context, seeds []string, topic string, rate, count int, seed uint64) (int, error) {
+// demoPaymentAvsc is the Avro schema of payment.
+const demoPaymentAvsc = `{"type": "record", "name": "Payment", "namespace": "rtproxy.demo", "fields": [
+  {"name": "txn_id", "type": "string"},
+  {"name": "user_id", "type": "string"},
+  {"name": "merchant_id", "type": "string"},
+  {"name": "amount", "type": "double"},
+  {"name": "status", "type": "string"},
+  {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}}]}`
+
+// demoAvro registers demoPaymentAvsc under subject and returns the
+// encoder of payments in the Confluent wire format (franz-go's sr.Serde,
+// hamba/avro).
+func demoAvro(ctx context.Context, registry, subject string) (func(payment) ([]byte, error), error) {
+	cl, err := sr.NewClient(sr.URLs(registry))
+	if err != nil {
+		return nil, err
+	}
+	ss, err := cl.CreateSchema(ctx, subject, sr.Schema{Schema: demoPaymentAvsc, Type: sr.TypeAvro})
+	if err != nil {
+		return nil, fmt.Errorf("registering the payment schema in %s: %w", registry, err)
+	}
+	sch := avro.MustParse(demoPaymentAvsc)
+	var s sr.Serde
+	s.Register(ss.ID, demoAvroPayment{}, sr.EncodeFn(func(v any) ([]byte, error) { return avro.Marshal(sch, v) }))
+	return func(p payment) ([]byte, error) {
+		return s.Encode(demoAvroPayment{p.TxnID, p.UserID, p.MerchantID, p.Amount, p.Status, p.TS})
+	}, nil
+}
+
+type demoAvroPayment struct {
+	TxnID      string  `avro:"txn_id"`
+	UserID     string  `avro:"user_id"`
+	MerchantID string  `avro:"merchant_id"`
+	Amount     float64 `avro:"amount"`
+	Status     string  `avro:"status"`
+	TS         int64   `avro:"ts"`
+}
+
+func demoProduce(ctx context.Context, seeds []string, topic string, rate, count int, seed uint64, enc func(payment) ([]byte, error)) (int, error) {
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(seeds...),
 		kgo.DefaultProduceTopic(topic),
@@ -132,7 +182,11 @@ func demoProduce(ctx context.Context, seeds []string, topic string, rate, count 
 			break
 		}
 		p := samplePayment(r, i, time.Now())
-		v, _ := json.Marshal(p) // a struct of strings and numbers always marshals
+		v, err := enc(p)
+		if err != nil {
+			wg.Wait()
+			return acked, err
+		}
 		wg.Add(1)
 		cl.Produce(ctx, &kgo.Record{Key: []byte(p.UserID), Value: v}, func(_ *kgo.Record, err error) {
 			defer wg.Done()

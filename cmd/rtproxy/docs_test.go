@@ -146,6 +146,10 @@ func TestREADMEProcessingRuns(t *testing.T) {
 	if strings.Contains(got, `"key":"/cart"`) {
 		t.Errorf("the bot's click was counted:\n%s", got)
 	}
+	// The Avro payments came through the embedded schema registry.
+	if n := len(regexp.MustCompile(`(?m)^\{"amount":[0-9.]+,"txn_id":"txn-\d{8}","user_id":"u\d+"\}$`).FindAllString(got, -1)); n != 3 {
+		t.Errorf("want 3 Avro payments through payments-avro, found %d:\n%s", n, got)
+	}
 	if !strings.Contains(got, `"name": "clicks-per-minute"`) {
 		t.Errorf("/routes does not list clicks-per-minute:\n%s", got)
 	}

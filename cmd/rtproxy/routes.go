@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/config"
+	"github.com/rtproxy/rtproxy/internal/serde"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/protocol"
 	"github.com/rtproxy/rtproxy/rules"
@@ -62,6 +63,10 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		// The last dead letters of each route, for the status page.
 		RecentValues: cfg.Admin.ShowRecords,
 		RedactHeader: redact.MatchString,
+		SchemaRegistry: serde.Config{URL: cfg.SchemaRegistry.URL,
+			BasicAuthFile: cfg.SchemaRegistry.BasicAuthFile, BasicAuthEnv: cfg.SchemaRegistry.BasicAuthEnv,
+			BearerTokenFile: cfg.SchemaRegistry.BearerTokenFile, BearerTokenEnv: cfg.SchemaRegistry.BearerTokenEnv,
+			CAFile: cfg.SchemaRegistry.CAFile, Timeout: cfg.SchemaRegistry.Timeout},
 	})
 	if err != nil {
 		return nil, err

@@ -216,6 +216,16 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		}
 	}()
 
+	if cfg.Embedded() && cfg.SchemaRegistry.URL == "" {
+		// With the embedded broker, an embedded registry for Avro and
+		// Protobuf routes (development only, embedded_registry.go).
+		url, err := startEmbeddedRegistry(adm, cfg.StateDir, log)
+		if err != nil {
+			return err
+		}
+		cfg.SchemaRegistry.URL = url
+	}
+
 	popts, err := pipelineClientOpts(cfg, utlsCfg)
 	if err != nil {
 		return err

@@ -1,0 +1,212 @@
+package pipeline
+
+// Values in a schema registry's formats (source.format avro | protobuf):
+// the route's decoder, the wait for a schema the registry cannot give yet,
+// and the schema id header of dead letters. internal/serde does the work.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/internal/serde"
+	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+// HeaderSchemaID is on a dead letter whose value's schema id is known
+// (reasons decode and encode): the id, in decimal.
+const HeaderSchemaID = "rtproxy-schema-id"
+
+// reasonEncode is the dead-letter reason of an output that does not fit
+// the sink's schema.
+const reasonEncode operators.Reason = "encode"
+
+// codec is a route's reader and writer of registry formats.
+type codec struct {
+	dec *serde.Decoder // source.format avro | protobuf
+	enc *serde.Encoder // sink.format avro | protobuf
+	err error          // no usable registry: records wait, the route says why
+}
+
+// registryConfig is the registry a route uses: its rule file's, else the
+// proxy's.
+func registryConfig(cfg serde.Config, d *rules.Route) serde.Config {
+	if s := d.SchemaRegistry; s != nil {
+		timeout := s.Timeout
+		if timeout == 0 {
+			timeout = cfg.Timeout
+		}
+		return serde.Config{URL: s.URL, BasicAuthFile: s.BasicAuthFile, BasicAuthEnv: s.BasicAuthEnv,
+			BearerTokenFile: s.BearerTokenFile, BearerTokenEnv: s.BearerTokenEnv, CAFile: s.CAFile, Timeout: timeout}
+	}
+	return cfg
+}
+
+// newCodec is the codec of route d, nil when it reads JSON or raw values.
+func newCodec(cfg serde.Config, d *rules.Route) *codec {
+	if !d.UsesRegistry() {
+		return nil
+	}
+	rc := registryConfig(cfg, d)
+	if !rc.Set() {
+		return &codec{err: fmt.Errorf("source.format %s / sink.format %s need a schema registry: set schema_registry.url in the proxy config or `schema_registry:` in %s", d.Source.Format, d.Sink.Format, d.File)}
+	}
+	reg, err := serde.NewRegistry(rc, os.LookupEnv)
+	if err != nil {
+		return &codec{err: err}
+	}
+	c := &codec{}
+	if f := d.Source.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
+		c.dec = serde.NewDecoder(reg, serde.Format(f))
+	}
+	if f := d.Sink.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
+		c.enc = serde.NewEncoder(reg, serde.Format(f), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
+	}
+	return c
+}
+
+// ready reports whether kr can be processed without a registry request.
+func (c *codec) ready(kr *kgo.Record, source bool) bool {
+	if c.err != nil {
+		return false
+	}
+	if c.enc != nil && !c.enc.Ready() {
+		return false
+	}
+	if source && c.dec != nil {
+		_, ok := c.dec.Ready(kr.Value)
+		return ok
+	}
+	return true
+}
+
+// fetch asks the registry for what kr needs.
+func (c *codec) fetch(ctx context.Context, kr *kgo.Record, source bool) error {
+	if c.err != nil {
+		return c.err
+	}
+	if c.enc != nil {
+		if err := c.enc.Resolve(ctx); err != nil {
+			return err
+		}
+	}
+	if source && c.dec != nil {
+		return c.dec.Fetch(ctx, kr.Value)
+	}
+	return nil
+}
+
+// Backoff of the retries while a schema cannot be fetched.
+const (
+	schemaRetryMin = 100 * time.Millisecond
+	schemaRetryMax = 5 * time.Second
+)
+
+// awaitSchema returns once decoding kr needs no registry request, or false
+// when task t or the route stops first. It is called before the record is
+// processed, outside cut: a record that waits holds back only its own
+// partition (whose later records must wait anyway), never a checkpoint or
+// another task. The wait is in /routes as the route's last error.
+func (r *route) awaitSchema(t *task, kr *kgo.Record) bool {
+	c := r.codec
+	if c == nil {
+		return true
+	}
+	source := t.seg.idx == 0
+	if c.ready(kr, source) {
+		return true
+	}
+	wait := schemaRetryMin
+	shown := ""
+	for {
+		err := c.fetch(r.ctx, kr, source)
+		if err == nil {
+			if shown != "" {
+				r.clearError(shown)
+				r.log.Info("schema registry answered; records flow again", "topic", kr.Topic, "partition", kr.Partition, "offset", kr.Offset)
+			}
+			return true
+		}
+		msg := fmt.Sprintf("%s[%d] waits at offset %d: %v (retrying)", kr.Topic, kr.Partition, kr.Offset, err)
+		if msg != shown {
+			r.noteError(errors.New(msg))
+			shown = msg
+		}
+		select {
+		case <-t.stop:
+			return false
+		case <-r.halt:
+			return false
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, schemaRetryMax)
+	}
+}
+
+// decodeValue sets rec.Value from the framed value of kr; false when the
+// record went to the dead letters.
+func (r *route) decodeValue(rec *operators.Record, kr *kgo.Record, tk *ticket) bool {
+	// awaitSchema made the schema cached, and a cached schema (or refusal)
+	// is never dropped for one the registry cannot give: Decode asks the
+	// registry no more. Background, so it waits for a lookup another task
+	// has in flight rather than fail with the route's context.
+	wait := schemaRetryMin
+	for {
+		v, err := r.codec.dec.Decode(context.Background(), kr.Value)
+		if err == nil {
+			rec.Value = v
+			return true
+		}
+		if !serde.IsUnavailable(err) {
+			r.deadLetter(rec, operators.ReasonDecode, err, "source", tk)
+			return false
+		}
+		r.noteError(fmt.Errorf("%s[%d] waits at offset %d: %w (retrying)", kr.Topic, kr.Partition, kr.Offset, err))
+		time.Sleep(wait)
+		wait = min(2*wait, schemaRetryMax)
+	}
+}
+
+// sinkValue is the sink value of rec: encoded with the sink's schema for
+// sink.format avro | protobuf, else as encodeValue writes it.
+func (r *route) sinkValue(rec *operators.Record) ([]byte, error) {
+	c := r.codec
+	if c == nil || c.enc == nil {
+		return r.encodeValue(rec)
+	}
+	if !c.enc.Ready() {
+		// Only a window closed by the idle watermark before any record of
+		// this run passed awaitSchema gets here.
+		ctx, cancel := context.WithTimeout(r.ctx, schemaRetryMax)
+		err := c.enc.Resolve(ctx)
+		cancel()
+		if err != nil {
+			return nil, &serde.EncodeError{Err: err}
+		}
+	}
+	return c.enc.Encode(rec.Value)
+}
+
+// outputReason is the dead-letter reason of a value sinkValue refused.
+func outputReason(err error) operators.Reason {
+	var e *serde.EncodeError
+	if errors.As(err, &e) {
+		return reasonEncode
+	}
+	return operators.ReasonError
+}
+
+// schemaHeaders are the extra dead-letter headers of err: the schema id of
+// a decode or encode error.
+func schemaHeaders(err error) []kgo.RecordHeader {
+	if id, ok := serde.SchemaID(err); ok {
+		return []kgo.RecordHeader{{Key: HeaderSchemaID, Value: strconv.AppendInt(nil, int64(id), 10)}}
+	}
+	return nil
+}

@@ -1,0 +1,174 @@
+package rules
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rtproxy/rtproxy/internal/serde"
+)
+
+// Value formats read through a schema registry (`source.format`).
+const (
+	FormatAvro     = "avro"
+	FormatProtobuf = "protobuf"
+)
+
+// UsesRegistry reports whether the route reads or writes values through a
+// schema registry.
+func (r *Route) UsesRegistry() bool {
+	return r.Source.Format == FormatAvro || r.Source.Format == FormatProtobuf || r.Sink.Format == FormatAvro || r.Sink.Format == FormatProtobuf
+}
+
+// sinkFormat reads sink.format, sink.subject, sink.schema and
+// sink.message.
+func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
+	r.Sink.Format = "json"
+	if x := f["format"]; x != nil {
+		if s, ok := l.oneOf(x, "sink.format", "json", FormatAvro, FormatProtobuf); ok {
+			r.Sink.Format = s
+		}
+	}
+	registry := r.Sink.Format != "json"
+	for _, k := range []string{"subject", "schema", "message"} {
+		if x := f[k]; x != nil && !registry {
+			l.errAt(x.key, k, "`sink.%s` is for `sink.format: avro` or `protobuf`; the sink writes JSON", k)
+		}
+	}
+	if x := f["message"]; x != nil && r.Sink.Format == FormatAvro {
+		l.errAt(x.key, "message", "`sink.message` names a Protobuf message; the sink writes Avro")
+	}
+	if !registry {
+		return
+	}
+	r.Sink.Subject = r.Sink.Topic + "-value"
+	if x := f["subject"]; x != nil {
+		if s, ok := l.scalar(x, "sink.subject"); ok {
+			r.Sink.Subject = s
+		}
+	}
+	if x := f["message"]; x != nil {
+		if s, ok := l.scalar(x, "sink.message"); ok {
+			r.Sink.Message = s
+		}
+	}
+	x := f["schema"]
+	if x == nil {
+		return // the subject's latest version, looked up when the route starts
+	}
+	p, ok := l.scalar(x, "sink.schema")
+	if !ok {
+		return
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(l.dir, p)
+	}
+	if err := tableFileAllowed(l.dir, l.opts.TablesDir, p); err != nil {
+		l.errAt(x.val, x.val.Value, "sink.schema: %s", strings.ReplaceAll(err.Error(), "table file", "schema file"))
+		return
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		l.errAt(x.val, x.val.Value, "sink.schema cannot be read: %v", unwrapPathError(err))
+		return
+	}
+	if err := serde.CheckSchema(serde.Format(r.Sink.Format), string(b), r.Sink.Message); err != nil {
+		l.errAt(x.val, x.val.Value, "sink.schema %s: %v", filepath.Base(p), err)
+		return
+	}
+	r.Sink.SchemaFile, r.Sink.Schema = p, string(b)
+	l.res.tableFiles = append(l.res.tableFiles, p) // watched and hashed like a table file
+}
+
+// checkSinkSchema refuses, when the fields the last step writes are known
+// (a map, a window row) and the output schema is given, fields that do not
+// fit it.
+func (l *loader) checkSinkSchema(r *Route, sc *scope) {
+	if r.Sink.Schema == "" || !sc.shape.known {
+		return
+	}
+	problems, err := serde.CheckFields(serde.Format(r.Sink.Format), r.Sink.Schema, r.Sink.Message, sc.shape.fields)
+	if err != nil || len(problems) == 0 {
+		return // a schema that does not parse was refused already
+	}
+	x := l.sinkFields["schema"]
+	l.errAt(x.val, x.val.Value, "the output does not fit sink.schema %s: %s (the fields come from %s)",
+		filepath.Base(r.Sink.SchemaFile), strings.Join(problems, "; "), sc.shape.origin)
+}
+
+// SchemaRegistry is a rule file's `schema_registry:` block: how to reach
+// the registry, with secrets named by file or environment variable, never
+// written inline. Relative file paths are relative to the rule file.
+type SchemaRegistry struct {
+	URL             string
+	BasicAuthFile   string // holds "user:password"
+	BasicAuthEnv    string // an environment variable holding "user:password"
+	BearerTokenFile string
+	BearerTokenEnv  string
+	CAFile          string
+	Timeout         time.Duration // 0: the pipeline's default
+}
+
+var registryKeys = []string{"url", "basic_auth_file", "basic_auth_env", "bearer_token_file", "bearer_token_env", "ca_file", "timeout"}
+
+func (l *loader) schemaRegistry(kv *keyVal, r *Route) {
+	if kv == nil {
+		return
+	}
+	if !l.mapping(kv, "schema_registry", "`schema_registry: { url: http://registry:8081 }`") {
+		return
+	}
+	f := l.fields(kv.val, registryKeys, "schema_registry")
+	sr := &SchemaRegistry{}
+	str := func(key string, path bool) string {
+		x := f[key]
+		if x == nil {
+			return ""
+		}
+		s, ok := l.scalar(x, "schema_registry."+key)
+		if !ok {
+			return ""
+		}
+		if path && s != "" && !filepath.IsAbs(s) {
+			s = filepath.Join(l.dir, s)
+		}
+		return s
+	}
+	if f["url"] == nil {
+		l.errAt(kv.key, "schema_registry", "missing `schema_registry.url`, e.g. `url: http://registry:8081`")
+	}
+	sr.URL = str("url", false)
+	for _, u := range strings.Split(sr.URL, ",") {
+		u = strings.TrimSpace(u)
+		if sr.URL != "" && !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			l.errAt(f["url"].val, sr.URL, "`schema_registry.url` must start with http:// or https://")
+			break
+		}
+		if i := strings.Index(u, "://"); i >= 0 && strings.Contains(u[i+3:], "@") {
+			l.errAt(f["url"].val, "", "`schema_registry.url` holds credentials; name a file (`basic_auth_file`) or an environment variable (`basic_auth_env`) instead")
+			break
+		}
+	}
+	sr.BasicAuthFile = str("basic_auth_file", true)
+	sr.BasicAuthEnv = str("basic_auth_env", false)
+	sr.BearerTokenFile = str("bearer_token_file", true)
+	sr.BearerTokenEnv = str("bearer_token_env", false)
+	sr.CAFile = str("ca_file", true)
+	if x := f["timeout"]; x != nil {
+		if d, ok := l.duration(x, "schema_registry.timeout", false); ok {
+			sr.Timeout = d
+		}
+	}
+	basic := sr.BasicAuthFile != "" || sr.BasicAuthEnv != ""
+	bearer := sr.BearerTokenFile != "" || sr.BearerTokenEnv != ""
+	switch {
+	case basic && bearer:
+		l.errAt(kv.key, "schema_registry", "schema_registry has basic auth and a bearer token; use one")
+	case sr.BasicAuthFile != "" && sr.BasicAuthEnv != "":
+		l.errAt(f["basic_auth_env"].key, "basic_auth_env", "schema_registry has basic_auth_file and basic_auth_env; use one")
+	case sr.BearerTokenFile != "" && sr.BearerTokenEnv != "":
+		l.errAt(f["bearer_token_env"].key, "bearer_token_env", "schema_registry has bearer_token_file and bearer_token_env; use one")
+	}
+	r.SchemaRegistry = sr
+}
