@@ -37,7 +37,7 @@ func TestParseFullFile(t *testing.T) {
 		StateDir: "/var/lib/rtproxy", AdminListen: "0.0.0.0:19644", LogLevel: "debug", LogFormat: "json",
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
 		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second,
-		Admin:         Admin{ShowRecords: true, RedactHeaders: "authorization|x-tenant-key"},
+		Admin: Admin{ShowRecords: true, RedactHeaders: "authorization|x-tenant-key"},
 		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
 		TLS: TLS{
 			Client:   ClientTLS{CertFile: "/tls/server.crt", KeyFile: "/tls/server.key", ClientCAFile: "/tls/clients-ca.crt", RequireClientCert: true},
@@ -116,7 +116,7 @@ func TestEnvNames(t *testing.T) {
 		"broker_ports": "RTPROXY_BROKER_PORTS", "tls.upstream.ca_file": "RTPROXY_TLS_UPSTREAM_CA_FILE",
 		"sasl.password": "RTPROXY_SASL_PASSWORD", "proxy.max_connections": "RTPROXY_PROXY_MAX_CONNECTIONS", "state_retention": "RTPROXY_STATE_RETENTION", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
 		"pprof": "RTPROXY_PPROF", "admin.show_records": "RTPROXY_ADMIN_SHOW_RECORDS", "admin.redact_headers": "RTPROXY_ADMIN_REDACT_HEADERS",
-		"schema_registry.url": "RTPROXY_SCHEMA_REGISTRY_URL",
+		"schema_registry.url":               "RTPROXY_SCHEMA_REGISTRY_URL",
 		"schema_registry.bearer_token_file": "RTPROXY_SCHEMA_REGISTRY_BEARER_TOKEN_FILE",
 	}
 	got := map[string]string{}

@@ -136,7 +136,7 @@ type route struct {
 	// reads (rules.Source.Members): source records decode just those. nil:
 	// decode whole.
 	members jsoncodec.Fields
-	codec *codec // source.format avro | protobuf (format.go); nil otherwise
+	codec   *codec // source.format avro | protobuf (format.go); nil otherwise
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {

@@ -123,7 +123,7 @@ type loader struct {
 		members map[string]bool
 		whole   bool
 	}
-	tableDefs  map[string]string  // table name -> definition as written, for join fingerprints
+	tableDefs map[string]string // table name -> definition as written, for join fingerprints
 }
 
 func loadBytes(path string, src []byte, o Options) *loadResult {

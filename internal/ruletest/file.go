@@ -45,8 +45,8 @@ type Test struct {
 
 // TableRows replaces one table's rows for a test.
 type TableRows struct {
-	Line int
-	List []map[string]any // rows keyed by the table's key field (file tables)
+	Line  int
+	List  []map[string]any // rows keyed by the table's key field (file tables)
 	ByKey map[string]map[string]any
 }
 

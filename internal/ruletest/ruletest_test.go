@@ -176,9 +176,9 @@ func TestMalformed(t *testing.T) {
 func TestRouteProblems(t *testing.T) {
 	dir := t.TempDir()
 	writeFiles(t, dir, map[string]string{
-		"broken.yaml":      "route: broken\nsource: {topic: a}\nsink: {topic: b}\nsteps:\n  - fliter: true\n",
-		"broken.test.yaml": "tests:\n  - name: x\n    input: [{value: 1}]\n    expect: {}\n",
-		"counter.yaml":     counter,
+		"broken.yaml":       "route: broken\nsource: {topic: a}\nsink: {topic: b}\nsteps:\n  - fliter: true\n",
+		"broken.test.yaml":  "tests:\n  - name: x\n    input: [{value: 1}]\n    expect: {}\n",
+		"counter.yaml":      counter,
 		"counter.test.yaml": "route: other\ntests:\n  - name: x\n    input: [{value: 1}]\n    expect: {}\n",
 	})
 	code, out := run(t, Options{}, dir)
