@@ -3,6 +3,7 @@ package benchkit
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"log"
 	"os"
@@ -142,4 +143,23 @@ func ModuleRoot() string {
 		}
 		dir = p
 	}
+}
+
+// ProduceBacklog writes n SendRecords of size bytes to topic through cl
+// (for a drain benchmark: the backlog a route or loop then drains), waits
+// until all are acknowledged, and logs how long it took.
+func ProduceBacklog(cl *kgo.Client, topic string, n, size int) error {
+	t0 := time.Now()
+	for i := 0; i < n; i++ {
+		cl.Produce(context.Background(), SendRecord(topic, i, 0, size), func(_ *kgo.Record, err error) {
+			if err != nil {
+				log.Printf("backlog produce: %v", err)
+			}
+		})
+	}
+	if err := cl.Flush(context.Background()); err != nil {
+		return err
+	}
+	log.Printf("backlog %s: %d records produced in %v", topic, n, time.Since(t0).Round(time.Millisecond))
+	return nil
 }

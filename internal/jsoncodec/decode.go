@@ -420,12 +420,44 @@ func (d *jsonDecoder) hex4() rune {
 // strconv.ParseFloat.
 func (d *jsonDecoder) number() (float64, bool) {
 	start := d.i
+	n, digits, frac, plain, ok := d.scanNumber()
+	if !ok {
+		return 0, false
+	}
+	if plain && digits <= 15 {
+		// n < 10^15 < 2^53 and 10^frac (frac <= 15) are exact in float64,
+		// and IEEE division rounds correctly, so n / 10^frac is exactly
+		// what ParseFloat returns (the classic fast path).
+		f := float64(n)
+		if frac > 0 {
+			f /= pow10[frac]
+		}
+		if d.s[start] == '-' {
+			f = -f
+		}
+		return f, true
+	}
+	return d.parseFloat(start)
+}
+
+// skipNumber checks a number as number does, range included, without
+// converting what the fast path would.
+func (d *jsonDecoder) skipNumber() {
+	start := d.i
+	_, digits, _, plain, ok := d.scanNumber()
+	if ok && !(plain && digits <= 15) {
+		d.parseFloat(start)
+	}
+}
+
+// scanNumber moves past the number at d.i, checking its grammar. n holds
+// its first 18 digits (sign and point left out), digits counts them all,
+// frac those after the point; plain is false with an exponent.
+func (d *jsonDecoder) scanNumber() (n int64, digits, frac int, plain, ok bool) {
 	s := d.s
 	if s[d.i] == '-' {
 		d.i++
 	}
-	digits := 0
-	var n int64
 	switch {
 	case d.i < len(s) && s[d.i] == '0':
 		d.i++
@@ -440,15 +472,14 @@ func (d *jsonDecoder) number() (float64, bool) {
 		}
 	default:
 		d.fail("invalid number")
-		return 0, false
+		return 0, 0, 0, false, false
 	}
-	plain := true
-	frac := 0 // digits after the '.', when they all went into n
+	plain = true
 	if d.i < len(s) && s[d.i] == '.' {
 		d.i++
 		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
 			d.fail("invalid number: want a digit after '.'")
-			return 0, false
+			return 0, 0, 0, false, false
 		}
 		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
 			if digits < 18 {
@@ -467,29 +498,21 @@ func (d *jsonDecoder) number() (float64, bool) {
 		}
 		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
 			d.fail("invalid number: want a digit in the exponent")
-			return 0, false
+			return 0, 0, 0, false, false
 		}
 		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
 			d.i++
 		}
 	}
-	if plain && digits <= 15 {
-		// n < 10^15 < 2^53 and 10^frac (frac <= 15) are exact in float64,
-		// and IEEE division rounds correctly, so n / 10^frac is exactly
-		// what ParseFloat returns (the classic fast path).
-		f := float64(n)
-		if frac > 0 {
-			f /= pow10[frac]
-		}
-		if s[start] == '-' {
-			f = -f
-		}
-		return f, true
-	}
-	f, err := strconv.ParseFloat(s[start:d.i], 64)
+	return n, digits, frac, plain, true
+}
+
+// parseFloat converts s[start:d.i] with strconv, failing out of range.
+func (d *jsonDecoder) parseFloat(start int) (float64, bool) {
+	f, err := strconv.ParseFloat(d.s[start:d.i], 64)
 	if err != nil {
 		d.i = start
-		d.fail("number %s out of range", s[start:min(len(s), start+40)])
+		d.fail("number %s out of range", d.s[start:min(len(d.s), start+40)])
 		return 0, false
 	}
 	return f, true

@@ -12,7 +12,6 @@ package jsoncodec
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"unsafe"
 )
 
@@ -170,62 +169,6 @@ func (d *jsonDecoder) skipString() {
 		}
 	}
 	d.fail("unexpected end of JSON input in string")
-}
-
-// skipNumber checks a number as number does, range included.
-func (d *jsonDecoder) skipNumber() {
-	start := d.i
-	s := d.s
-	if s[d.i] == '-' {
-		d.i++
-	}
-	digits := 0
-	switch {
-	case d.i < len(s) && s[d.i] == '0':
-		d.i++
-		digits = 1
-	case d.i < len(s) && s[d.i] >= '1' && s[d.i] <= '9':
-		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
-			digits++
-			d.i++
-		}
-	default:
-		d.fail("invalid number")
-		return
-	}
-	plain := true
-	if d.i < len(s) && s[d.i] == '.' {
-		d.i++
-		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
-			d.fail("invalid number: want a digit after '.'")
-			return
-		}
-		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
-			digits++
-			d.i++
-		}
-	}
-	if d.i < len(s) && (s[d.i] == 'e' || s[d.i] == 'E') {
-		plain = false
-		d.i++
-		if d.i < len(s) && (s[d.i] == '+' || s[d.i] == '-') {
-			d.i++
-		}
-		if d.i >= len(s) || s[d.i] < '0' || s[d.i] > '9' {
-			d.fail("invalid number: want a digit in the exponent")
-			return
-		}
-		for d.i < len(s) && s[d.i] >= '0' && s[d.i] <= '9' {
-			d.i++
-		}
-	}
-	if plain && digits <= 15 {
-		return
-	}
-	if _, err := strconv.ParseFloat(s[start:d.i], 64); err != nil {
-		d.i = start
-		d.fail("number %s out of range", s[start:min(len(s), start+40)])
-	}
 }
 
 // SpliceMembers encodes obj, the object DecodeMembers made from raw and

@@ -391,17 +391,8 @@ func (b *bench) drain(v variant, round int) drainResult {
 	src, sink := name+".in", name+".out"
 	b.createTopics(src, sink)
 	prod := b.client(kgo.MaxBufferedRecords(1<<16), kgo.ProducerBatchMaxBytes(1<<20))
-	t0 := time.Now()
-	for i := 0; i < *bulk; i++ {
-		prod.Produce(context.Background(), benchkit.SendRecord(src, i, 0, *size), func(_ *kgo.Record, err error) {
-			if err != nil {
-				log.Printf("bulk produce: %v", err)
-			}
-		})
-	}
-	check(prod.Flush(context.Background()))
+	check(benchkit.ProduceBacklog(prod, src, *bulk, *size))
 	prod.Close()
-	log.Printf("backlog %s: %d records produced in %v", src, *bulk, time.Since(t0).Round(time.Millisecond))
 
 	r := b.route(name, src, sink, v)
 	cons := b.sinkConsumer(sink, kgo.NewOffset().AtStart())

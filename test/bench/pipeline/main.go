@@ -309,17 +309,8 @@ func (b *bench) drainRate(name, kind, ruleFile string, whole bool) string {
 	sink := fmt.Sprintf("bulk%d.out", b.nbulk)
 	b.createTopics(src, sink)
 	prod := b.client(kgo.MaxBufferedRecords(1<<16), kgo.ProducerBatchMaxBytes(1<<20))
-	t0 := time.Now()
-	for i := 0; i < *bulk; i++ {
-		prod.Produce(context.Background(), benchkit.SendRecord(src, i, 0, *size), func(_ *kgo.Record, err error) {
-			if err != nil {
-				log.Printf("bulk produce: %v", err)
-			}
-		})
-	}
-	check(prod.Flush(context.Background()))
+	check(benchkit.ProduceBacklog(prod, src, *bulk, *size))
 	prod.Close()
-	log.Printf("backlog %s: %d records produced in %v", src, *bulk, time.Since(t0).Round(time.Millisecond))
 
 	counted := sink
 	var stop func()
