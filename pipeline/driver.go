@@ -163,6 +163,7 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 	}
 	r.tracker = offsets.NewTracker()
 	r.tasks = map[int32]*task{}
+	r.tg.byTopic = map[string]map[int32]*task{}
 	for _, seg := range r.segs {
 		if seg.idx > 0 {
 			d.keyed[seg.topic] = map[int32]*task{}
@@ -180,8 +181,7 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 				d.Close()
 				return nil, err
 			}
-			r.tracker.Start(t.id, 0)
-			r.tasks[t.id] = t
+			r.installTask(t)
 			if seg.idx == 0 {
 				d.src = append(d.src, t)
 			} else {

@@ -259,14 +259,7 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 		if old := r.tasks[t.id]; old != nil {
 			close(old.stop)
 		}
-		r.tasks[t.id] = t
-		r.tracker.Start(t.id, t.pos)
-		r.tg.Lock()
-		if r.tg.byTopic[t.seg.topic] == nil {
-			r.tg.byTopic[t.seg.topic] = map[int32]*task{}
-		}
-		r.tg.byTopic[t.seg.topic][t.part] = t
-		r.tg.Unlock()
+		r.installTask(t)
 		go r.dispatchLoop(t)
 	}
 	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(float64(len(r.tasks)))
@@ -344,6 +337,19 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 		}
 	}
 	return t, nil
+}
+
+// installTask makes t an owned task: in r.tasks (under cut.Lock), in the
+// offsets tracker from its position, and in the poll loop's index.
+func (r *route) installTask(t *task) {
+	r.tasks[t.id] = t
+	r.tracker.Start(t.id, t.pos)
+	r.tg.Lock()
+	if r.tg.byTopic[t.seg.topic] == nil {
+		r.tg.byTopic[t.seg.topic] = map[int32]*task{}
+	}
+	r.tg.byTopic[t.seg.topic][t.part] = t
+	r.tg.Unlock()
 }
 
 // buildTaskChain builds t's steps, and for a keyed task hands them the

@@ -437,14 +437,7 @@ func (r *route) resetTasks() {
 			// against the watermark they were judged against then.
 			t.wm.copyFrom(o.baseWM)
 		}
-		r.tasks[t.id] = t
-		r.tracker.Start(t.id, t.pos)
-		r.tg.Lock()
-		if r.tg.byTopic[t.seg.topic] == nil {
-			r.tg.byTopic[t.seg.topic] = map[int32]*task{}
-		}
-		r.tg.byTopic[t.seg.topic][t.part] = t
-		r.tg.Unlock()
+		r.installTask(t)
 	}
 	if err := r.cl.BeginTransaction(); err != nil {
 		r.resetFailed(fmt.Errorf("begin transaction: %w", err))

@@ -100,13 +100,13 @@ message Order {
 }
 `
 
-// orderDescriptor is the base64 FileDescriptorProto of itOrderProto, for
-// the Python script to build its message class from.
-func orderDescriptor(t *testing.T) string {
+// protoDescriptor is the base64 FileDescriptorProto of the .proto source
+// src, for a Python script to build its message class from.
+func protoDescriptor(t *testing.T, name, src string) string {
 	t.Helper()
 	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
-		Accessor: protocompile.SourceAccessorFromMap(map[string]string{"orders.proto": itOrderProto})})}
-	files, err := c.Compile(context.Background(), "orders.proto")
+		Accessor: protocompile.SourceAccessorFromMap(map[string]string{name: src})})}
+	files, err := c.Compile(context.Background(), name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +274,7 @@ steps:
 		Errors   []string `json:"errors"`
 	}
 	runJSONClient(t, &py, 90*time.Second, DebianPython, "clients/confluent_protobuf_produce.py", mustJSON(map[string]any{
-		"bootstrap": boot, "registry": reg.URL, "topic": "orders.pb", "descriptor": orderDescriptor(t), "message": "rtproxy.it.Order", "records": protoRecs}))
+		"bootstrap": boot, "registry": reg.URL, "topic": "orders.pb", "descriptor": protoDescriptor(t, "orders.proto", itOrderProto), "message": "rtproxy.it.Order", "records": protoRecs}))
 	if len(py.Errors) > 0 || len(py.Produced) != len(protoRecs) {
 		t.Fatalf("confluent-kafka produced %v, errors %v", py.Produced, py.Errors)
 	}
@@ -367,21 +367,6 @@ message CustomerTotals {
 }
 `
 
-func rowDescriptor(t *testing.T) string {
-	t.Helper()
-	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{
-		Accessor: protocompile.SourceAccessorFromMap(map[string]string{"row.proto": itRowProto})})}
-	files, err := c.Compile(context.Background(), "row.proto")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := proto.Marshal(protodesc.ToFileDescriptorProto(files[0]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return base64.StdEncoding.EncodeToString(b)
-}
-
 // checkEncodedOutputs reads the Avro and Protobuf sinks with real
 // deserializers: kafkajs's @kafkajs/confluent-schema-registry and franz-go's
 // sr.Serde (hamba/avro) for Avro, confluent-kafka's ProtobufDeserializer for
@@ -469,7 +454,7 @@ func checkEncodedOutputs(t *testing.T, s *Stack, reg *testkit.Registry) {
 		Errors []string `json:"errors"`
 	}
 	runJSONClient(t, &py, 90*time.Second, DebianPython, "clients/confluent_protobuf_consume.py", mustJSON(map[string]any{
-		"bootstrap": s.Bootstrap[0], "topic": "orders.enc", "group": "it-pb-reader", "descriptor": rowDescriptor(t),
+		"bootstrap": s.Bootstrap[0], "topic": "orders.enc", "group": "it-pb-reader", "descriptor": protoDescriptor(t, "row.proto", itRowProto),
 		"message": "rtproxy.out.CustomerTotals", "n": 4, "timeout": 45}))
 	if len(py.Errors) > 0 || len(py.Records) != 4 {
 		t.Fatalf("ProtobufDeserializer read %d rows, errors %v", len(py.Records), py.Errors)
