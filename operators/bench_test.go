@@ -112,6 +112,46 @@ func readsOf(es ...*Expr) jsoncodec.Fields {
 	return f
 }
 
+// decodeAs decodes raw into r as a variant does: "json" whole
+// (jsoncodec.Decode), "json-raw" whole and remembering the bytes
+// (Record.SetJSON), "json-members" only the members in want
+// (Record.SetJSONMembers).
+func decodeAs(b *testing.B, mode string, r *Record, raw []byte, want jsoncodec.Fields) {
+	var err error
+	switch mode {
+	case "json":
+		r.Value, err = jsoncodec.Decode(raw)
+		r.Raw = raw
+	case "json-raw":
+		err = r.SetJSON(raw)
+	case "json-members":
+		err = r.SetJSONMembers(raw, want)
+	default:
+		b.Fatalf("no decoding %q", mode)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+// countingSink is a sink that says what it received.
+type countingSink interface {
+	Emitter
+	counts() (int, int)
+}
+
+// sinkFor is the sink of a variant: encode everything, forward unchanged
+// values (ValueBytes), or encode as the pipeline does (EncodeValue).
+func sinkFor(mode string) countingSink {
+	switch mode {
+	case "json-raw":
+		return &rawSink{}
+	case "json-members":
+		return &memberSink{}
+	}
+	return &encodeSink{}
+}
+
 // countSink only counts.
 type countSink struct{ n, dead int }
 
@@ -182,30 +222,9 @@ func BenchmarkChainFilterSetMap(b *testing.B) {
 		}),
 	}
 	in := benchkit.Inputs(4096)
-	b.Run("json", func(b *testing.B) {
-		sink := &encodeSink{}
-		c := &chain{steps: steps, next: sink}
-		b.SetBytes(1024)
-		b.ReportAllocs()
-		i := 0
-		cpu0 := benchkit.CPUNow()
-		for b.Loop() {
-			raw := in[i%len(in)]
-			i++
-			v, err := jsoncodec.Decode(raw)
-			if err != nil {
-				b.Fatal(err)
-			}
-			c.run(&Record{Key: raw[txnAt : txnAt+8], Value: v, Raw: raw})
-		}
-		benchkit.RecPerSec(b, cpu0)
-		if sink.n == 0 || sink.dead != 0 {
-			b.Fatalf("emitted %d, dead %d", sink.n, sink.dead)
-		}
-	})
-	b.Run("json-members", func(b *testing.B) {
-		want := readsOf(exprs...)
-		sink := &memberSink{}
+	want := readsOf(exprs...)
+	run := func(b *testing.B, mode string) {
+		sink := sinkFor(mode)
 		c := &chain{steps: steps, next: sink}
 		b.SetBytes(1024)
 		b.ReportAllocs()
@@ -215,16 +234,16 @@ func BenchmarkChainFilterSetMap(b *testing.B) {
 			raw := in[i%len(in)]
 			i++
 			r := &Record{Key: raw[txnAt : txnAt+8]}
-			if err := r.SetJSONMembers(raw, want); err != nil {
-				b.Fatal(err)
-			}
+			decodeAs(b, mode, r, raw, want)
 			c.run(r)
 		}
 		benchkit.RecPerSec(b, cpu0)
-		if sink.n == 0 || sink.dead != 0 {
-			b.Fatalf("emitted %d, dead %d", sink.n, sink.dead)
+		if n, dead := sink.counts(); n == 0 || dead != 0 {
+			b.Fatalf("emitted %d, dead %d", n, dead)
 		}
-	})
+	}
+	b.Run("json", func(b *testing.B) { run(b, "json") })
+	b.Run("json-members", func(b *testing.B) { run(b, "json-members") })
 	b.Run("op", func(b *testing.B) {
 		vals := decodeAll(b, in)
 		sink := &countSink{}
@@ -254,14 +273,12 @@ func BenchmarkFilter(b *testing.B) {
 	for i, v := range decodeAll(b, in) {
 		passes[i] = v.(map[string]any)["amount"].(float64) > 0
 	}
-	run := func(b *testing.B, sink interface {
-		Emitter
-		counts() (int, int)
-	}, decode string) {
+	members := readsOf(f.(*filter).pred)
+	run := func(b *testing.B, mode string) {
+		sink := sinkFor(mode)
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i, want := 0, 0
-		members := readsOf(f.(*filter).pred)
 		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			raw := in[i%len(in)]
@@ -270,22 +287,7 @@ func BenchmarkFilter(b *testing.B) {
 			}
 			i++
 			r := &Record{Key: raw[txnAt : txnAt+8]}
-			switch decode {
-			case "members":
-				if err := r.SetJSONMembers(raw, members); err != nil {
-					b.Fatal(err)
-				}
-			case "raw":
-				if err := r.SetJSON(raw); err != nil {
-					b.Fatal(err)
-				}
-			default:
-				v, err := jsoncodec.Decode(raw)
-				if err != nil {
-					b.Fatal(err)
-				}
-				r.Value, r.Raw = v, raw
-			}
+			decodeAs(b, mode, r, raw, members)
 			f.Process(r, sink)
 		}
 		benchkit.RecPerSec(b, cpu0)
@@ -293,9 +295,9 @@ func BenchmarkFilter(b *testing.B) {
 			b.Fatalf("passed %d of %d, want %d, dead %d", n, b.N, want, dead)
 		}
 	}
-	b.Run("json", func(b *testing.B) { run(b, &encodeSink{}, "") })
-	b.Run("json-raw", func(b *testing.B) { run(b, &rawSink{}, "raw") })
-	b.Run("json-members", func(b *testing.B) { run(b, &memberSink{}, "members") })
+	for _, mode := range []string{"json", "json-raw", "json-members"} {
+		b.Run(mode, func(b *testing.B) { run(b, mode) })
+	}
 }
 
 func BenchmarkWindowTumbling10kKeys(b *testing.B) {
@@ -383,19 +385,9 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 	run := func(b *testing.B, mode string) {
 		v, _ := jsoncodec.Decode(benchkit.Payment(0))
 		tmpl := v.(map[string]any)
-		var sink interface {
-			Emitter
-			counts() (int, int)
-		}
-		switch mode {
-		case "json":
-			sink = &encodeSink{}
-		case "json-raw":
-			sink = &rawSink{}
-		case "json-members":
-			sink = &memberSink{}
-		default:
-			sink = &countSink{}
+		var sink countingSink = &countSink{}
+		if mode != "op" {
+			sink = sinkFor(mode)
 		}
 		b.SetBytes(1024)
 		b.ReportAllocs()
@@ -406,22 +398,9 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 			raw := in[i%len(in)]
 			r := &Record{EventTime: int64(i)}
 			switch mode {
-			case "json":
+			case "json", "json-raw", "json-members":
 				stampTxn(raw, k)
-				var err error
-				if r.Value, err = jsoncodec.Decode(raw); err != nil {
-					b.Fatal(err)
-				}
-			case "json-raw":
-				stampTxn(raw, k)
-				if err := r.SetJSON(raw); err != nil {
-					b.Fatal(err)
-				}
-			case "json-members":
-				stampTxn(raw, k)
-				if err := r.SetJSONMembers(raw, dedupMembers); err != nil {
-					b.Fatal(err)
-				}
+				decodeAs(b, mode, r, raw, dedupMembers)
 			default:
 				// A fresh id string, as a decode would give; the step only
 				// reads the value, so one object serves.
@@ -463,8 +442,9 @@ func BenchmarkJoin100kRows(b *testing.B) {
 		ids[k] = fmt.Sprintf("m-%05d", k)
 	}
 	in := benchkit.Inputs(4096)
-	b.Run("json", func(b *testing.B) {
-		sink := &encodeSink{}
+	members := readsOf(mustExpr(b, "value.merchant_id"))
+	run := func(b *testing.B, mode string) {
+		sink := sinkFor(mode)
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
@@ -472,61 +452,22 @@ func BenchmarkJoin100kRows(b *testing.B) {
 		for b.Loop() {
 			raw := in[i%len(in)]
 			stamp(raw, merchantAt, 5, i%100_000) // every row in turn
-			v, err := jsoncodec.Decode(raw)
-			if err != nil {
-				b.Fatal(err)
-			}
-			j.Process(&Record{Value: v}, sink)
-			i++
-		}
-		benchkit.RecPerSec(b, cpu0)
-		if sink.n != b.N {
-			b.Fatalf("joined %d of %d", sink.n, b.N)
-		}
-	})
-	b.Run("json-raw", func(b *testing.B) {
-		sink := &rawSink{}
-		b.SetBytes(1024)
-		b.ReportAllocs()
-		i := 0
-		cpu0 := benchkit.CPUNow()
-		for b.Loop() {
-			raw := in[i%len(in)]
-			stamp(raw, merchantAt, 5, i%100_000)
 			r := &Record{}
-			if err := r.SetJSON(raw); err != nil {
-				b.Fatal(err)
-			}
+			decodeAs(b, mode, r, raw, members)
 			j.Process(r, sink)
 			i++
 		}
 		benchkit.RecPerSec(b, cpu0)
-		if sink.n != b.N || sink.forwarded != b.N {
-			b.Fatalf("joined %d, forwarded %d of %d", sink.n, sink.forwarded, b.N)
+		if n, _ := sink.counts(); n != b.N {
+			b.Fatalf("joined %d of %d", n, b.N)
 		}
-	})
-	b.Run("json-members", func(b *testing.B) {
-		members := readsOf(mustExpr(b, "value.merchant_id"))
-		sink := &memberSink{}
-		b.SetBytes(1024)
-		b.ReportAllocs()
-		i := 0
-		cpu0 := benchkit.CPUNow()
-		for b.Loop() {
-			raw := in[i%len(in)]
-			stamp(raw, merchantAt, 5, i%100_000)
-			r := &Record{}
-			if err := r.SetJSONMembers(raw, members); err != nil {
-				b.Fatal(err)
-			}
-			j.Process(r, sink)
-			i++
+		if rs, ok := sink.(*rawSink); ok && rs.forwarded != b.N {
+			b.Fatalf("forwarded %d of %d", rs.forwarded, b.N)
 		}
-		benchkit.RecPerSec(b, cpu0)
-		if sink.n != b.N {
-			b.Fatalf("joined %d of %d", sink.n, b.N)
-		}
-	})
+	}
+	for _, mode := range []string{"json", "json-raw", "json-members"} {
+		b.Run(mode, func(b *testing.B) { run(b, mode) })
+	}
 	b.Run("op", func(b *testing.B) {
 		tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
 		m := tmpl.(map[string]any)
