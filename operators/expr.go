@@ -286,14 +286,15 @@ func keyString(v any) (string, error) {
 	case []byte:
 		return string(x), nil
 	}
-	if f, ok := toFloat(v); ok {
+	if f, ok := ToFloat(v); ok {
 		return strconv.FormatFloat(f, 'f', -1, 64), nil
 	}
 	return "", fmt.Errorf("%w, got %T", errKeyType, v)
 }
 
-// toFloat reports v as a float64 if it is any Go number.
-func toFloat(v any) (float64, bool) {
+// ToFloat reports v as a float64 if it is any Go number (NaN, false when
+// it is not one).
+func ToFloat(v any) (float64, bool) {
 	switch x := v.(type) {
 	case float64:
 		return x, true

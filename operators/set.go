@@ -145,7 +145,7 @@ func jsonKind(v any) string {
 	case bool:
 		return "a bool"
 	}
-	if _, ok := toFloat(v); ok {
+	if _, ok := ToFloat(v); ok {
 		return "a number"
 	}
 	return fmt.Sprintf("%T", v)

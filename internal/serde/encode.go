@@ -18,6 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/rtproxy/rtproxy/operators"
 )
 
 // Encoder writes value trees (what the steps emit) in the Confluent wire
@@ -153,26 +155,6 @@ func (e *Encoder) Encode(v any) ([]byte, error) {
 	return b, nil
 }
 
-func number(v any) (float64, bool) {
-	switch x := v.(type) {
-	case float64:
-		return x, true
-	case float32:
-		return float64(x), true
-	case int:
-		return float64(x), true
-	case int64:
-		return float64(x), true
-	case int32:
-		return float64(x), true
-	case uint64:
-		return float64(x), true
-	case uint32:
-		return float64(x), true
-	}
-	return 0, false
-}
-
 func integer(v any, lo, hi float64, path string) (int64, error) {
 	switch x := v.(type) {
 	case int64:
@@ -183,7 +165,7 @@ func integer(v any, lo, hi float64, path string) (int64, error) {
 	case int:
 		return integer(int64(x), lo, hi, path)
 	}
-	f, ok := number(v)
+	f, ok := operators.ToFloat(v)
 	if !ok {
 		return 0, fmt.Errorf("%s: want a number, got %s", path, kind(v))
 	}
@@ -206,7 +188,7 @@ func kind(v any) string {
 	case []any:
 		return "a list"
 	}
-	if _, ok := number(v); ok {
+	if _, ok := operators.ToFloat(v); ok {
 		return "a number"
 	}
 	return fmt.Sprintf("a %T", v)
@@ -251,7 +233,7 @@ func avroWrite(w *avro.Writer, s avro.Schema, v any, path string, depth int) err
 			}
 		}
 		if scale != 1 {
-			f, ok := number(v)
+			f, ok := operators.ToFloat(v)
 			if !ok || math.Abs(f*scale) >= 1<<63 || math.IsNaN(f) {
 				return fmt.Errorf("%s: want milliseconds (a number in range), got %v", path, v)
 			}
@@ -264,13 +246,13 @@ func avroWrite(w *avro.Writer, s avro.Schema, v any, path string, depth int) err
 		}
 		w.WriteLong(n)
 	case avro.Float:
-		f, ok := number(v)
+		f, ok := operators.ToFloat(v)
 		if !ok {
 			return fmt.Errorf("%s: want a number, got %s", path, kind(v))
 		}
 		w.WriteFloat(float32(f))
 	case avro.Double:
-		f, ok := number(v)
+		f, ok := operators.ToFloat(v)
 		if !ok {
 			return fmt.Errorf("%s: want a number, got %s", path, kind(v))
 		}
@@ -423,7 +405,7 @@ func base64Bytes(v any, path string) ([]byte, error) {
 // decimalBytes is the two's complement big-endian unscaled value of the
 // number v at scale, size bytes long (0: as short as it goes).
 func decimalBytes(v any, scale, size int, path string) ([]byte, error) {
-	f, ok := number(v)
+	f, ok := operators.ToFloat(v)
 	if !ok || math.IsNaN(f) || math.IsInf(f, 0) {
 		return nil, fmt.Errorf("%s: want a decimal number, got %v", path, v)
 	}
@@ -600,19 +582,19 @@ func protoScalarValue(fd protoreflect.FieldDescriptor, v any, path string) (prot
 		n, err := integer(v, 0, math.MaxUint32, path)
 		return protoreflect.ValueOfUint32(uint32(n)), err
 	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		f, ok := number(v)
+		f, ok := operators.ToFloat(v)
 		if !ok || f < 0 || f != math.Trunc(f) || f >= 1<<64 {
 			return protoreflect.Value{}, fmt.Errorf("%s: want an unsigned integer, got %v", path, v)
 		}
 		return protoreflect.ValueOfUint64(uint64(f)), nil
 	case protoreflect.FloatKind:
-		f, ok := number(v)
+		f, ok := operators.ToFloat(v)
 		if !ok {
 			return protoreflect.Value{}, fmt.Errorf("%s: want a number, got %s", path, kind(v))
 		}
 		return protoreflect.ValueOfFloat32(float32(f)), nil
 	case protoreflect.DoubleKind:
-		f, ok := number(v)
+		f, ok := operators.ToFloat(v)
 		if !ok {
 			return protoreflect.Value{}, fmt.Errorf("%s: want a number, got %s", path, kind(v))
 		}
@@ -650,7 +632,7 @@ func wellKnownFill(m protoreflect.Message, md protoreflect.MessageDescriptor, v 
 	f := md.Fields()
 	switch md.Name() {
 	case "Timestamp", "Duration":
-		ms, ok := number(v)
+		ms, ok := operators.ToFloat(v)
 		if s, isStr := v.(string); isStr && md.Name() == "Timestamp" {
 			t, err := time.Parse(time.RFC3339Nano, s)
 			if err != nil {
@@ -721,7 +703,7 @@ func wellKnownFill(m protoreflect.Message, md protoreflect.MessageDescriptor, v 
 			_, err := wellKnownFill(m.Mutable(f.ByName("list_value")).Message(), f.ByName("list_value").Message(), x, path)
 			return true, err
 		default:
-			n, ok := number(v)
+			n, ok := operators.ToFloat(v)
 			if !ok {
 				return true, fmt.Errorf("%s: %s is no JSON value", path, kind(v))
 			}

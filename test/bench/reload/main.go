@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 )
 
 var (
@@ -42,7 +44,7 @@ var (
 func main() {
 	flag.Parse()
 	log.SetFlags(0)
-	root := moduleRoot()
+	root := benchkit.ModuleRoot()
 	tmp, err := os.MkdirTemp("", "bench-reload-")
 	check(err)
 	defer os.RemoveAll(tmp)
@@ -370,21 +372,6 @@ func freeBlock(n int) int {
 	}
 	log.Fatal("no free port block")
 	return 0
-}
-
-func moduleRoot() string {
-	dir, err := os.Getwd()
-	check(err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		p := filepath.Dir(dir)
-		if p == dir {
-			log.Fatal("no go.mod above the working directory")
-		}
-		dir = p
-	}
 }
 
 func check(err error) {

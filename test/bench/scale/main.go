@@ -44,6 +44,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 )
 
 var (
@@ -80,7 +82,7 @@ type env struct {
 func main() {
 	flag.Parse()
 	log.SetFlags(log.Ltime)
-	e := &env{root: moduleRoot(), ports: &ports{used: map[int]bool{}}}
+	e := &env{root: benchkit.ModuleRoot(), ports: &ports{used: map[int]bool{}}}
 	var err error
 	e.tmp, err = os.MkdirTemp("", "bench-scale-")
 	check(err)
@@ -701,21 +703,6 @@ func (h hopResult) table() string {
 		fmt.Fprintf(&b, "\n```\n%s```\n", h.profile)
 	}
 	return b.String()
-}
-
-func moduleRoot() string {
-	dir, err := os.Getwd()
-	check(err)
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		p := filepath.Dir(dir)
-		if p == dir {
-			log.Fatal("no go.mod above the working directory")
-		}
-		dir = p
-	}
 }
 
 func check(err error) {
