@@ -21,6 +21,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -63,6 +64,9 @@ type Refusal struct {
 	// Err is set when the batches could not be decoded at all (then
 	// Records is empty).
 	Err error
+	// bufs are the pooled buffers Records were decompressed into, given
+	// back once Refused has copied what it keeps.
+	bufs [][]byte
 }
 
 // RecordFailure is one record that failed a check.
@@ -185,6 +189,7 @@ func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, 
 			}
 			g.Refused(*rf)
 			refused = append(refused, refusedOf(name, t.TopicID, rf))
+			pr.p.guardBufs.putAll(rf.bufs)
 		}
 		t.Partitions = kept
 	}
@@ -227,9 +232,12 @@ func refusedOf(topic string, id [16]byte, rf *Refusal) refusedPart {
 }
 
 // checkPartition checks one partition's batches; nil when they pass.
+// Compressed batches are decompressed into buffers of p.guardBufs: given
+// back here when the records pass, by the caller after Refused otherwise.
 func (p *Proxy) checkPartition(g Guard, topic string, partition int32, batches []byte) *Refusal {
-	recs, err := decodeBatches(batches, p.decompressor)
+	recs, bufs, err := decodeBatches(batches, p.guardDecompressor)
 	if err != nil {
+		p.guardBufs.putAll(bufs)
 		return &Refusal{Topic: topic, Partition: partition, Err: err}
 	}
 	var fails []RecordFailure
@@ -239,51 +247,92 @@ func (p *Proxy) checkPartition(g Guard, topic string, partition int32, batches [
 		}
 	}
 	if len(fails) == 0 {
+		p.guardBufs.putAll(bufs)
 		return nil
 	}
-	return &Refusal{Topic: topic, Partition: partition, Records: recs, Failures: fails}
+	return &Refusal{Topic: topic, Partition: partition, Records: recs, Failures: fails, bufs: bufs}
+}
+
+// decompressBufs is the pool of buffers guarded batches are decompressed
+// into (kgo.PoolDecompressBytes): a guarded topic decompresses every batch
+// produced to it, and a fresh buffer each time was a tenth of the guarded
+// proxy's CPU in allocating and zeroing it. The buffers are the guard's
+// alone: the tap's records outlive the request and are decompressed
+// apart.
+type decompressBufs struct{ pool sync.Pool }
+
+// maxPooledDecompress bounds the buffers kept: a rare huge batch is left
+// to the GC rather than held.
+const maxPooledDecompress = 4 << 20
+
+// GetDecompressBytes implements kgo.PoolDecompressBytes.
+func (d *decompressBufs) GetDecompressBytes(compressed []byte, _ kgo.CompressionCodecType) []byte {
+	if b, ok := d.pool.Get().(*[]byte); ok {
+		return *b
+	}
+	return make([]byte, 0, max(64<<10, 4*len(compressed)))
+}
+
+// PutDecompressBytes implements kgo.PoolDecompressBytes.
+func (d *decompressBufs) PutDecompressBytes(b []byte) {
+	if cap(b) == 0 || cap(b) > maxPooledDecompress {
+		return
+	}
+	b = b[:0]
+	d.pool.Put(&b)
+}
+
+func (d *decompressBufs) putAll(bufs [][]byte) {
+	for _, b := range bufs {
+		d.PutDecompressBytes(b)
+	}
 }
 
 // boundedDecompressor is franz-go's decompressor with a bound on what one
 // batch may decompress to (a small compressed batch must not grow into
 // gigabytes in the proxy). franz-go bounds the decompressor of a client by
 // its MaxDecompressBatchBytes; a client that is never used builds it.
-func boundedDecompressor(max int) kgo.Decompressor {
-	cl, err := kgo.NewClient(kgo.MaxDecompressBatchBytes(max), kgo.WithDecompressor(kgo.DefaultDecompressor()))
+// With pools (kgo.PoolDecompressBytes) it decompresses into their
+// buffers.
+func boundedDecompressor(max int, pools ...kgo.Pool) kgo.Decompressor {
+	cl, err := kgo.NewClient(kgo.MaxDecompressBatchBytes(max), kgo.WithDecompressor(kgo.DefaultDecompressor(pools...)))
 	if err != nil {
-		return kgo.DefaultDecompressor()
+		return kgo.DefaultDecompressor(pools...)
 	}
 	defer cl.Close()
 	if d, ok := cl.OptValue(kgo.WithDecompressor).(kgo.Decompressor); ok && d != nil {
 		return d
 	}
-	return kgo.DefaultDecompressor()
+	return kgo.DefaultDecompressor(pools...)
 }
 
 var errNotV2 = errors.New("only record batches (magic 2, Kafka 0.11+ clients) can be checked")
 
 // decodeBatches decodes the records of a partition's record batches. The
-// bytes are the request's own: the records alias them.
-func decodeBatches(b []byte, d kgo.Decompressor) ([]ProducedRecord, error) {
-	var out []ProducedRecord
+// bytes are the request's own: the records alias them, or the buffers
+// compressed batches were decompressed into (bufs, also on error).
+func decodeBatches(b []byte, d kgo.Decompressor) (out []ProducedRecord, bufs [][]byte, err error) {
 	for len(b) > 0 {
-		batch, recs, rest, _, err := readBatch(b, d, out)
+		batch, recs, rest, _, dec, err := readBatch(b, d, out)
+		if dec != nil {
+			bufs = append(bufs, dec)
+		}
 		if err != nil {
-			return nil, err
+			return nil, bufs, err
 		}
 		b = rest
 		if batch.Attributes&0x20 == 0 { // a control batch: brokers write these, not producers
 			out = recs
 		}
 	}
-	return out, nil
+	return out, bufs, nil
 }
 
 // tapRecords decodes a partition's batches for the tap: exactly one batch,
 // not transactional, its records at offset deltas 0, 1, ... (so that the
 // acknowledgement's base offset gives each its offset); ok false otherwise.
 func tapRecords(b []byte, d kgo.Decompressor) ([]ProducedRecord, bool) {
-	batch, recs, rest, contiguous, err := readBatch(b, d, nil)
+	batch, recs, rest, contiguous, _, err := readBatch(b, d, nil)
 	if err != nil || len(rest) != 0 || !contiguous || batch.Attributes&0x30 != 0 || len(recs) == 0 {
 		return nil, false
 	}
@@ -292,45 +341,48 @@ func tapRecords(b []byte, d kgo.Decompressor) ([]ProducedRecord, bool) {
 
 // readBatch decodes the first record batch of b, appending its records to
 // out; it returns the batch header, the records, the bytes after the
-// batch, and whether the records sit at offset deltas 0, 1, ... in order.
-func readBatch(b []byte, d kgo.Decompressor, out []ProducedRecord) (kmsg.RecordBatch, []ProducedRecord, []byte, bool, error) {
-	var batch kmsg.RecordBatch
+// batch, whether the records sit at offset deltas 0, 1, ... in order, and
+// the buffer d decompressed the batch into (nil when not compressed).
+func readBatch(b []byte, d kgo.Decompressor, out []ProducedRecord) (batch kmsg.RecordBatch, _ []ProducedRecord, rest []byte, contiguous bool, dec []byte, err error) {
+	fail := func(e error) (kmsg.RecordBatch, []ProducedRecord, []byte, bool, []byte, error) {
+		return batch, nil, nil, false, dec, e
+	}
 	if len(b) < 17 {
-		return batch, nil, nil, false, fmt.Errorf("record batch truncated: %d bytes", len(b))
+		return fail(fmt.Errorf("record batch truncated: %d bytes", len(b)))
 	}
 	size := int64(int32(binary.BigEndian.Uint32(b[8:12])))
 	if size < 49 || 12+size > int64(len(b)) {
-		return batch, nil, nil, false, fmt.Errorf("record batch length %d does not fit %d bytes", size, len(b))
+		return fail(fmt.Errorf("record batch length %d does not fit %d bytes", size, len(b)))
 	}
 	if b[16] != 2 {
-		return batch, nil, nil, false, fmt.Errorf("record batch magic %d: %w", b[16], errNotV2)
+		return fail(fmt.Errorf("record batch magic %d: %w", b[16], errNotV2))
 	}
 	if err := batch.ReadFrom(b[:12+size]); err != nil {
-		return batch, nil, nil, false, fmt.Errorf("record batch: %w", err)
+		return fail(fmt.Errorf("record batch: %w", err))
 	}
-	rest := b[12+size:]
+	rest = b[12+size:]
 	if batch.Attributes&0x20 != 0 {
-		return batch, out, rest, false, nil
+		return batch, out, rest, false, nil, nil
 	}
 	data := batch.Records
 	if codec := batch.Attributes & 0x07; codec != 0 {
-		var err error
 		if data, err = d.Decompress(data, kgo.CompressionCodecType(codec)); err != nil {
-			return batch, nil, nil, false, fmt.Errorf("record batch: decompress: %w", err)
+			return fail(fmt.Errorf("record batch: decompress: %w", err))
 		}
+		dec = data
 	}
 	if batch.NumRecords < 0 || int(batch.NumRecords) > len(data) {
-		return batch, nil, nil, false, fmt.Errorf("record batch claims %d records in %d bytes", batch.NumRecords, len(data))
+		return fail(fmt.Errorf("record batch claims %d records in %d bytes", batch.NumRecords, len(data)))
 	}
-	contiguous := batch.LastOffsetDelta == batch.NumRecords-1
+	contiguous = batch.LastOffsetDelta == batch.NumRecords-1
 	for i := range batch.NumRecords {
 		l, n := binary.Varint(data)
 		if n <= 0 || l < 0 || int64(n)+l > int64(len(data)) {
-			return batch, nil, nil, false, errors.New("record length does not fit its batch")
+			return fail(errors.New("record length does not fit its batch"))
 		}
 		var r kmsg.Record
 		if err := r.ReadFrom(data[:int64(n)+l]); err != nil {
-			return batch, nil, nil, false, fmt.Errorf("record: %w", err)
+			return fail(fmt.Errorf("record: %w", err))
 		}
 		data = data[int64(n)+l:]
 		contiguous = contiguous && r.OffsetDelta == i
@@ -338,9 +390,9 @@ func readBatch(b []byte, d kgo.Decompressor, out []ProducedRecord) (kmsg.RecordB
 			Timestamp: batch.FirstTimestamp + r.TimestampDelta64})
 	}
 	if len(data) != 0 {
-		return batch, nil, nil, false, fmt.Errorf("record batch: %d bytes after its %d records", len(data), batch.NumRecords)
+		return fail(fmt.Errorf("record batch: %d bytes after its %d records", len(data), batch.NumRecords))
 	}
-	return batch, out, rest, contiguous, nil
+	return batch, out, rest, contiguous, dec, nil
 }
 
 // deliverTaps hands the tapped partitions of a Produce request to the tap,

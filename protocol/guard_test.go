@@ -207,7 +207,7 @@ func FuzzDecodeBatches(f *testing.F) {
 	}
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		recs, err := decodeBatches(b, d)
+		recs, _, err := decodeBatches(b, d)
 		if err != nil {
 			return
 		}
@@ -321,5 +321,52 @@ func TestTapHandsAcknowledgedRecords(t *testing.T) {
 	}
 	if fmt.Sprint(tt.acked) != fmt.Sprint(want) {
 		t.Errorf("tapped %v, want the acks=all records at their offsets %v", tt.acked, want)
+	}
+}
+
+// Guarded batches decompress into pooled buffers that go back after each
+// check: batches of every codec, decoded one after another through the
+// pool, give exactly the records an unpooled decode gives, while a
+// buffer handed back is reused by the next batch.
+func TestGuardDecompressBuffersReused(t *testing.T) {
+	bufs := &decompressBufs{}
+	pooled := boundedDecompressor(1<<20, bufs)
+	plain := boundedDecompressor(1 << 20)
+	var seeds [][]byte
+	for _, codec := range []kgo.CompressionCodec{kgo.GzipCompression(), kgo.SnappyCompression(), kgo.Lz4Compression(), kgo.ZstdCompression(), kgo.NoCompression()} {
+		seeds = append(seeds, seedBatch(t, codec))
+	}
+	reused := 0
+	var last []byte
+	for round := range 20 {
+		for _, b := range seeds {
+			want, _, err := decodeBatches(b, plain)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, used, err := decodeBatches(b, pooled)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("round %d: %d records, want %d", round, len(got), len(want))
+			}
+			for i := range got {
+				if !bytes.Equal(got[i].Key, want[i].Key) || !bytes.Equal(got[i].Value, want[i].Value) || got[i].Timestamp != want[i].Timestamp ||
+					len(got[i].Headers) != len(want[i].Headers) || !bytes.Equal(got[i].Headers[0].Value, want[i].Headers[0].Value) {
+					t.Fatalf("round %d record %d: %+v, want %+v", round, i, got[i], want[i])
+				}
+			}
+			for _, u := range used {
+				if last != nil && &u[:1][0] == &last[:1][0] {
+					reused++
+				}
+				last = u
+			}
+			bufs.putAll(used)
+		}
+	}
+	if reused == 0 {
+		t.Fatal("no decompression buffer was reused")
 	}
 }

@@ -137,16 +137,19 @@ type Proxy struct {
 	guards atomic.Pointer[Guards]
 	// tap receives acknowledged produced records (guard.go); nil: none.
 	tap atomic.Pointer[Tap]
-	// decompressor decompresses guarded batches, bounded by MaxFrameBytes.
-	decompressor kgo.Decompressor
-	cfg          Config
-	log          *slog.Logger
-	m            *metrics
-	bootstrap    net.Listener
-	listenHost   string
-	ports        *PortMap
-	ready        atomic.Bool
-	seedNext     atomic.Uint32
+	// decompressor decompresses tapped batches, bounded by MaxFrameBytes;
+	// guardDecompressor guarded ones, into the buffers of guardBufs.
+	decompressor      kgo.Decompressor
+	guardDecompressor kgo.Decompressor
+	guardBufs         *decompressBufs
+	cfg               Config
+	log               *slog.Logger
+	m                 *metrics
+	bootstrap         net.Listener
+	listenHost        string
+	ports             *PortMap
+	ready             atomic.Bool
+	seedNext          atomic.Uint32
 	// active counts client connections accepted and not yet finished
 	// (MaxConnections); refusedLogAt rate-limits the refusal log line.
 	active       atomic.Int64
@@ -214,6 +217,8 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.stopCtx, p.stop = context.WithCancel(context.Background())
 	p.decompressor = boundedDecompressor(int(cfg.MaxFrameBytes))
+	p.guardBufs = &decompressBufs{}
+	p.guardDecompressor = boundedDecompressor(int(cfg.MaxFrameBytes), p.guardBufs)
 	p.topics.byID = make(map[[16]byte]string)
 	p.mu.brokers = make(map[int32]*brokerEntry)
 	p.mu.conns = make(map[*pair]struct{})

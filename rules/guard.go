@@ -32,6 +32,12 @@ type Guard struct {
 	// them, whether or not it is listed: Check can report ValidJSON for a
 	// guard whose Checks do not name it.
 	Checks []GuardCheck
+	// Members are the top-level members of a JSON object value the checks
+	// read, when the loader could name them all (no check reads `value`
+	// whole): Check decodes only those and validates the rest with the
+	// skip scanner (operators.Record.SetJSONMembers), which refuses
+	// exactly what a whole decode refuses. Nil: decode the value whole.
+	Members jsoncodec.Fields
 }
 
 // Values of a guard file.
@@ -83,7 +89,8 @@ func (g *Guard) Matches(topic string) bool {
 // check passes. It never panics. It is safe for concurrent use by many
 // goroutines, each with its own record.
 //
-// With format json the value is decoded once (r.SetJSON), and a value
+// With format json the value is decoded once (r.SetJSON, or only the
+// members the checks read: Members), and a value
 // that is not JSON fails ValidJSON before any other check; a null value
 // (a tombstone) is `value` nil and passes ValidJSON. With format raw,
 // `value` is the string of the bytes and ValidJSON runs where listed. A
@@ -105,6 +112,10 @@ func (g *Guard) Check(r *operators.Record) (check, message string, ok bool) {
 		r.Value = string(r.Raw)
 	case r.Raw == nil:
 		r.Value = nil
+	case g.Members != nil:
+		if err := r.SetJSONMembers(r.Raw, g.Members); err != nil {
+			return ValidJSON, notJSON(err), false
+		}
 	default:
 		if err := r.SetJSON(r.Raw); err != nil {
 			return ValidJSON, notJSON(err), false
@@ -329,6 +340,30 @@ func (l *loader) guardChecks(kv *keyVal, g *Guard) {
 		seen[c.Name] = first{at.Line, c.Cond == nil}
 		g.Checks = append(g.Checks, c)
 	}
+	g.Members = checkMembers(g)
+}
+
+// checkMembers names the top-level members of a JSON value that g's
+// checks read, or nil when one of them reads the value whole (or the
+// format is not json).
+func checkMembers(g *Guard) jsoncodec.Fields {
+	if g.Format != "json" {
+		return nil
+	}
+	want := jsoncodec.Fields{}
+	for _, c := range g.Checks {
+		if c.Cond == nil {
+			continue // valid_json: the skip scanner validates what it skips
+		}
+		members, whole := c.Cond.ValueReads()
+		if whole {
+			return nil
+		}
+		for _, m := range members {
+			want[m] = struct{}{}
+		}
+	}
+	return want
 }
 
 // guardCheck reads item i of `checks`. at is the node that names the

@@ -569,3 +569,85 @@ func benchValue(n int) []byte {
 	b.WriteString(`], "status": "ok"}`)
 	return b.Bytes()
 }
+
+// TestGuardMembers: a JSON guard decodes only the members its checks read,
+// and a check reading `value` whole decodes it whole. Every verdict and
+// message is what a whole decode gives, for valid values, values that
+// are not JSON, and non-objects.
+func TestGuardMembers(t *testing.T) {
+	cases := []struct {
+		guard   string
+		members []string // nil: decoded whole
+	}{
+		{exampleGuardDL, []string{"amount"}},
+		{"guard: g\ntopic: t\nchecks:\n  - valid_json\n  - check: size < 100\n", []string{}},
+		{"guard: g\ntopic: t\nchecks:\n  - check: value.card.country in ['DE', 'FR'] && value.amount < 10\n", []string{"amount", "card"}},
+		{"guard: g\ntopic: t\nchecks:\n  - check: value == nil || value.ok == true\n", nil},
+		{"guard: g\ntopic: t\nchecks:\n  - check: len(value) > 1\n", nil},
+		{"guard: g\ntopic: t\nchecks:\n  - check: value[headers['f']] != nil\n", nil},
+		{"guard: g\ntopic: t\nformat: raw\nchecks:\n  - check: len(value) < 10\n", nil},
+	}
+	values := []string{
+		`{"amount": 12.5, "card": {"country": "DE"}, "pad": "` + strings.Repeat("y", 300) + `"}`,
+		`{"amount": 0}`, `{"amount": 5, "card": {"country": "US"}}`, `{"ok": true, "amount": 1}`,
+		`{"amount": 1, "junk": [1, 2, {"a": tru}]}`, `{"amount": 1, "s": "\u00e9\ud83d\ude00"}`,
+		`{"amount": 1, "s": "bad \x escape"}`, `{"amount": 1, "n": 1e400}`, `{"amount": 1, "n": 01}`,
+		`{"amount": 1,}`, `{"amount": 1} trailing`, `[1, 2]`, `"str"`, `42`, `null`, `<null>`,
+		`{"amount": 1, "card": {"country": "DE"}, "dup": 1, "dup": 2}`, `{`, ``, " \t{\"amount\":3}\n",
+	}
+	for i, tc := range cases {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			g := loadGuardText(t, tc.guard).Guard
+			if (g.Members == nil) != (tc.members == nil) {
+				t.Fatalf("Members %v, want %v", g.Members, tc.members)
+			}
+			for _, m := range tc.members {
+				if _, ok := g.Members[m]; !ok || len(g.Members) != len(tc.members) {
+					t.Fatalf("Members %v, want %v", g.Members, tc.members)
+				}
+			}
+			whole := *g
+			whole.Members = nil
+			for _, v := range values {
+				c1, m1, ok1 := g.Check(produced("t", v))
+				c2, m2, ok2 := whole.Check(produced("t", v))
+				if c1 != c2 || m1 != m2 || ok1 != ok2 {
+					t.Errorf("value %.60q: in part (%q, %q, %v), whole (%q, %q, %v)", v, c1, m1, ok1, c2, m2, ok2)
+				}
+			}
+		})
+	}
+}
+
+// FuzzGuardMembers: a guard decoding only the members its checks read
+// gives every value the verdict and message of a whole decode.
+func FuzzGuardMembers(f *testing.F) {
+	for _, s := range []string{`{"amount": 1, "card": {"country": "DE"}}`, `{"amount": 0, "x": [1, {"y": null}]}`,
+		`{"amount": 1, "n": 1e400}`, `{"amount": "1"}`, `[]`, `{`, `{"card": {"country": "FR"}, "amount": 3.5e0}`} {
+		f.Add([]byte(s))
+	}
+	dir := f.TempDir()
+	p := filepath.Join(dir, "g.yaml")
+	if err := os.WriteFile(p, []byte("guard: g\ntopic: t\nchecks:\n  - check: value.amount > 0 && value.card?.country != 'US'\n  - check: size < 4096\n"), 0o600); err != nil {
+		f.Fatal(err)
+	}
+	r, err := LoadFile(p)
+	if err != nil {
+		f.Fatal(err)
+	}
+	g := r.Guard
+	if g.Members == nil {
+		f.Fatal("the guard decodes whole")
+	}
+	whole := *g
+	whole.Members = nil
+	f.Fuzz(func(t *testing.T, v []byte) {
+		r1 := &operators.Record{Topic: "t", Raw: v}
+		r2 := &operators.Record{Topic: "t", Raw: v}
+		c1, m1, ok1 := g.Check(r1)
+		c2, m2, ok2 := whole.Check(r2)
+		if c1 != c2 || m1 != m2 || ok1 != ok2 {
+			t.Fatalf("value %q: in part (%q, %q, %v), whole (%q, %q, %v)", v, c1, m1, ok1, c2, m2, ok2)
+		}
+	})
+}
