@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,9 +112,26 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); pr.brokerLoop() }()
-	pr.clientLoop()
+	go func() { defer wg.Done(); pr.survive("broker", pr.brokerLoop) }()
+	pr.survive("client", pr.clientLoop)
 	wg.Wait()
+}
+
+// survive runs one of the pair's loops. A panic in it is a bug in the
+// proxy, never the client's doing, and it costs this connection only: it
+// is logged with its stack, counted (rtproxy_proxy_panics_total), and
+// the connection closed; the client reconnects as after any broken
+// connection, and every other connection goes on.
+func (pr *pair) survive(loop string, run func()) {
+	defer func() {
+		if v := recover(); v != nil {
+			pr.p.m.panics.Inc()
+			pr.p.log.Error("closing client connection: internal error", "client", pr.clientAddr, "loop", loop,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			pr.close()
+		}
+	}()
+	run()
 }
 
 // dialFor connects to the upstream for node, or to any reachable seed (and

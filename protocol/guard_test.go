@@ -370,3 +370,62 @@ func TestGuardDecompressBuffersReused(t *testing.T) {
 		t.Fatal("no decompression buffer was reused")
 	}
 }
+
+// panickyGuards panic while checking a record whose value is "boom".
+type panickyGuards struct{ testGuards }
+
+func (g *panickyGuards) For(topic string) Guard {
+	if topic == "guarded" {
+		return g
+	}
+	return nil
+}
+
+func (g *panickyGuards) Check(topic string, p int32, r *ProducedRecord) (string, string, bool) {
+	if string(r.Value) == "boom" {
+		panic("test: a guard bug")
+	}
+	return g.testGuards.Check(topic, p, r)
+}
+
+// A panic in the proxy's own code while serving a connection (here a
+// guard's) closes that connection only: it is logged with its stack and
+// counted, and the process and the other connections go on.
+func TestPanicClosesOnlyItsConnection(t *testing.T) {
+	upstream := startKfake(t, "-topics", "guarded:1,plain:1")
+	tp := startProxy(t, upstream, nil)
+	tp.SetGuards(&panickyGuards{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Not idempotent: an idempotent producer never gives up a batch that
+	// may have been written, and would send this one again for good.
+	bad, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0), kgo.DisableIdempotentWrite(),
+		kgo.RecordRetries(2), kgo.RetryBackoffFn(func(int) time.Duration { return 10 * time.Millisecond }), kgo.MetadataMinAge(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	if err := bad.ProduceSync(ctx, &kgo.Record{Topic: "guarded", Value: []byte("boom")}).FirstErr(); err == nil {
+		t.Fatal("the record whose check panicked was acknowledged")
+	}
+	tp.waitLog(t, "closing client connection: internal error", "test: a guard bug", "stack=")
+	if v := metricValue(t, tp.m.panics); v < 1 {
+		t.Fatalf("rtproxy_proxy_panics_total = %v, want >= 1", v)
+	}
+
+	// Another client, and the same client's next records, go on.
+	good, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	for _, r := range []*kgo.Record{{Topic: "plain", Value: []byte("boom")}, {Topic: "guarded", Value: []byte("fine")}} {
+		if err := good.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatalf("produce %s/%s after the panic: %v", r.Topic, r.Value, err)
+		}
+	}
+	if err := bad.ProduceSync(ctx, &kgo.Record{Topic: "guarded", Value: []byte("fine")}).FirstErr(); err != nil {
+		t.Fatalf("the panicked connection's client, once reconnected: %v", err)
+	}
+}

@@ -46,44 +46,50 @@ func TestHeldBytesBounded(t *testing.T) {
 	}
 	pc.Close()
 
-	var wg sync.WaitGroup
-	for c := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ConsumeTopics("held"),
-				kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(4<<20), kgo.FetchMaxPartitionBytes(2<<20))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer cl.Close()
-			got := 0
-			for got < n && ctx.Err() == nil {
-				fs := cl.PollFetches(ctx)
-				for _, e := range fs.Errors() {
-					t.Errorf("consumer %d: %v", c, e.Err)
+	// Four consumers read the topic at once; on a loaded machine their
+	// fetches can happen not to overlap, so a round repeats (at most five)
+	// until one frame has waited for the budget. The bound must hold in
+	// every round.
+	for round := 0; round < 5 && metricValue(t, tp.m.heldWaits) == 0; round++ {
+		var wg sync.WaitGroup
+		for c := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ConsumeTopics("held"),
+					kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxBytes(4<<20), kgo.FetchMaxPartitionBytes(2<<20))
+				if err != nil {
+					t.Error(err)
+					return
 				}
-				fs.EachRecord(func(r *kgo.Record) {
-					var i int
-					fmt.Sscan(string(r.Key), &i)
-					if !bytes.Equal(r.Value, want[i]) {
-						t.Errorf("consumer %d: record %d differs", c, i)
+				defer cl.Close()
+				got := 0
+				for got < n && ctx.Err() == nil {
+					fs := cl.PollFetches(ctx)
+					for _, e := range fs.Errors() {
+						t.Errorf("consumer %d: %v", c, e.Err)
 					}
-					got++
-				})
-			}
-			if got != n {
-				t.Errorf("consumer %d got %d of %d records", c, got, n)
-			}
-		}()
-	}
-	wg.Wait()
-	if peak := tp.held.peakBytes(); peak > budget || peak == 0 {
-		t.Errorf("peak held bytes %d, want between 1 and %d", peak, budget)
+					fs.EachRecord(func(r *kgo.Record) {
+						var i int
+						fmt.Sscan(string(r.Key), &i)
+						if !bytes.Equal(r.Value, want[i]) {
+							t.Errorf("consumer %d: record %d differs", c, i)
+						}
+						got++
+					})
+				}
+				if got != n {
+					t.Errorf("consumer %d got %d of %d records", c, got, n)
+				}
+			}()
+		}
+		wg.Wait()
+		if peak := tp.held.peakBytes(); peak > budget || peak == 0 {
+			t.Errorf("round %d: peak held bytes %d, want between 1 and %d", round, peak, budget)
+		}
 	}
 	if w := metricValue(t, tp.m.heldWaits); w == 0 {
-		t.Error("no frame waited: the budget was never the limit, so the test shows nothing")
+		t.Error("no frame waited in five rounds: the budget was never the limit, so the test shows nothing")
 	}
 	if h := metricValue(t, tp.m.heldBytes); h != 0 {
 		t.Errorf("rtproxy_proxy_held_bytes = %v after every response was written, want 0", h)

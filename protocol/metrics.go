@@ -18,6 +18,7 @@ type metrics struct {
 	bytesC2B     prometheus.Counter
 	bytesB2C     prometheus.Counter
 	frameErrors  *prometheus.CounterVec
+	panics       prometheus.Counter
 	heldBytes    prometheus.Gauge
 	heldWaits    prometheus.Counter
 	// endpointsPadded counts node endpoints of streamed Fetch responses
@@ -77,6 +78,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		frameErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_frame_errors_total", Help: "Client connections closed for a malformed frame, by reason.",
 		}, []string{"reason"}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_panics_total", Help: "Client connections closed because the proxy's own code panicked while serving them (a bug: the process and the other connections go on; the log has the stack).",
+		}),
 		heldBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "rtproxy_proxy_held_bytes", Help: "Bytes of frames held whole in memory to be rewritten, all connections together (bounded by proxy.max_held_bytes).",
 		}),
@@ -105,7 +109,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2.5, 14),
 	}, []string{"api"})
 	m.reqs, m.errs, m.lat = reqs, errs, lat
-	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, m.heldBytes, m.heldWaits, m.endpointsPadded, bytes, reqs, errs, lat} {
+	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, m.panics, m.heldBytes, m.heldWaits, m.endpointsPadded, bytes, reqs, errs, lat} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
