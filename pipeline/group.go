@@ -260,7 +260,7 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 			close(old.stop)
 		}
 		r.installTask(t)
-		go r.dispatchLoop(t)
+		go r.survive("dispatch", func() { r.dispatchLoop(t) })
 	}
 	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(float64(len(r.tasks)))
 	r.cut.Unlock()

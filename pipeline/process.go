@@ -38,6 +38,14 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 		}
 	}
 	defer tk.release()
+	defer func() {
+		if v := recover(); v != nil {
+			r.recordPanicked(v, rec, tk)
+		}
+	}()
+	if h := panicTestHook; h != nil {
+		h(r.name, "record")
+	}
 	if r.def.Source.Format == "raw" {
 		rec.Value = string(kr.Value)
 	} else if r.codec != nil {

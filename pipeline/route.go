@@ -239,15 +239,15 @@ func (r *route) run() {
 	defer close(r.done)
 	var twg sync.WaitGroup
 	twg.Add(1)
-	go func() { defer twg.Done(); r.pollLoop() }()
+	go func() { defer twg.Done(); r.survive("poll", r.pollLoop) }()
 	if r.timed {
 		twg.Add(1)
-		go func() { defer twg.Done(); r.idleLoop() }()
+		go func() { defer twg.Done(); r.survive("idle", r.idleLoop) }()
 	}
 	twg.Add(1)
-	go func() { defer twg.Done(); r.checkpointLoop() }()
+	go func() { defer twg.Done(); r.survive("checkpoint", r.checkpointLoop) }()
 	twg.Add(1)
-	go func() { defer twg.Done(); r.lagLoop() }()
+	go func() { defer twg.Done(); r.survive("lag", r.lagLoop) }()
 
 	<-r.halt
 	for _, t := range r.tasksSnapshot() {

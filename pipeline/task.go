@@ -293,6 +293,12 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 	r.tracker.Begin(t.id, kr.Offset)
 	tk := &ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1}
 	defer tk.release()
+	defer func() {
+		if v := recover(); v != nil {
+			r.recordPanicked(v, &operators.Record{Topic: kr.Topic, Partition: kr.Partition, Offset: kr.Offset, Key: kr.Key,
+				Raw: kr.Value, Timestamp: kr.Timestamp.UnixMilli()}, tk)
+		}
+	}()
 	t.curOff, t.seq = kr.Offset, 0
 	var env []byte
 	for _, h := range kr.Headers {

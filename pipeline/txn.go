@@ -419,7 +419,7 @@ func (r *route) resetTasks() {
 	// below: the stop that follows waits for each to end.
 	defer func() {
 		for _, t := range r.tasks {
-			go r.dispatchLoop(t)
+			go r.survive("dispatch", func() { r.dispatchLoop(t) })
 		}
 	}()
 	for _, o := range old {
