@@ -9,8 +9,8 @@ package pipeline
 //     a dead letter with reason error at step "internal", inside the
 //     record's ticket, so its offset is done only once the dead letter is
 //     written (recordPanicked);
-//   - in one of the route's loops (polling, checkpoints, idle ticks, lag,
-//     ordered retries), the route restarts from its last checkpoint, as
+//   - in one of the route's loops (polling, dispatch, checkpoints, idle
+//     ticks, lag, a topic table's reader), the route restarts from its last checkpoint, as
 //     after a fenced producer: nothing is lost, outputs since the
 //     checkpoint may be written again (survive).
 //
@@ -25,7 +25,8 @@ import (
 )
 
 // panicTestHook, when set by a test, runs where a source record is
-// processed and at the start of each loop survive wraps (but dispatch),
+// processed and at the start of each loop survive wraps (but dispatch
+// and table),
 // with the route and the place ("record" or the loop's name); it may
 // panic.
 var panicTestHook func(route, where string)
@@ -58,9 +59,9 @@ func (r *route) survive(loop string, run func()) {
 		r.setState("error", fmt.Sprintf("internal error in the %s loop: %v; restarting from the last checkpoint", loop, v))
 		go r.m.restartRoute(r)
 	}()
-	// Not before a dispatch loop: it closes its task's done itself, and
-	// the route's stop waits for that.
-	if h := panicTestHook; h != nil && loop != "dispatch" {
+	// Not before a dispatch loop or a table reader: they close their
+	// done channel themselves, and the route's stop waits for it.
+	if h := panicTestHook; h != nil && loop != "dispatch" && loop != "table" {
 		h(r.name, loop)
 	}
 	run()

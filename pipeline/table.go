@@ -109,7 +109,7 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 	}
 	fctx, cancel := context.WithCancel(context.Background())
 	tt.cancel = cancel
-	go func() {
+	go r.survive("table", func() {
 		defer close(tt.done)
 		for {
 			fs := cl.PollFetches(fctx)
@@ -127,7 +127,7 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 				r.noteError(fmt.Errorf("table %s: %w", ts.Name, err))
 			}
 		}
-	}()
+	})
 	return tt, nil
 }
 
