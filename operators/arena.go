@@ -105,17 +105,16 @@ func (t *arenaTable) find(h uint64, key string) (int, bool) {
 		if off == 0 {
 			return i, false
 		}
-		if t.slots[2*i] == h && t.keyAt(int(off-1)) == key {
+		if t.slots[2*i] == h && string(t.keyAt(int(off-1))) == key {
 			return i, true
 		}
 	}
 }
 
-// keyAt is the key of the record at off, as a view that string
-// comparisons use without allocating.
-func (t *arenaTable) keyAt(off int) string {
+// keyAt is the key of the record at off.
+func (t *arenaTable) keyAt(off int) []byte {
 	n, w := binary.Uvarint(t.arena[off:])
-	return string(t.arena[off+w : off+w+int(n)])
+	return t.arena[off+w : off+w+int(n)]
 }
 
 // rowAt is the encoded row of the record at off.
