@@ -20,11 +20,13 @@ package operators
 import (
 	"bytes"
 	"fmt"
+	mathrand "math/rand"
 	"os"
 	"path/filepath"
 	"runtime"
 	"runtime/metrics"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -507,7 +509,7 @@ func (t *oldMapTable) Len() int { return len(*t.rows.Load()) }
 // (rows in a byte arena, decoded on lookup) in the plain variants, the old
 // map of decoded rows in the "oldmap-" ones. Each variant loads a table of
 // its own, so only its own is live while it runs. Every row is looked up in
-// turn, so no cache of recent rows would help.
+// turn, except in the "-zipf" variants, where a few rows are hot.
 func BenchmarkJoin100kRows(b *testing.B) {
 	path := writeMerchants(b, 100_000, "m-%05d")
 	ids := make([]string, 100_000)
@@ -516,21 +518,16 @@ func BenchmarkJoin100kRows(b *testing.B) {
 	}
 	in := benchkit.Inputs(4096)
 	members := readsOf(mustExpr(b, "value.merchant_id"))
-	load := func(b *testing.B, old bool) Table {
-		var t Table
-		if old {
-			t = loadOldMapTable(b, path, "merchant_id")
-		} else {
-			ft, err := LoadFileTable(path, "merchant_id")
-			if err != nil {
-				b.Fatal(err)
-			}
-			t = ft
-		}
-		runtime.GC() // the loading's garbage is not the benchmark's
-		return t
+	load := func(b *testing.B, old bool) Table { return loadJoinTable(b, path, old) }
+	// zipf is a skewed order of the rows (s=1.1: a few merchants take most
+	// records, a long tail the rest), for the "-zipf" variants.
+	zipf := make([]int, 1<<20)
+	z := mathrand.NewZipf(mathrand.New(mathrand.NewSource(1)), 1.1, 1, 100_000-1)
+	for i := range zipf {
+		zipf[i] = int(z.Uint64())
 	}
 	run := func(b *testing.B, mode string, old bool) {
+		mode, skewed := strings.CutSuffix(mode, "-zipf")
 		j := NewJoin(load(b, old), mustExpr(b, "value.merchant_id"), "merchant", MissingDeadLetter)
 		sink := sinkFor(mode)
 		b.SetBytes(1024)
@@ -540,7 +537,11 @@ func BenchmarkJoin100kRows(b *testing.B) {
 		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			raw := in[i%len(in)]
-			stamp(raw, merchantAt, 5, i%100_000) // every row in turn
+			if skewed {
+				stamp(raw, merchantAt, 5, zipf[i%len(zipf)])
+			} else {
+				stamp(raw, merchantAt, 5, i%100_000) // every row in turn
+			}
 			r := &Record{}
 			decodeAs(b, mode, r, raw, members)
 			j.Process(r, sink)
@@ -555,36 +556,71 @@ func BenchmarkJoin100kRows(b *testing.B) {
 			b.Fatalf("forwarded %d of %d", rs.forwarded, b.N)
 		}
 	}
-	op := func(b *testing.B, old bool) {
-		j := NewJoin(load(b, old), mustExpr(b, "value.merchant_id"), "merchant", MissingDeadLetter)
-		tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
-		m := tmpl.(map[string]any)
-		sink := &countSink{}
-		b.ReportAllocs()
-		i := 0
-		gc0 := readGCStats()
-		cpu0 := benchkit.CPUNow()
-		for b.Loop() {
-			m["merchant_id"] = ids[i%len(ids)]
-			j.Process(&Record{Value: m}, sink)
-			i++
-		}
-		benchkit.RecPerSec(b, cpu0)
-		gc0.report(b, cpu0)
-		if sink.n != b.N {
-			b.Fatalf("joined %d of %d", sink.n, b.N)
-		}
-	}
+	op := func(b *testing.B, old bool) { joinOp(b, load(b, old), ids) }
 	for _, old := range []bool{false, true} {
 		prefix := ""
 		if old {
 			prefix = "oldmap-"
 		}
-		for _, mode := range []string{"json", "json-raw", "json-members"} {
+		for _, mode := range []string{"json", "json-raw", "json-members", "json-members-zipf"} {
 			b.Run(prefix+mode, func(b *testing.B) { run(b, mode, old) })
 		}
 		b.Run(prefix+"op", func(b *testing.B) { op(b, old) })
 	}
+}
+
+// loadJoinTable loads the merchant table at path as FileTable, or as the
+// old map of decoded rows, and collects the loading's garbage.
+func loadJoinTable(b *testing.B, path string, old bool) Table {
+	var t Table
+	if old {
+		t = loadOldMapTable(b, path, "merchant_id")
+	} else {
+		ft, err := LoadFileTable(path, "merchant_id")
+		if err != nil {
+			b.Fatal(err)
+		}
+		t = ft
+	}
+	runtime.GC() // the loading's garbage is not the benchmark's
+	return t
+}
+
+// joinOp is the join step alone on a decoded payment whose merchant_id
+// goes through ids in turn.
+func joinOp(b *testing.B, table Table, ids []string) {
+	j := NewJoin(table, mustExpr(b, "value.merchant_id"), "merchant", MissingDeadLetter)
+	tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
+	m := tmpl.(map[string]any)
+	sink := &countSink{}
+	b.ReportAllocs()
+	i := 0
+	gc0 := readGCStats()
+	cpu0 := benchkit.CPUNow()
+	for b.Loop() {
+		m["merchant_id"] = ids[i%len(ids)]
+		j.Process(&Record{Value: m}, sink)
+		i++
+	}
+	benchkit.RecPerSec(b, cpu0)
+	gc0.report(b, cpu0)
+	if sink.n != b.N {
+		b.Fatalf("joined %d of %d", sink.n, b.N)
+	}
+}
+
+// BenchmarkJoin1MRows is the join step alone (op) against a table of 1M
+// rows, FileTable and the old map: where the collector's scan of the old
+// map grows with the table, and FileTable's cost per lookup does not.
+func BenchmarkJoin1MRows(b *testing.B) {
+	const n = 1_000_000
+	path := writeMerchants(b, n, "m-%07d")
+	ids := make([]string, n)
+	for k := range ids {
+		ids[k] = fmt.Sprintf("m-%07d", k)
+	}
+	b.Run("op", func(b *testing.B) { joinOp(b, loadJoinTable(b, path, false), ids) })
+	b.Run("oldmap-op", func(b *testing.B) { joinOp(b, loadJoinTable(b, path, true), ids) })
 }
 
 // gcStats is the collector's counters at the start of a measurement.
@@ -630,12 +666,9 @@ func BenchmarkLargeStateGC(b *testing.B) {
 		runtime.KeepAlive(st)
 	}
 	for _, n := range []int{100_000, 1_000_000} {
-		var path string
+		path := writeMerchants(b, n, "m-%07d")
 		table := func(old bool) func(b *testing.B) any {
 			return func(b *testing.B) any {
-				if path == "" {
-					path = writeMerchants(b, n, "m-%07d")
-				}
 				if old {
 					return loadOldMapTable(b, path, "merchant_id")
 				}
