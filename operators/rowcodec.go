@@ -200,6 +200,9 @@ func (d *rowDecoder) str() (string, error) {
 	if err != nil || n > uint64(len(d.b)-d.i) {
 		return "", errRowEncoding
 	}
+	if n == 0 {
+		return "", nil
+	}
 	if d.s == "" {
 		d.s = string(d.b)
 	}
