@@ -18,13 +18,24 @@ package operators
 // time (GC included), which with -cpu 1 is the cost on one core.
 
 import (
+	"bytes"
 	"fmt"
+	mathrand "math/rand"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/metrics"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/btree"
+
 	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+	"github.com/rtproxy/rtproxy/state"
 )
 
 // Offsets of the fixed-width ids in a payment: benchmarks stamp distinct
@@ -369,20 +380,31 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 
 // BenchmarkDropDuplicates1MKeys measures a step that already remembers 1M
 // keys: the state is filled with 1M other ids first, so every b.N, not
-// only -benchtime 1000000x, sees a state of at least 1M keys (and the GC
-// scans it, as it would scan an in-memory state in the pipeline). Every
+// only -benchtime 1000000x, sees a state of at least 1M keys. Every
 // measured record has a new id, so every one passes and is encoded.
+//
+// The variants run on MemKV, whose keys are in a byte arena the collector
+// does not scan (as pebble's memtable and block cache, which hold a
+// production step's keys); the "oldkv-" variants on a copy of the MemKV
+// before issue 13, a btree of key and value slices, which the collector
+// scans key by key; the "pebble-" variants on production's state (package
+// state: pebble, with the writes since the last checkpoint in an in-heap
+// overlay). Each variant fills a state of its own, so only its own is live
+// while it runs.
 func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 	const keys = 1_000_000
-	d := NewDropDuplicates(mustExpr(b, "value.txn_id"), time.Hour, NewMemKV())
-	fill := map[string]any{"txn_id": ""}
-	for k := range keys {
-		fill["txn_id"] = fmt.Sprintf("old-%08d", k)
-		d.Process(&Record{Value: fill, EventTime: -1}, &countSink{})
-	}
-	next := 0 // ids already used by an earlier run of a variant
 	in := benchkit.Inputs(4096)
-	run := func(b *testing.B, mode string) {
+	run := func(b *testing.B, mode string, kv state.KV, checkpoint func()) {
+		d := NewDropDuplicates(mustExpr(b, "value.txn_id"), time.Hour, kv)
+		fill := map[string]any{"txn_id": ""}
+		for k := range keys {
+			fill["txn_id"] = fmt.Sprintf("old-%08d", k)
+			d.Process(&Record{Value: fill, EventTime: -1}, &countSink{})
+		}
+		if checkpoint != nil {
+			checkpoint()
+		}
+		runtime.GC() // the filling's garbage is not the benchmark's
 		v, _ := jsoncodec.Decode(benchkit.Payment(0))
 		tmpl := v.(map[string]any)
 		var sink countingSink = &countSink{}
@@ -392,19 +414,19 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
+		gc0 := readGCStats()
 		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
-			k := next + i
 			raw := in[i%len(in)]
 			r := &Record{EventTime: int64(i)}
 			switch mode {
 			case "json", "json-raw", "json-members":
-				stampTxn(raw, k)
+				stampTxn(raw, i)
 				decodeAs(b, mode, r, raw, dedupMembers)
 			default:
 				// A fresh id string, as a decode would give; the step only
 				// reads the value, so one object serves.
-				tmpl["txn_id"] = "txn-" + strconv.Itoa(k)
+				tmpl["txn_id"] = "txn-" + strconv.Itoa(i)
 				r.Value = tmpl
 			}
 			if _, err := d.ShuffleKey(r); err != nil {
@@ -412,52 +434,152 @@ func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 			}
 			d.Process(r, sink)
 			i++
+			if checkpoint != nil && i%pebbleCheckpointEvery == 0 {
+				checkpoint()
+			}
 		}
 		benchkit.RecPerSec(b, cpu0)
-		next += b.N
+		gc0.report(b, cpu0)
 		if n, dead := sink.counts(); n != b.N || dead != 0 {
 			b.Fatalf("passed %d, want %d (dead %d)", n, b.N, dead)
 		}
 		if rs, ok := sink.(*rawSink); ok && rs.forwarded != b.N {
 			b.Fatalf("forwarded %d of %d", rs.forwarded, b.N)
 		}
+		runtime.KeepAlive(kv)
 	}
-	b.Run("json", func(b *testing.B) { run(b, "json") })
-	b.Run("json-raw", func(b *testing.B) { run(b, "json-raw") })
-	b.Run("json-members", func(b *testing.B) { run(b, "json-members") })
-	b.Run("op", func(b *testing.B) { run(b, "op") })
+	for _, mode := range []string{"json", "json-raw", "json-members", "op"} {
+		b.Run(mode, func(b *testing.B) { run(b, mode, NewMemKV(), nil) })
+	}
+	for _, mode := range []string{"json", "json-raw", "json-members", "op"} {
+		b.Run("oldkv-"+mode, func(b *testing.B) { run(b, mode, newOldMemKV(), nil) })
+	}
+	for _, mode := range []string{"json-members", "op"} {
+		b.Run("pebble-"+mode, func(b *testing.B) {
+			db, err := state.Open(b.TempDir(), nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer db.Close()
+			n := int64(0)
+			run(b, mode, db.Namespace("bench", "dedup"), func() {
+				n++
+				if err := db.Checkpoint("bench", map[int32]int64{0: n}, nil); err != nil {
+					b.Fatal(err)
+				}
+			})
+		})
+	}
 }
+
+// pebbleCheckpointEvery is how many records the "pebble-" variants of
+// BenchmarkDropDuplicates1MKeys process between checkpoints: about a
+// second's worth, where production's default is 5s. Until a checkpoint the
+// writes stay in the namespace's overlay (state/overlay.go), a btree in
+// the Go heap; the checkpoint's synced pebble commit is part of the cost.
+const pebbleCheckpointEvery = 250_000
 
 var dedupMembers = jsoncodec.Fields{"txn_id": {}}
 
-func BenchmarkJoin100kRows(b *testing.B) {
-	mt := NewMapTable()
-	for i := range 100_000 {
-		id := fmt.Sprintf("m-%05d", i)
-		mt.Set(id, map[string]any{"merchant_id": id, "name": "Merchant " + id, "avg_amount": float64(i%500) + 0.5, "country": "DE"})
+// merchantRow is row i of the join benchmarks' merchant table.
+func merchantRow(id string, i int) map[string]any {
+	return map[string]any{"merchant_id": id, "name": "Merchant " + id, "avg_amount": float64(i%500) + 0.5, "country": "DE"}
+}
+
+// writeMerchants writes a JSON-lines merchant table of n rows, ids
+// fmt.Sprintf(idFormat, i), and returns its path.
+func writeMerchants(b *testing.B, n int, idFormat string) string {
+	var buf []byte
+	for i := range n {
+		var err error
+		if buf, err = jsoncodec.Append(buf, merchantRow(fmt.Sprintf(idFormat, i), i)); err != nil {
+			b.Fatal(err)
+		}
+		buf = append(buf, '\n')
 	}
-	j := NewJoin(mt, mustExpr(b, "value.merchant_id"), "merchant", MissingDeadLetter)
+	p := filepath.Join(b.TempDir(), "merchants.jsonl")
+	if err := os.WriteFile(p, buf, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return p
+}
+
+// oldMapTable is FileTable before issue 13: the decoded rows in a Go map
+// swapped in whole, every map, string and box of them scanned by the
+// collector on every cycle.
+type oldMapTable struct {
+	rows atomic.Pointer[map[string]map[string]any]
+}
+
+func loadOldMapTable(b *testing.B, path, keyField string) *oldMapTable {
+	f, err := os.Open(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	rows := map[string]map[string]any{}
+	if err := readTable(f, path, keyField, func(k string, row map[string]any) error {
+		rows[k] = row
+		return nil
+	}); err != nil {
+		b.Fatal(err)
+	}
+	t := &oldMapTable{}
+	t.rows.Store(&rows)
+	return t
+}
+
+func (t *oldMapTable) Lookup(key string) (map[string]any, bool) {
+	row, ok := (*t.rows.Load())[key]
+	return row, ok
+}
+
+func (t *oldMapTable) Len() int { return len(*t.rows.Load()) }
+
+// BenchmarkJoin100kRows joins against a 100k-row file table: FileTable
+// (rows in a byte arena, decoded on lookup) in the plain variants, the old
+// map of decoded rows in the "oldmap-" ones. Each variant loads a table of
+// its own, so only its own is live while it runs. Every row is looked up in
+// turn, except in the "-zipf" variants, where a few rows are hot.
+func BenchmarkJoin100kRows(b *testing.B) {
+	path := writeMerchants(b, 100_000, "m-%05d")
 	ids := make([]string, 100_000)
 	for k := range ids {
 		ids[k] = fmt.Sprintf("m-%05d", k)
 	}
 	in := benchkit.Inputs(4096)
 	members := readsOf(mustExpr(b, "value.merchant_id"))
-	run := func(b *testing.B, mode string) {
+	load := func(b *testing.B, old bool) Table { return loadJoinTable(b, path, old) }
+	// zipf is a skewed order of the rows (s=1.1: a few merchants take most
+	// records, a long tail the rest), for the "-zipf" variants.
+	zipf := make([]int, 1<<20)
+	z := mathrand.NewZipf(mathrand.New(mathrand.NewSource(1)), 1.1, 1, 100_000-1)
+	for i := range zipf {
+		zipf[i] = int(z.Uint64())
+	}
+	run := func(b *testing.B, mode string, old bool) {
+		mode, skewed := strings.CutSuffix(mode, "-zipf")
+		j := NewJoin(load(b, old), mustExpr(b, "value.merchant_id"), "merchant", MissingDeadLetter)
 		sink := sinkFor(mode)
 		b.SetBytes(1024)
 		b.ReportAllocs()
 		i := 0
+		gc0 := readGCStats()
 		cpu0 := benchkit.CPUNow()
 		for b.Loop() {
 			raw := in[i%len(in)]
-			stamp(raw, merchantAt, 5, i%100_000) // every row in turn
+			if skewed {
+				stamp(raw, merchantAt, 5, zipf[i%len(zipf)])
+			} else {
+				stamp(raw, merchantAt, 5, i%100_000) // every row in turn
+			}
 			r := &Record{}
 			decodeAs(b, mode, r, raw, members)
 			j.Process(r, sink)
 			i++
 		}
 		benchkit.RecPerSec(b, cpu0)
+		gc0.report(b, cpu0)
 		if n, _ := sink.counts(); n != b.N {
 			b.Fatalf("joined %d of %d", n, b.N)
 		}
@@ -465,26 +587,191 @@ func BenchmarkJoin100kRows(b *testing.B) {
 			b.Fatalf("forwarded %d of %d", rs.forwarded, b.N)
 		}
 	}
-	for _, mode := range []string{"json", "json-raw", "json-members"} {
-		b.Run(mode, func(b *testing.B) { run(b, mode) })
+	op := func(b *testing.B, old bool) { joinOp(b, load(b, old), ids) }
+	for _, old := range []bool{false, true} {
+		prefix := ""
+		if old {
+			prefix = "oldmap-"
+		}
+		for _, mode := range []string{"json", "json-raw", "json-members", "json-members-zipf"} {
+			b.Run(prefix+mode, func(b *testing.B) { run(b, mode, old) })
+		}
+		b.Run(prefix+"op", func(b *testing.B) { op(b, old) })
 	}
-	b.Run("op", func(b *testing.B) {
-		tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
-		m := tmpl.(map[string]any)
-		sink := &countSink{}
-		b.ReportAllocs()
-		i := 0
-		cpu0 := benchkit.CPUNow()
+}
+
+// loadJoinTable loads the merchant table at path as FileTable, or as the
+// old map of decoded rows, and collects the loading's garbage.
+func loadJoinTable(b *testing.B, path string, old bool) Table {
+	var t Table
+	if old {
+		t = loadOldMapTable(b, path, "merchant_id")
+	} else {
+		ft, err := LoadFileTable(path, "merchant_id")
+		if err != nil {
+			b.Fatal(err)
+		}
+		t = ft
+	}
+	runtime.GC() // the loading's garbage is not the benchmark's
+	return t
+}
+
+// joinOp is the join step alone on a decoded payment whose merchant_id
+// goes through ids in turn.
+func joinOp(b *testing.B, table Table, ids []string) {
+	j := NewJoin(table, mustExpr(b, "value.merchant_id"), "merchant", MissingDeadLetter)
+	tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
+	m := tmpl.(map[string]any)
+	sink := &countSink{}
+	b.ReportAllocs()
+	i := 0
+	gc0 := readGCStats()
+	cpu0 := benchkit.CPUNow()
+	for b.Loop() {
+		m["merchant_id"] = ids[i%len(ids)]
+		j.Process(&Record{Value: m}, sink)
+		i++
+	}
+	benchkit.RecPerSec(b, cpu0)
+	gc0.report(b, cpu0)
+	if sink.n != b.N {
+		b.Fatalf("joined %d of %d", sink.n, b.N)
+	}
+}
+
+// BenchmarkJoin1MRows is the join step alone (op) against a table of 1M
+// rows, FileTable and the old map: where the collector's scan of the old
+// map grows with the table, and FileTable's cost per lookup does not.
+func BenchmarkJoin1MRows(b *testing.B) {
+	const n = 1_000_000
+	path := writeMerchants(b, n, "m-%07d")
+	ids := make([]string, n)
+	for k := range ids {
+		ids[k] = fmt.Sprintf("m-%07d", k)
+	}
+	b.Run("op", func(b *testing.B) { joinOp(b, loadJoinTable(b, path, false), ids) })
+	b.Run("oldmap-op", func(b *testing.B) { joinOp(b, loadJoinTable(b, path, true), ids) })
+}
+
+// gcStats is the collector's counters at the start of a measurement.
+type gcStats struct{ cycles, gcCPU float64 }
+
+var gcMetrics = []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}}
+
+func readGCStats() gcStats {
+	s := append([]metrics.Sample(nil), gcMetrics...)
+	metrics.Read(s)
+	return gcStats{float64(s[0].Value.Uint64()), s[1].Value.Float64()}
+}
+
+// report adds the collection cycles per million records and the share of
+// the process's CPU time since cpu0 that the collector took (the runtime's
+// estimate: mark workers, assists and pauses).
+func (g gcStats) report(b *testing.B, cpu0 time.Duration) {
+	now := readGCStats()
+	b.ReportMetric((now.cycles-g.cycles)*1e6/float64(b.N), "gc/Mrec")
+	if cpu := (benchkit.CPUNow() - cpu0).Seconds(); cpu > 0 {
+		b.ReportMetric(100*(now.gcCPU-g.gcCPU)/cpu, "gc-cpu-%")
+	}
+}
+
+// BenchmarkLargeStateGC is what a collection cycle costs while a large
+// state is live, and how much heap that state holds: ns/op is one forced
+// runtime.GC() (with -cpu 1, one mark worker), live-MB the heap in use
+// after it (minus what was in use before the state was built). The states:
+// a join table of 100k and 1M rows as FileTable and as the old map of
+// decoded rows, and drop_duplicates' state of 1M keys (2M KV entries) in
+// MemKV and in the old btree of slices.
+func BenchmarkLargeStateGC(b *testing.B) {
+	gcOnce := func(b *testing.B, build func(b *testing.B) any) {
+		runtime.GC()
+		base := liveHeap()
+		st := build(b)
+		runtime.GC()
+		live := liveHeap() - base
 		for b.Loop() {
-			m["merchant_id"] = ids[i%len(ids)]
-			j.Process(&Record{Value: m}, sink)
-			i++
+			runtime.GC()
 		}
-		benchkit.RecPerSec(b, cpu0)
-		if sink.n != b.N {
-			b.Fatalf("joined %d of %d", sink.n, b.N)
+		b.ReportMetric(float64(live)/(1<<20), "live-MB")
+		runtime.KeepAlive(st)
+	}
+	for _, n := range []int{100_000, 1_000_000} {
+		path := writeMerchants(b, n, "m-%07d")
+		table := func(old bool) func(b *testing.B) any {
+			return func(b *testing.B) any {
+				if old {
+					return loadOldMapTable(b, path, "merchant_id")
+				}
+				ft, err := LoadFileTable(path, "merchant_id")
+				if err != nil {
+					b.Fatal(err)
+				}
+				return ft
+			}
 		}
+		name := fmt.Sprintf("join-%dk", n/1000)
+		b.Run(name+"/filetable", func(b *testing.B) { gcOnce(b, table(false)) })
+		b.Run(name+"/oldmap", func(b *testing.B) { gcOnce(b, table(true)) })
+	}
+	dedup := func(kv state.KV) func(b *testing.B) any {
+		return func(b *testing.B) any {
+			d := NewDropDuplicates(mustExpr(b, "value.txn_id"), time.Hour, kv)
+			fill := map[string]any{"txn_id": ""}
+			for k := range 1_000_000 {
+				fill["txn_id"] = fmt.Sprintf("old-%08d", k)
+				d.Process(&Record{Value: fill, EventTime: int64(k)}, &countSink{})
+			}
+			return d
+		}
+	}
+	b.Run("dedup-1M/memkv", func(b *testing.B) { gcOnce(b, dedup(NewMemKV())) })
+	b.Run("dedup-1M/oldkv", func(b *testing.B) { gcOnce(b, dedup(newOldMemKV())) })
+}
+
+// liveHeap is the bytes of heap objects, live and not yet swept (right
+// after runtime.GC(): live).
+func liveHeap() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// oldMemKV is MemKV before issue 13, kept to measure against: a btree of
+// items holding their own key and value slices.
+type oldMemKV struct {
+	tree *btree.BTreeG[oldMemItem]
+}
+
+type oldMemItem struct{ key, val []byte }
+
+func newOldMemKV() *oldMemKV {
+	return &oldMemKV{tree: btree.NewG(32, func(a, b oldMemItem) bool { return bytes.Compare(a.key, b.key) < 0 })}
+}
+
+func (m *oldMemKV) Get(key []byte) ([]byte, bool, error) {
+	it, ok := m.tree.Get(oldMemItem{key: key})
+	return it.val, ok, nil
+}
+
+func (m *oldMemKV) Set(key, val []byte) error {
+	m.tree.ReplaceOrInsert(oldMemItem{key: bytes.Clone(key), val: append([]byte{}, val...)})
+	return nil
+}
+
+func (m *oldMemKV) Delete(key []byte) error {
+	m.tree.Delete(oldMemItem{key: key})
+	return nil
+}
+
+func (m *oldMemKV) Scan(start, end []byte, fn func(key, val []byte) bool) error {
+	m.tree.AscendGreaterOrEqual(oldMemItem{key: start}, func(it oldMemItem) bool {
+		if end != nil && bytes.Compare(it.key, end) >= 0 {
+			return false
+		}
+		return fn(it.key, it.val)
 	})
+	return nil
 }
 
 func TestPaymentIs1KiB(t *testing.T) {

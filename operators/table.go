@@ -30,10 +30,14 @@ import (
 //
 // Lookup is safe for concurrent use, also during Reload: a reload builds
 // the new index to the side and swaps it in whole.
+//
+// The rows are kept encoded in one byte arena with a pointer-free index
+// (arena.go), so a table of millions of rows costs the garbage collector
+// nothing to scan; Lookup decodes the row into a new map every time.
 type FileTable struct {
 	path     string
 	keyField string
-	rows     atomic.Pointer[map[string]map[string]any]
+	rows     atomic.Pointer[arenaTable]
 }
 
 // LoadFileTable loads the table at path, keyed by keyField. Errors name the
@@ -50,12 +54,11 @@ func LoadFileTable(path, keyField string) (*FileTable, error) {
 func (t *FileTable) Path() string { return t.path }
 
 // Len is the number of rows.
-func (t *FileTable) Len() int { return len(*t.rows.Load()) }
+func (t *FileTable) Len() int { return t.rows.Load().Len() }
 
-// Lookup implements Table.
+// Lookup implements Table. The row is a new map on every call.
 func (t *FileTable) Lookup(key string) (map[string]any, bool) {
-	row, ok := (*t.rows.Load())[key]
-	return row, ok
+	return t.rows.Load().Lookup(key)
 }
 
 // Reload reads the file again. On error the table keeps its previous rows.
@@ -65,23 +68,26 @@ func (t *FileTable) Reload() error {
 		return fmt.Errorf("table %s: %w", t.path, err)
 	}
 	defer f.Close()
-	var rows map[string]map[string]any
-	if strings.EqualFold(filepath.Ext(t.path), ".csv") {
-		rows, err = readCSVTable(f, t.keyField)
-	} else {
-		rows, err = readJSONLinesTable(f, t.keyField)
-	}
-	if err != nil {
+	b := newArenaBuilder()
+	if err := readTable(f, t.path, t.keyField, b.add); err != nil {
 		return fmt.Errorf("table %s:%w", t.path, err)
 	}
-	t.rows.Store(&rows)
+	t.rows.Store(b.finish())
 	return nil
+}
+
+// readTable reads a table file (CSV when path ends in ".csv", JSON lines
+// otherwise) and hands each row to add, in file order.
+func readTable(r io.Reader, path, keyField string, add func(key string, row map[string]any) error) error {
+	if strings.EqualFold(filepath.Ext(path), ".csv") {
+		return readCSVTable(r, keyField, add)
+	}
+	return readJSONLinesTable(r, keyField, add)
 }
 
 // readJSONLinesTable reads one JSON object per line; blank lines are
 // skipped. Errors start with "<line>: " (the caller prefixes the file).
-func readJSONLinesTable(r io.Reader, keyField string) (map[string]map[string]any, error) {
-	rows := make(map[string]map[string]any)
+func readJSONLinesTable(r io.Reader, keyField string, add func(key string, row map[string]any) error) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64*1024), 16<<20)
 	line := 0
@@ -93,38 +99,40 @@ func readJSONLinesTable(r io.Reader, keyField string) (map[string]map[string]any
 		}
 		v, err := jsoncodec.Decode(b)
 		if err != nil {
-			return nil, fmt.Errorf("%d: %w", line, err)
+			return fmt.Errorf("%d: %w", line, err)
 		}
 		obj, ok := v.(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("%d: row is %s, want a JSON object", line, jsonKind(v))
+			return fmt.Errorf("%d: row is %s, want a JSON object", line, jsonKind(v))
 		}
 		kv, ok := obj[keyField]
 		if !ok || kv == nil {
-			return nil, fmt.Errorf("%d: row has no key field %q", line, keyField)
+			return fmt.Errorf("%d: row has no key field %q", line, keyField)
 		}
 		key, err := keyString(kv)
 		if err != nil {
-			return nil, fmt.Errorf("%d: key field %q: %w", line, keyField, err)
+			return fmt.Errorf("%d: key field %q: %w", line, keyField, err)
 		}
-		rows[key] = obj
+		if err := add(key, obj); err != nil {
+			return fmt.Errorf("%d: %w", line, err)
+		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%d: %w", line+1, err)
+		return fmt.Errorf("%d: %w", line+1, err)
 	}
-	return rows, nil
+	return nil
 }
 
 // readCSVTable reads a CSV file whose first row names the columns.
-func readCSVTable(r io.Reader, keyField string) (map[string]map[string]any, error) {
+func readCSVTable(r io.Reader, keyField string, add func(key string, row map[string]any) error) error {
 	cr := csv.NewReader(r)
 	cr.ReuseRecord = false
 	header, err := cr.Read()
 	if errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("1: empty file, want a header row naming the columns")
+		return fmt.Errorf("1: empty file, want a header row naming the columns")
 	}
 	if err != nil {
-		return nil, csvErr(err)
+		return csvErr(err)
 	}
 	keyCol := -1
 	for i, h := range header {
@@ -133,33 +141,34 @@ func readCSVTable(r io.Reader, keyField string) (map[string]map[string]any, erro
 		}
 	}
 	if keyCol < 0 {
-		return nil, fmt.Errorf("1: header %q has no key column %q", strings.Join(header, ","), keyField)
+		return fmt.Errorf("1: header %q has no key column %q", strings.Join(header, ","), keyField)
 	}
-	rows := make(map[string]map[string]any)
 	for {
 		rec, err := cr.Read()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return nil, csvErr(err)
+			return csvErr(err)
 		}
 		row := make(map[string]any, len(header))
 		for i, cell := range rec {
 			row[header[i]] = csvCell(cell)
 		}
 		key := rec[keyCol]
+		line, _ := cr.FieldPos(keyCol)
 		if key == "" {
-			line, _ := cr.FieldPos(keyCol)
-			return nil, fmt.Errorf("%d: empty key column %q", line, keyField)
+			return fmt.Errorf("%d: empty key column %q", line, keyField)
 		}
 		if k, ok := row[keyField]; ok {
 			// A numeric key is indexed like a JSON number key would be.
 			key, _ = keyString(k)
 		}
-		rows[key] = row
+		if err := add(key, row); err != nil {
+			return fmt.Errorf("%d: %w", line, err)
+		}
 	}
-	return rows, nil
+	return nil
 }
 
 // csvErr turns a csv.ParseError into "<line>: <what>".

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"container/list"
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -80,6 +81,10 @@ func (t *storeTable) putLocked(key string, row map[string]any, ok bool) {
 		t.lru.MoveToFront(e)
 		return
 	}
+	// The key is often a view into the whole input of the record that
+	// looked it up (a string of a value decoded whole): kept as it is, it
+	// would keep that record's bytes alive as long as the row is cached.
+	key = strings.Clone(key)
 	t.cache[key] = t.lru.PushFront(&cachedRow{key: key, row: row, ok: ok})
 	for t.lru.Len() > t.max {
 		last := t.lru.Back()

@@ -169,6 +169,10 @@ func (f *Frozen) Commit(offs map[int32]int64, snaps map[string]func(Writer) erro
 
 	rs.mu.Lock()
 	rs.mu.seq = seq
+	// Clear the slot before reslicing: the backing array would otherwise
+	// keep f, and with it the cut's overlays, alive until a later append
+	// moves the array.
+	rs.mu.pending[0] = nil
 	rs.mu.pending = rs.mu.pending[1:]
 	rs.mu.Unlock()
 	for ns, o := range f.layers {
@@ -180,6 +184,9 @@ func (f *Frozen) Commit(offs map[int32]int64, snaps map[string]func(Writer) erro
 		}
 		ns.mu.Unlock()
 	}
+	// The writes are in pebble now: a caller that keeps f (the pipeline's
+	// pending list does, for a while) must not keep them in the heap.
+	f.layers = nil
 	db.log.Debug("checkpoint", "route", rs.name, "seq", seq, "writes", writes,
 		"snapshots", len(snaps), "batch_bytes", size, "duration", time.Since(start),
 		"cut_age", now.Sub(f.at))
