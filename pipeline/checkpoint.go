@@ -233,6 +233,9 @@ func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 		r.grp.mu.lastOffs = c.offs
 		r.grp.mu.Unlock()
 		r.commitGroup(c)
+		// Cleared before it is sliced off: the backing array would keep
+		// the committed cut's snapshots reachable for several checkpoints.
+		r.pendingCuts[0] = nil
 		r.pendingCuts = r.pendingCuts[1:]
 		r.checkpointed(c)
 	}
