@@ -30,6 +30,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,11 +52,31 @@ var (
 	bulk       = flag.Int("bulk", 100000, "backlog size of the throughput runs (0: skip them)")
 	latencies  = flag.Bool("latency", true, "run the latency scenarios")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
+	only       = flag.String("only", "", "live: only the live rates of issue 13 (route and loop in processes of their own, at -live-rates, and their drains)")
+	liveRates  = flag.String("live-rates", "10000,2000", "with -only live: the rates, records/s")
+	liveKinds  = flag.String("live-kinds", "route,loop", "with -only live: the measured processes, route and/or loop")
+
+	// The measured process of -only live (live.go).
+	childKind    = flag.String("child", "", "internal: run as the measured process of -only live (route or loop)")
+	childBrokers = flag.String("child-brokers", "", "internal")
+	childSrc     = flag.String("child-src", "", "internal")
+	childSink    = flag.String("child-sink", "", "internal")
+	childRule    = flag.String("child-rule", "", "internal")
+	childStart   = flag.String("child-start", "latest", "internal")
+	childState   = flag.String("child-state", "", "internal")
+	childProfile = flag.String("child-profile", "", "internal")
+	// childProfileDir is where -only live's measured processes write CPU
+	// profiles, one per run (KIND-TOPIC.pprof).
+	childProfileDir = flag.String("live-profile", "", "with -only live: write a CPU profile of each measured process into this directory")
 )
 
 func main() {
 	flag.Parse()
 	log.SetFlags(0)
+	if *childKind != "" {
+		runChild(*childKind, *childBrokers, *childSrc, *childSink, *childRule, *childStart, *childState, *childProfile)
+		return
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		check(err)
@@ -77,6 +98,16 @@ func main() {
 
 	b := &bench{addrs: addrs, dir: tmp}
 	b.adm = kadm.NewClient(b.client())
+	if *only == "live" {
+		var rates []int
+		for _, f := range strings.Split(*liveRates, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			check(err)
+			rates = append(rates, n)
+		}
+		b.runLive(rates)
+		return
+	}
 	b.createTopics("a.in", "aw.in", "b.in", "c.in", "a2.in", "c2.in", "d.in", "e.in", "e.out", "merchants")
 	b.loadMerchants()
 
@@ -401,8 +432,14 @@ func startStdlibLoop(addrs []string, src, sink string) func() {
 // the given JSON decoder and encoder.
 func startLoop(addrs []string, src, sink string, from kgo.Offset,
 	decode func([]byte) (map[string]any, bool), encode func(any) ([]byte, error)) func() {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0),
-		kgo.ConsumeTopics(src), kgo.ConsumeResetOffset(from), kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
+	return startLoopOpts(addrs, src, sink, from, decode, encode)
+}
+
+// startLoopOpts is startLoop with more client options (live.go's hook).
+func startLoopOpts(addrs []string, src, sink string, from kgo.Offset,
+	decode func([]byte) (map[string]any, bool), encode func(any) ([]byte, error), opts ...kgo.Opt) func() {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0),
+		kgo.ConsumeTopics(src), kgo.ConsumeResetOffset(from), kgo.FetchMaxWait(10 * time.Millisecond), kgo.FetchMinBytes(1)}, opts...)...)
 	check(err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
