@@ -6,7 +6,8 @@ package pipeline
 // own (linger 0, five requests in flight per broker). Two things batch
 // them (docs/BENCHMARKS.md, "Live rates: batching a fetch's writes"):
 //
-//   - The poll loop polls at most once per pollEvery while records flow.
+//   - The poll loop polls at most once per batch window (Config.
+//     BatchWindow, the proxy's batch_window) while records flow.
 //     franz-go asks a broker for more only once the previous fetch was
 //     polled, so what arrives meanwhile waits at the broker and comes back
 //     in one fetch. An idle route is not affected: a poll that returned
@@ -31,11 +32,12 @@ import (
 )
 
 const (
-	// pollEvery is the shortest time between two polls while records
-	// flow. 5ms against 0 (before) and 10ms, at 10k and 2k records/s
-	// (docs/BENCHMARKS.md): two thirds and less than half the CPU per
-	// record, fetch requests down 2-4x, p99 at 10k no worse; p50 +2-9 ms.
-	pollEvery = 5 * time.Millisecond
+	// defaultBatchWindow is Config.BatchWindow's default: the shortest
+	// time between two polls while records flow. Against no window, at
+	// 10k and 2k records/s of 1 KiB on 8 partitions (docs/BENCHMARKS.md,
+	// "Live rates: batching a fetch's writes"): a quarter and about half
+	// less CPU per record, 3-5x fewer requests, p50 latency up by 4-10 ms.
+	defaultBatchWindow = 5 * time.Millisecond
 	// produceLinger bounds how long a write waits in the producer for a
 	// flush. The dispatch, the idle loop, the retry loop and whatever
 	// waits for acknowledgements flush; only a dead letter written for an
@@ -81,8 +83,8 @@ var flushed = func() context.Context {
 // flushWrites sends the writes lingering in the route's producer now,
 // without waiting for them to be acknowledged.
 func (r *route) flushWrites() {
-	if r.local != nil || r.cl == nil {
-		return
+	if r.local != nil || r.cl == nil || r.m.cfg.BatchWindow < 0 {
+		return // with no window, writes do not linger
 	}
 	// kgo's Flush with a done context unlingers every partition and
 	// returns at once (franz-go has no flush that does not wait).
@@ -90,7 +92,7 @@ func (r *route) flushWrites() {
 }
 
 // pollPace spaces the polls while records flow: a poll that returned
-// records is followed by the next only pollEvery after it. franz-go sends
+// records is followed by the next only a batch window after it. franz-go sends
 // a broker its next fetch request only once the previous response was
 // polled, so what arrives meanwhile waits at the broker and comes back in
 // one response. A poll that returned nothing is followed at once by one
@@ -109,13 +111,13 @@ func (p *pollPace) polled(records bool) {
 	}
 }
 
-// wait waits until pollEvery has passed since the last poll that returned
-// records; false when the route stops meanwhile.
+// wait waits until the batch window has passed since the last poll that
+// returned records; false when the route stops meanwhile.
 func (p *pollPace) wait(r *route) bool {
-	if p.last.IsZero() {
+	if p.last.IsZero() || r.m.cfg.BatchWindow <= 0 {
 		return true
 	}
-	wait := pollEvery - time.Since(p.last)
+	wait := r.m.cfg.BatchWindow - time.Since(p.last)
 	if wait <= 0 {
 		return true
 	}
@@ -129,4 +131,13 @@ func (p *pollPace) wait(r *route) bool {
 	case <-r.halt:
 		return false
 	}
+}
+
+// writeLinger is the linger of the route's producer: produceLinger with a
+// batch window, none without.
+func (r *route) writeLinger() time.Duration {
+	if r.m.cfg.BatchWindow < 0 {
+		return 0
+	}
+	return produceLinger
 }

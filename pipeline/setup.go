@@ -190,7 +190,7 @@ func (r *route) setup() error {
 		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.FetchMinBytes(1),
 		// Writes wait for their poll's flush, at most this long (batch.go).
-		kgo.ProducerLinger(produceLinger),
+		kgo.ProducerLinger(r.writeLinger()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		// No delivery timeout: franz-go measures it from a record's
 		// timestamp, and outputs carry their source record's (an hour old
