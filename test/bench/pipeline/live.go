@@ -115,7 +115,7 @@ func startChild(kind string, addrs []string, src, sink, ruleFile, start, stateDi
 		r, err := rules.LoadFile(ruleFile)
 		check(err)
 		r.Source.Start = start
-		mgr, err := pipeline.New(pipeline.Config{Seeds: addrs, StateDir: stateDir,
+		mgr, err := pipeline.New(pipeline.Config{Seeds: addrs, StateDir: stateDir, BatchWindow: *childWindow,
 			ClientOpts: []kgo.Opt{kgo.WithHooks(c)},
 			Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		check(err)
@@ -153,7 +153,8 @@ func (b *bench) startChild(kind, src, sink, ruleFile, start string) *child {
 	stateDir, err := os.MkdirTemp(b.dir, "child-state-")
 	check(err)
 	cmd := exec.Command(self, "-child", kind, "-child-brokers", strings.Join(b.addrs, ","),
-		"-child-src", src, "-child-sink", sink, "-child-rule", ruleFile, "-child-start", start, "-child-state", stateDir)
+		"-child-src", src, "-child-sink", sink, "-child-rule", ruleFile, "-child-start", start, "-child-state", stateDir,
+		"-child-batch-window", liveWindow.String())
 	if *childProfileDir != "" {
 		cmd.Args = append(cmd.Args, "-child-profile", filepath.Join(*childProfileDir, fmt.Sprintf("%s-%s.pprof", kind, strings.TrimSuffix(src, ".in"))))
 	}

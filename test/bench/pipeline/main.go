@@ -55,6 +55,7 @@ var (
 	only       = flag.String("only", "", "live: only the live rates of issue 13 (route and loop in processes of their own, at -live-rates, and their drains)")
 	liveRates  = flag.String("live-rates", "10000,2000", "with -only live: the rates, records/s")
 	liveKinds  = flag.String("live-kinds", "route,loop", "with -only live: the measured processes, route and/or loop")
+	liveWindow = flag.Duration("batch-window", 0, "with -only live: the route's pipeline.Config.BatchWindow (0: the default, 5ms; negative: off, as batch_window: 0)")
 
 	// The measured process of -only live (live.go).
 	childKind    = flag.String("child", "", "internal: run as the measured process of -only live (route or loop)")
@@ -65,6 +66,7 @@ var (
 	childStart   = flag.String("child-start", "latest", "internal")
 	childState   = flag.String("child-state", "", "internal")
 	childProfile = flag.String("child-profile", "", "internal")
+	childWindow  = flag.Duration("child-batch-window", 0, "internal")
 	// childProfileDir is where -only live's measured processes write CPU
 	// profiles, one per run (KIND-TOPIC.pprof).
 	childProfileDir = flag.String("live-profile", "", "with -only live: write a CPU profile of each measured process into this directory")
