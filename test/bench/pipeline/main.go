@@ -15,6 +15,11 @@
 //
 // The pipeline runs in this process (pipeline.Manager, routes compiled by
 // rules.LoadFile from YAML), as it does inside rtproxy.
+//
+// With -only live (live.go) it measures instead what issue 13 asked about:
+// route (a) and loop (e) each in a process of their own, at -live-rates,
+// with that process's CPU per record and the produce and fetch requests
+// its clients wrote, then the drain of a backlog by each.
 package main
 
 import (
