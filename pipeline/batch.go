@@ -92,10 +92,10 @@ func (r *route) flushWrites() {
 }
 
 // pollPace spaces the polls while records flow: a poll that returned
-// records is followed by the next only a batch window after it. franz-go sends
-// a broker its next fetch request only once the previous response was
-// polled, so what arrives meanwhile waits at the broker and comes back in
-// one response. A poll that returned nothing is followed at once by one
+// records is followed by the next only a batch window after it. franz-go
+// sends a broker its next fetch request only once the previous response
+// was polled, so what arrives meanwhile waits at the broker and comes back
+// in one response. A poll that returned nothing is followed at once by one
 // that waits at the brokers for the first record: a trickle of records
 // and an idle route pay nothing for the pacing.
 type pollPace struct {
