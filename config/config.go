@@ -71,6 +71,13 @@ type Config struct {
 	// instance before moving its partitions (session.timeout.ms of the
 	// classic protocol; KIP-848 brokers use their own setting). Default 10s.
 	GroupSessionTimeout time.Duration `yaml:"group_session_timeout"`
+	// BatchWindow is how long a route lets the records of its source
+	// gather at the brokers while records flow, and its outputs in its
+	// producer until the poll that made them is run: fewer fetch and
+	// produce requests, and less CPU per record, for up to about this much
+	// added latency (pipeline.Config.BatchWindow). 0: poll at once and
+	// write at once. Default 5ms.
+	BatchWindow time.Duration `yaml:"batch_window"`
 	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on
 	// admin_listen. Default false: a profile costs CPU while it is taken,
 	// and the endpoint shows the command line.
@@ -214,6 +221,7 @@ func Default() *Config {
 		ShutdownGrace:       10 * time.Second,
 		GroupProtocol:       "auto",
 		GroupSessionTimeout: 10 * time.Second,
+		BatchWindow:         5 * time.Millisecond,
 		Admin:               Admin{RedactHeaders: DefaultRedactHeaders},
 		SchemaRegistry:      SchemaRegistry{Timeout: 10 * time.Second},
 		Proxy: ProxyLimits{
@@ -315,6 +323,9 @@ func (c *Config) Validate() error {
 	}
 	if c.GroupSessionTimeout < time.Second || c.GroupSessionTimeout > 30*time.Minute {
 		bad("group_session_timeout", "must be between 1s and 30m (e.g. 10s), got %s", c.GroupSessionTimeout)
+	}
+	if c.BatchWindow < 0 || c.BatchWindow > time.Second {
+		bad("batch_window", "must be between 0 (off) and 1s (e.g. 5ms), got %s", c.BatchWindow)
 	}
 	if c.Proxy.MaxHeldBytes < 0 {
 		bad("proxy.max_held_bytes", "must be 0 (no bound) or positive, got %d", c.Proxy.MaxHeldBytes)

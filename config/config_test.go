@@ -36,7 +36,7 @@ func TestParseFullFile(t *testing.T) {
 		Upstream: []string{"kafka-0.example:9092", "kafka-1.example:9092"}, RulesDir: "/etc/rtproxy/rules",
 		StateDir: "/var/lib/rtproxy", AdminListen: "0.0.0.0:19644", LogLevel: "debug", LogFormat: "json",
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
-		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second,
+		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second, BatchWindow: 20 * time.Millisecond,
 		Admin: Admin{ShowRecords: true, RedactHeaders: "authorization|x-tenant-key"},
 		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
 		TLS: TLS{
@@ -115,7 +115,7 @@ func TestEnvNames(t *testing.T) {
 		"listen": "RTPROXY_LISTEN", "upstream": "RTPROXY_UPSTREAM", "rules_dir": "RTPROXY_RULES_DIR",
 		"broker_ports": "RTPROXY_BROKER_PORTS", "tls.upstream.ca_file": "RTPROXY_TLS_UPSTREAM_CA_FILE",
 		"sasl.password": "RTPROXY_SASL_PASSWORD", "proxy.max_connections": "RTPROXY_PROXY_MAX_CONNECTIONS", "state_retention": "RTPROXY_STATE_RETENTION", "tls.client.require_client_cert": "RTPROXY_TLS_CLIENT_REQUIRE_CLIENT_CERT",
-		"pprof": "RTPROXY_PPROF", "admin.show_records": "RTPROXY_ADMIN_SHOW_RECORDS", "admin.redact_headers": "RTPROXY_ADMIN_REDACT_HEADERS",
+		"batch_window": "RTPROXY_BATCH_WINDOW", "pprof": "RTPROXY_PPROF", "admin.show_records": "RTPROXY_ADMIN_SHOW_RECORDS", "admin.redact_headers": "RTPROXY_ADMIN_REDACT_HEADERS",
 		"schema_registry.url":               "RTPROXY_SCHEMA_REGISTRY_URL",
 		"schema_registry.bearer_token_file": "RTPROXY_SCHEMA_REGISTRY_BEARER_TOKEN_FILE",
 	}
@@ -128,8 +128,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 45 {
-		t.Errorf("%d keys, want 45 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 46 {
+		t.Errorf("%d keys, want 46 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -239,6 +239,9 @@ func TestValidate(t *testing.T) {
 		{"frame too big", func(c *Config) { c.MaxFrameBytes = 1 << 31 }, "max_frame_bytes: 2147483648 is outside"},
 		{"negative grace", func(c *Config) { c.ShutdownGrace = -time.Second }, "shutdown_grace: must be positive"},
 		{"zero grace", func(c *Config) { c.ShutdownGrace = 0 }, "shutdown_grace: must be positive"},
+		{"negative batch window", func(c *Config) { c.BatchWindow = -time.Millisecond }, "batch_window: must be between 0 (off) and 1s (e.g. 5ms), got -1ms"},
+		{"batch window too long", func(c *Config) { c.BatchWindow = 2 * time.Second }, "batch_window: must be between 0 (off) and 1s (e.g. 5ms), got 2s"},
+		{"batch window off", func(c *Config) { c.BatchWindow = 0 }, ""},
 		{"negative retention", func(c *Config) { c.StateRetention = -time.Hour }, "state_retention: must be 0 (keep until `rtproxy state drop`) or positive (e.g. 24h), got -1h0m0s"},
 		{"forward identity without a certificate", func(c *Config) {
 			c.Upstream = []string{"k:9093"}

@@ -543,5 +543,8 @@ type kgoLogger struct{ log *slog.Logger }
 func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
 
 func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	if msg == "flushing" {
+		return // a route flushes after every poll (batch.go)
+	}
 	l.log.Debug(msg, append(keyvals, "kgo_level", level.String())...)
 }

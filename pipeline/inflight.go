@@ -29,6 +29,9 @@ func (r *route) inflightAdd(d int, ep int64) int64 {
 // waitEpoch waits until every output produced in an epoch <= e is
 // acknowledged.
 func (r *route) waitEpoch(e int64, limit time.Duration, abort <-chan struct{}) error {
+	// Writes lingering in the producer leave now, not after the linger
+	// (batch.go).
+	r.flushWrites()
 	var why error
 	wake := func(err error) {
 		r.inflight.Lock()

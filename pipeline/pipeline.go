@@ -56,6 +56,14 @@ type Config struct {
 	// MetadataMaxAge bounds how long partitions added to a source go
 	// unnoticed (Kafka's metadata.max.age.ms). Default 10s.
 	MetadataMaxAge time.Duration
+	// BatchWindow is how long a route lets its source's records gather at
+	// the brokers while records flow (it polls at most once per window)
+	// and keeps its writes in the producer until every task has run the
+	// poll that made them (batch.go): fewer requests and less CPU per
+	// record for up to about this much added latency. Zero: the default,
+	// 5ms; negative: off (each poll follows the last at once, and writes
+	// leave as soon as they are made).
+	BatchWindow time.Duration
 	// StopTimeout bounds how long stopping a route waits for outstanding
 	// outputs to be acknowledged before giving up on its final checkpoint
 	// (the previous checkpoint then stays the recovery point, and the state
@@ -130,6 +138,9 @@ func New(cfg Config) (*Manager, error) {
 	case "auto", "consumer", "classic":
 	default:
 		return nil, fmt.Errorf("pipeline: group protocol %q is not one of auto, consumer, classic", cfg.GroupProtocol)
+	}
+	if cfg.BatchWindow == 0 {
+		cfg.BatchWindow = defaultBatchWindow
 	}
 	if cfg.MetadataMaxAge <= 0 {
 		cfg.MetadataMaxAge = 10 * time.Second

@@ -109,6 +109,9 @@ func (r *route) idleLoop() {
 				r.idleTick(now)
 			}
 			r.cut.RUnlock()
+			// Markers and the rows of windows idleness closed leave now
+			// (batch.go).
+			r.flushWrites()
 		}
 	}
 }

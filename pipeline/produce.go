@@ -233,6 +233,7 @@ func (r *route) retryLoop(topic string, t *retryTopic) {
 				w.cb(got, err)
 			})
 		}
+		r.flushWrites() // the round leaves now, not after the linger (batch.go)
 		wg.Wait()
 
 		var front []pendingWrite

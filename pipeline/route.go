@@ -348,11 +348,18 @@ func (r *route) discardUncommitted() {
 }
 
 func (r *route) pollLoop() {
+	var pace pollPace // batch.go
 	for {
+		if !pace.wait(r) {
+			return
+		}
 		fs, gen := r.pollOnce()
 		if fs.IsClientClosed() || r.ctx.Err() != nil {
 			return
 		}
+		pace.polled(!fs.Empty())
+		// The task that runs the poll's last batch flushes its writes.
+		pw := r.newPollWrites()
 		fs.EachError(func(t string, p int32, err error) {
 			if errors.Is(err, context.Canceled) {
 				return
@@ -375,12 +382,16 @@ func (r *route) pollLoop() {
 			// One hand-off per partition and fetch: records are passed on
 			// the moment the fetch is decoded, without a channel operation
 			// per record.
+			pw.add()
 			select {
-			case t.ch <- taskBatch{recs: ftp.Records}:
+			case t.ch <- taskBatch{recs: ftp.Records, poll: pw}:
 			case <-t.stop:
+				pw.done()
 			case <-r.halt:
+				pw.done()
 			}
 		})
+		pw.done()
 	}
 }
 

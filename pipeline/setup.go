@@ -189,7 +189,8 @@ func (r *route) setup() error {
 		kgo.ProducerBatchMaxBytesFn(limits.of),
 		kgo.FetchMaxWait(fetchMaxWait),
 		kgo.FetchMinBytes(1),
-		kgo.ProducerLinger(0),
+		// Writes wait for their poll's flush, at most this long (batch.go).
+		kgo.ProducerLinger(r.writeLinger()),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		// No delivery timeout: franz-go measures it from a record's
 		// timestamp, and outputs carry their source record's (an hour old

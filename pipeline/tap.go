@@ -39,6 +39,7 @@ const maxHeldTaps = 64
 type taskBatch struct {
 	recs   []*kgo.Record
 	tapped bool
+	poll   *pollWrites // a fetched batch: its poll's count (batch.go)
 }
 
 // TapRecord is one produced record the brokers acknowledged.

@@ -223,18 +223,24 @@ func (r *route) dispatchLoop(t *task) {
 				continue // held for later, or already fetched
 			}
 		}
-		if !r.dispatch(t, recs, b.tapped) {
-			return
-		}
+		ok := r.dispatch(t, recs, b.tapped)
 		// Tapped batches the fetch has now caught up with.
-		for {
+		for ok {
 			recs := t.heldContinuing()
 			if recs == nil {
 				break
 			}
-			if !r.dispatch(t, recs, true) {
-				return
-			}
+			ok = r.dispatch(t, recs, true)
+		}
+		// The batch's writes leave with its poll's (batch.go); a tapped
+		// one belongs to no poll and flushes its own.
+		if b.poll != nil {
+			b.poll.done()
+		} else {
+			r.flushWrites()
+		}
+		if !ok {
+			return
 		}
 	}
 }

@@ -60,6 +60,7 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		StateRetention: cfg.StateRetention,
 		GroupProtocol:  cfg.GroupProtocol,
 		SessionTimeout: cfg.GroupSessionTimeout,
+		BatchWindow:    batchWindow(cfg.BatchWindow),
 		// The last dead letters of each route, for the status page.
 		RecentValues: cfg.Admin.ShowRecords,
 		RedactHeader: redact.MatchString,
@@ -142,4 +143,13 @@ func (r *routes) Run(ctx context.Context) error {
 	err = r.m.Run(ctx)
 	w.Close()
 	return err
+}
+
+// batchWindow is batch_window for pipeline.Config, where zero means the
+// default and a negative window turns batching off.
+func batchWindow(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

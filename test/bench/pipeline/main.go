@@ -15,6 +15,11 @@
 //
 // The pipeline runs in this process (pipeline.Manager, routes compiled by
 // rules.LoadFile from YAML), as it does inside rtproxy.
+//
+// With -only live (live.go) it measures instead what issue 13 asked about:
+// route (a) and loop (e) each in a process of their own, at -live-rates,
+// with that process's CPU per record and the produce and fetch requests
+// its clients wrote, then the drain of a backlog by each.
 package main
 
 import (
@@ -30,6 +35,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"time"
 
@@ -51,11 +57,33 @@ var (
 	bulk       = flag.Int("bulk", 100000, "backlog size of the throughput runs (0: skip them)")
 	latencies  = flag.Bool("latency", true, "run the latency scenarios")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
+	only       = flag.String("only", "", "live: only the live rates of issue 13 (route and loop in processes of their own, at -live-rates, and their drains)")
+	liveRates  = flag.String("live-rates", "10000,2000", "with -only live: the rates, records/s")
+	liveKinds  = flag.String("live-kinds", "route,loop", "with -only live: the measured processes, route and/or loop")
+	liveWindow = flag.Duration("batch-window", 0, "with -only live: the route's pipeline.Config.BatchWindow (0: the default, 5ms; negative: off, as batch_window: 0)")
+
+	// The measured process of -only live (live.go).
+	childKind    = flag.String("child", "", "internal: run as the measured process of -only live (route or loop)")
+	childBrokers = flag.String("child-brokers", "", "internal")
+	childSrc     = flag.String("child-src", "", "internal")
+	childSink    = flag.String("child-sink", "", "internal")
+	childRule    = flag.String("child-rule", "", "internal")
+	childStart   = flag.String("child-start", "latest", "internal")
+	childState   = flag.String("child-state", "", "internal")
+	childProfile = flag.String("child-profile", "", "internal")
+	childWindow  = flag.Duration("child-batch-window", 0, "internal")
+	// childProfileDir is where -only live's measured processes write CPU
+	// profiles, one per run (KIND-TOPIC.pprof).
+	childProfileDir = flag.String("live-profile", "", "with -only live: write a CPU profile of each measured process into this directory")
 )
 
 func main() {
 	flag.Parse()
 	log.SetFlags(0)
+	if *childKind != "" {
+		runChild(*childKind, *childBrokers, *childSrc, *childSink, *childRule, *childStart, *childState, *childProfile)
+		return
+	}
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
 		check(err)
@@ -77,6 +105,16 @@ func main() {
 
 	b := &bench{addrs: addrs, dir: tmp}
 	b.adm = kadm.NewClient(b.client())
+	if *only == "live" {
+		var rates []int
+		for _, f := range strings.Split(*liveRates, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			check(err)
+			rates = append(rates, n)
+		}
+		b.runLive(rates)
+		return
+	}
 	b.createTopics("a.in", "aw.in", "b.in", "c.in", "a2.in", "c2.in", "d.in", "e.in", "e.out", "merchants")
 	b.loadMerchants()
 
@@ -401,8 +439,14 @@ func startStdlibLoop(addrs []string, src, sink string) func() {
 // the given JSON decoder and encoder.
 func startLoop(addrs []string, src, sink string, from kgo.Offset,
 	decode func([]byte) (map[string]any, bool), encode func(any) ([]byte, error)) func() {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0),
-		kgo.ConsumeTopics(src), kgo.ConsumeResetOffset(from), kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
+	return startLoopOpts(addrs, src, sink, from, decode, encode)
+}
+
+// startLoopOpts is startLoop with more client options (live.go's hook).
+func startLoopOpts(addrs []string, src, sink string, from kgo.Offset,
+	decode func([]byte) (map[string]any, bool), encode func(any) ([]byte, error), opts ...kgo.Opt) func() {
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0),
+		kgo.ConsumeTopics(src), kgo.ConsumeResetOffset(from), kgo.FetchMaxWait(10 * time.Millisecond), kgo.FetchMinBytes(1)}, opts...)...)
 	check(err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
