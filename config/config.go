@@ -221,7 +221,6 @@ func Default() *Config {
 		ShutdownGrace:       10 * time.Second,
 		GroupProtocol:       "auto",
 		GroupSessionTimeout: 10 * time.Second,
-		BatchWindow:         5 * time.Millisecond,
 		Admin:               Admin{RedactHeaders: DefaultRedactHeaders},
 		SchemaRegistry:      SchemaRegistry{Timeout: 10 * time.Second},
 		Proxy: ProxyLimits{

@@ -32,12 +32,14 @@ import (
 )
 
 const (
-	// defaultBatchWindow is Config.BatchWindow's default: the shortest
-	// time between two polls while records flow. Against no window, at
-	// 10k and 2k records/s of 1 KiB on 8 partitions (docs/BENCHMARKS.md,
-	// "Live rates: batching a fetch's writes"): 25-40% and 40-45% less
-	// CPU per record, 3.5-4x fewer requests, p50 latency up by 4-10 ms.
-	defaultBatchWindow = 5 * time.Millisecond
+	// defaultBatchWindow is Config.BatchWindow's default: off. A window
+	// trades latency for CPU; against none, at 10k and 2k records/s of
+	// 1 KiB on 8 partitions (docs/BENCHMARKS.md, "Live rates: batching a
+	// fetch's writes"), 5ms gave 31-35% and 51% less CPU per record and
+	// 3.5-4x fewer requests, but p50 +7-8 ms and p99 +5-17 ms, and 2ms
+	// still +2-4 ms at p99: the issue's bound (p99 no worse than before)
+	// holds only without one, so latency comes first and ops opt in.
+	defaultBatchWindow = -1
 	// produceLinger bounds how long a write waits in the producer for a
 	// flush. The dispatch, the idle loop, the retry loop and whatever
 	// waits for acknowledgements flush; only a dead letter written for an

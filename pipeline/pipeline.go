@@ -60,8 +60,8 @@ type Config struct {
 	// the brokers while records flow (it polls at most once per window)
 	// and keeps its writes in the producer until every task has run the
 	// poll that made them (batch.go): fewer requests and less CPU per
-	// record for up to about this much added latency. Zero: the default,
-	// 5ms; negative: off (each poll follows the last at once, and writes
+	// record for up to about this much added latency. Zero or negative:
+	// off, the default (each poll follows the last at once, and writes
 	// leave as soon as they are made).
 	BatchWindow time.Duration
 	// StopTimeout bounds how long stopping a route waits for outstanding
