@@ -307,7 +307,7 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 // keyed task's steps are built later by prepareState, once its state is
 // in place.
 func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
-	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos, base: pos,
+	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos, base: pos, expectBy: -1,
 		ch: make(chan taskBatch, 16), stop: make(chan struct{}), done: make(chan struct{})}
 	if seg.idx == 0 {
 		t.label = partLabel(p)

@@ -14,6 +14,7 @@ type metrics struct {
 	dropped        *prometheus.CounterVec   // route, step
 	deadLetters    *prometheus.CounterVec   // route, reason
 	panics         *prometheus.CounterVec   // route, where
+	staleFetches   *prometheus.CounterVec   // route
 	processing     *prometheus.HistogramVec // route
 	endToEnd       *prometheus.HistogramVec // route
 	lag            *prometheus.GaugeVec     // route, partition
@@ -55,6 +56,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_pipeline_dead_letters_total", Help: "Records sent to a route's dead-letter topic, by reason.",
 		}, []string{"route", "reason"}),
+		staleFetches: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_route_txn_stale_fetches_total", Help: "Exactly-once routes: fetches after an aborted transaction that returned records from before the reset (dropped; the transaction aborts again).",
+		}, []string{"route"}),
 		panics: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_route_panics_total", Help: "Panics in a route's own code (a bug), by where: record (the record became a dead letter) or the loop that restarted the route.",
 		}, []string{"route", "where"}),
@@ -124,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "rtproxy_state_store_failed", Help: "1 once the state store (pebble) has failed: routes with state stop until the process restarts.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.processing,
+	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.staleFetches, m.processing,
 		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
@@ -138,7 +142,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 func (m *metrics) forgetRoute(route string) {
 	only := prometheus.Labels{"route": route}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
-		m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.processing, m.endToEnd, m.lag, m.watermark,
+		m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.staleFetches, m.processing, m.endToEnd, m.lag, m.watermark,
 		m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.partitionsOwned,
 		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped,
 	} {

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -78,9 +79,20 @@ type task struct {
 	base int64
 	// baseWM is a timed keyed task's watermark at that checkpoint.
 	baseWM *watermark
-	hwm    atomic.Int64
-	label  string
-	mIn    prometheus.Counter // source tasks only
+	// expectBy is set on a task rebuilt by an aborted transaction whose
+	// predecessor had processed records past base: the fetch moved back
+	// to base must return one of those records first, at or below
+	// expectBy. A fetch that starts above it was taken from before the
+	// move (franz-go can hand out a response that was in flight while
+	// the offsets were set, and taking it moves the fetch position to
+	// its end): the task drops it and what follows, and the transaction
+	// aborts again (staleFetch). -1: nothing to check. Only the task's
+	// goroutine uses them once it runs.
+	expectBy int64
+	stale    bool
+	hwm      atomic.Int64
+	label    string
+	mIn      prometheus.Counter // source tasks only
 
 	// keyer evaluates the next segment's key (a private instance: an
 	// expression program is not shared between goroutines).
@@ -222,6 +234,11 @@ func (r *route) dispatchLoop(t *task) {
 			if recs = t.continuing(b); recs == nil {
 				continue // held for later, or already fetched
 			}
+		} else if !r.freshFetch(t, recs) {
+			if b.poll != nil {
+				b.poll.done()
+			}
+			continue
 		}
 		ok := r.dispatch(t, recs, b.tapped)
 		// Tapped batches the fetch has now caught up with.
@@ -244,6 +261,33 @@ func (r *route) dispatchLoop(t *task) {
 		}
 	}
 }
+
+// freshFetch reports whether fetched recs may be dispatched to t: false
+// for a task that met a fetch from before its reset (expectBy), whose
+// records it drops until the transaction aborts again and rebuilds it.
+func (r *route) freshFetch(t *task, recs []*kgo.Record) bool {
+	if t.stale {
+		return false
+	}
+	if t.expectBy < 0 || len(recs) == 0 {
+		return true
+	}
+	if first := recs[0].Offset; first > t.expectBy {
+		t.stale = true
+		r.m.met.staleFetches.WithLabelValues(r.name).Inc()
+		err := fmt.Errorf("%w: %s[%d] resumed at %d after the reset to %d (expected a record at or below %d)",
+			errStaleFetch, t.seg.topic, t.part, first, t.base, t.expectBy)
+		r.txn.failed.CompareAndSwap(nil, &err)
+		r.log.Warn("a fetch after an aborted transaction returned records from before it; aborting again", "err", err)
+		return false
+	}
+	t.expectBy = -1
+	return true
+}
+
+// errStaleFetch aborts a transaction whose rebuilt task was handed
+// records fetched before its reset.
+var errStaleFetch = errors.New("stale fetch after a reset")
 
 // dispatch runs recs through t's steps in order, each record at or past
 // t.pos; false once the task or the route stops.

@@ -432,6 +432,9 @@ func (r *route) resetTasks() {
 			return
 		}
 		t.base, t.clEnd, t.prevSnap, t.baseWM = o.base, o.clEnd, o.prevSnap, o.baseWM
+		if o.pos > o.base {
+			t.expectBy = o.pos - 1
+		}
 		if o.baseWM != nil {
 			// The inputs after the commit are read again, and judged
 			// against the watermark they were judged against then.
