@@ -248,13 +248,8 @@ func (b *bench) liveRun(kind string, rate int) liveRow {
 	defer ch.stop()
 	ch.send("go")
 
-	cons := b.client(kgo.ConsumeTopics(sink), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
-		kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
+	cons, prod := b.latencyClients(sink)
 	defer cons.Close()
-	ctx0, cancel0 := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	cons.PollFetches(ctx0)
-	cancel0()
-	prod := b.client(kgo.MaxBufferedRecords(1 << 16))
 	defer prod.Close()
 
 	var cpu0 time.Duration

@@ -305,18 +305,22 @@ func (r row) md() string {
 	return fmt.Sprintf("| %s | %d | %s | %s | %s | %s | %.1f µs |", r.name, r.n, ms(r.p50), ms(r.p99), ms(r.p999), ms(r.pmax), r.cpuPerRec)
 }
 
-// latency produces at *rate to src for warmup+duration and measures, at a
-// consumer of sink, now − send_ns of every output sent after the warmup.
-func (b *bench) latency(name, src, sink string) row {
-	cons := b.client(kgo.ConsumeTopics(sink), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
+// latencyClients are a consumer of sink that holds its partitions at
+// their ends, and a producer, for a latency run.
+func (b *bench) latencyClients(sink string) (cons, prod *kgo.Client) {
+	cons = b.client(kgo.ConsumeTopics(sink), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
 		kgo.FetchMaxWait(10*time.Millisecond), kgo.FetchMinBytes(1))
-	defer cons.Close()
-	// Wait until the consumer holds its partitions at their ends.
 	ctx0, cancel0 := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	cons.PollFetches(ctx0)
 	cancel0()
+	return cons, b.client(kgo.MaxBufferedRecords(1 << 16))
+}
 
-	prod := b.client(kgo.MaxBufferedRecords(1 << 16))
+// latency produces at *rate to src for warmup+duration and measures, at a
+// consumer of sink, now − send_ns of every output sent after the warmup.
+func (b *bench) latency(name, src, sink string) row {
+	cons, prod := b.latencyClients(sink)
+	defer cons.Close()
 	defer prod.Close()
 	var cpu0 time.Duration
 	lats, sent := benchkit.Latency{Prod: prod, Cons: cons, Topic: src, Rate: *rate, Size: *size,
