@@ -86,7 +86,7 @@ type task struct {
 	// move (franz-go can hand out a response that was in flight while
 	// the offsets were set, and taking it moves the fetch position to
 	// its end): the task drops it and what follows, and the transaction
-	// aborts again (staleFetch). -1: nothing to check. Only the task's
+	// aborts again (freshFetch). -1: nothing to check. Only the task's
 	// goroutine uses them once it runs.
 	expectBy int64
 	stale    bool
