@@ -69,7 +69,7 @@ type jsonDecoder struct {
 	// own: d.s is the caller's buffer, not a copy (DecodeMembers), so no
 	// decoded string may be a view into it.
 	own bool
-	internCache
+	Interner
 }
 
 func (d *jsonDecoder) fail(f string, args ...any) {
@@ -108,7 +108,7 @@ func (d *jsonDecoder) value(depth int) any {
 		if view && d.own {
 			s, view = strings.Clone(s), false
 		}
-		return d.boxString(s, view)
+		return d.BoxString(s, view)
 	case 't':
 		return d.literal("true", true)
 	case 'f':
@@ -121,7 +121,7 @@ func (d *jsonDecoder) value(depth int) any {
 			if !ok {
 				return nil
 			}
-			return d.boxFloat(f)
+			return d.BoxFloat(f)
 		}
 		d.fail("invalid character %q looking for beginning of value", c)
 		return nil

@@ -14,7 +14,8 @@ import (
 // for a value it has seen before. Values that repeat are common in event
 // data (currencies, statuses, countries, enum-like codes, small counts).
 //
-// Each pooled decoder keeps two small direct-mapped caches:
+// Each pooled decoder keeps an Interner, two small direct-mapped caches
+// (the Protobuf decoder of internal/serde keeps one too):
 //
 //   - strings of up to internMaxLen bytes. A cached string is an owned copy,
 //     never a view into a record's buffer, so the cache never keeps a
@@ -54,17 +55,19 @@ type internNum struct {
 	v    any // nil: the slot is empty
 }
 
-// internCache is embedded in jsonDecoder; the tables are allocated with
-// the decoder, which the pool keeps for as long as it is in use.
-type internCache struct {
+// Interner hands out shared boxes for repeated strings and numbers. It is
+// embedded in jsonDecoder; the tables are allocated with the decoder,
+// which the pool keeps for as long as it is in use. Not safe for
+// concurrent use: a decoder (or a pool user) owns one at a time.
+type Interner struct {
 	strs [internStrSlots]internStr
 	nums [internNumSlots]internNum
 }
 
-// boxString returns s as an `any`, sharing the box of an earlier equal
+// BoxString returns s as an `any`, sharing the box of an earlier equal
 // string when there is one. view says s is a view into the record buffer
 // (so it must be copied before it is kept).
-func (c *internCache) boxString(s string, view bool) any {
+func (c *Interner) BoxString(s string, view bool) any {
 	if len(s) == 0 || len(s) > internMaxLen {
 		return s
 	}
@@ -84,13 +87,11 @@ func (c *internCache) boxString(s string, view bool) any {
 	return e.v
 }
 
-// boxFloat returns f as an `any`, sharing the box of an earlier equal
+// BoxFloat returns f as an `any`, sharing the box of an earlier equal
 // number when there is one. -0 is not 0: it keeps its own box.
-func (c *internCache) boxFloat(f float64) any {
-	if f >= 0 && f < smallFloatsN && !math.Signbit(f) {
-		if n := int(f); float64(n) == f {
-			return smallFloats[n]
-		}
+func (c *Interner) BoxFloat(f float64) any {
+	if v, ok := smallFloat(f); ok {
+		return v
 	}
 	bits := math.Float64bits(f)
 	e := &c.nums[(bits*0x9E3779B97F4A7C15)>>(64-8)]
@@ -99,4 +100,24 @@ func (c *internCache) boxFloat(f float64) any {
 	}
 	e.bits, e.v = bits, f
 	return e.v
+}
+
+// smallFloat is the box of f when f is an integer 0..smallFloatsN-1
+// (not -0), boxed once for the process.
+func smallFloat(f float64) (any, bool) {
+	if f >= 0 && f < smallFloatsN && !math.Signbit(f) {
+		if n := int(f); float64(n) == f {
+			return smallFloats[n], true
+		}
+	}
+	return nil, false
+}
+
+// BoxNumber returns f as an `any`: the shared box of a small integer, or
+// a new one. For decoders that keep no Interner.
+func BoxNumber(f float64) any {
+	if v, ok := smallFloat(f); ok {
+		return v
+	}
+	return f
 }

@@ -75,23 +75,23 @@ func TestDecodeNegativeZero(t *testing.T) {
 // An interned string is a copy: the cache never holds on to a record's
 // bytes, and only a string seen twice in a row at its slot is admitted.
 func TestInternStringOwnsItsBytes(t *testing.T) {
-	var c internCache
+	var c Interner
 	buf := string([]byte(`xx"settled"xx`))
 	view := buf[3:10]
-	if v := c.boxString(view, true); v.(string) != "settled" || unsafe.StringData(v.(string)) != unsafe.StringData(view) {
+	if v := c.BoxString(view, true); v.(string) != "settled" || unsafe.StringData(v.(string)) != unsafe.StringData(view) {
 		t.Fatalf("first sight: got %q, want the view itself (no copy yet)", v)
 	}
-	v := c.boxString(view, true)
+	v := c.BoxString(view, true)
 	if v.(string) != "settled" || unsafe.StringData(v.(string)) == unsafe.StringData(view) {
 		t.Fatalf("second sight: got %q sharing the record's bytes", v)
 	}
-	again := c.boxString(buf[3:10], true)
+	again := c.BoxString(buf[3:10], true)
 	if unsafe.StringData(again.(string)) != unsafe.StringData(v.(string)) {
 		t.Fatal("third sight did not reuse the interned box")
 	}
 	long := string(bytes.Repeat([]byte("y"), internMaxLen+1))
-	c.boxString(long, true)
-	if got := c.boxString(long, true).(string); unsafe.StringData(got) != unsafe.StringData(long) {
+	c.BoxString(long, true)
+	if got := c.BoxString(long, true).(string); unsafe.StringData(got) != unsafe.StringData(long) {
 		t.Fatal("a string longer than internMaxLen was copied")
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // Protobuf messages become the JSON value tree (docs/RULES.md, "Avro and
@@ -202,12 +204,9 @@ func protoScalar(fd protoreflect.FieldDescriptor, v protoreflect.Value) any {
 		return v.Bool()
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
 		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		return boxInt(v.Int())
+		return jsoncodec.BoxNumber(float64(v.Int()))
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		if u := v.Uint(); u < uint64(len(smallFloats)) {
-			return smallFloats[u]
-		}
-		return float64(v.Uint())
+		return jsoncodec.BoxNumber(float64(v.Uint()))
 	case protoreflect.FloatKind:
 		return float32To64(float32(v.Float()))
 	case protoreflect.DoubleKind:
@@ -259,20 +258,4 @@ func wellKnown(m protoreflect.Message, md protoreflect.MessageDescriptor) (any, 
 		return protoScalar(fd, m.Get(fd)), true
 	}
 	return nil, false
-}
-
-// smallFloats are the float64 values 0..1023 boxed once: quantities,
-// counts and enum-like numbers cost no allocation.
-var smallFloats = func() (a [1024]any) {
-	for i := range a {
-		a[i] = float64(i)
-	}
-	return a
-}()
-
-func boxInt(n int64) any {
-	if n >= 0 && n < int64(len(smallFloats)) {
-		return smallFloats[n]
-	}
-	return float64(n)
 }

@@ -9,6 +9,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // Protobuf decoding reads the wire format with protowire, led by the
@@ -126,10 +128,10 @@ var (
 type wireDec struct {
 	src    string
 	capAll int // cap of the buffer src copies; a subslice v starts at capAll-cap(v)
-	in     *interner
+	in     *jsoncodec.Interner
 }
 
-func newWireDec(b []byte, in *interner) *wireDec {
+func newWireDec(b []byte, in *jsoncodec.Interner) *wireDec {
 	return &wireDec{src: string(b), capAll: cap(b), in: in}
 }
 
@@ -141,10 +143,14 @@ func (d *wireDec) str(v []byte) string {
 	return string(v)
 }
 
+// interners share the boxes of repeated strings and numbers across the
+// records a decoder sees, as the JSON decoder does (jsoncodec.Interner).
+var interners = sync.Pool{New: func() any { return new(jsoncodec.Interner) }}
+
 // protoWireDecode is the value tree of the message md encoded in b.
 func protoWireDecode(md protoreflect.MessageDescriptor, b []byte) (any, error) {
 	b = b[:len(b):len(b)]
-	in := interners.Get().(*interner)
+	in := interners.Get().(*jsoncodec.Interner)
 	v, err := newWireDec(b, in).message(msgOf(md), b, 0)
 	interners.Put(in)
 	if err != nil {
@@ -456,14 +462,14 @@ func (d *wireDec) scalar(f *pfield, typ protowire.Type, b []byte) (any, int, err
 	// The values protoScalar gives, boxes shared when they repeat.
 	switch f.kind {
 	case protoreflect.StringKind:
-		return d.in.str(v.String()), n, nil
+		return d.in.BoxString(v.String(), true), n, nil // a substring of src
 	case protoreflect.DoubleKind:
-		return d.in.num(v.Float()), n, nil
+		return d.in.BoxFloat(v.Float()), n, nil
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind,
 		protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		return d.in.num(float64(v.Int())), n, nil
+		return d.in.BoxFloat(float64(v.Int())), n, nil
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind, protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		return d.in.num(float64(v.Uint())), n, nil
+		return d.in.BoxFloat(float64(v.Uint())), n, nil
 	}
 	return protoScalar(f.fd, v), n, nil
 }
