@@ -139,38 +139,9 @@ func (k *Kfake) args() []string {
 }
 
 func (k *Kfake) start() {
-	t := k.t
-	t.Helper()
-	var lastErr error
-	// A restart can race the kernel releasing the old listeners; retry briefly.
-	for attempt := 0; attempt < 20; attempt++ {
-		ready := make(chan struct{}, 1)
-		stdout := &lineWriter{line: func(line string) {
-			k.logs.Write([]byte(line + "\n"))
-			if strings.HasPrefix(line, "ready ") {
-				select {
-				case ready <- struct{}{}:
-				default:
-				}
-			}
-		}}
-		c, err := startChild(k.bin, k.args(), nil, stdout, k.logs)
-		if err != nil {
-			t.Fatalf("start kfake: %v", err)
-		}
-		select {
-		case <-ready:
-			k.run.set(c)
-			return
-		case <-c.done:
-			lastErr = fmt.Errorf("kfake exited before ready: %s", k.logs.String())
-			time.Sleep(100 * time.Millisecond)
-		case <-time.After(15 * time.Second):
-			c.kill()
-			t.Fatalf("kfake not ready after 15s; output:\n%s", k.logs.String())
-		}
-	}
-	t.Fatalf("%v", lastErr)
+	k.t.Helper()
+	// A restart can race the kernel releasing the old listeners.
+	k.run.set(startReady(k.t, "kfake", k.bin, k.args(), k.logs))
 }
 
 // Stop sends SIGTERM and waits for the process to exit (SIGKILL after 10s).

@@ -2,10 +2,13 @@ package testkit
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -126,4 +129,41 @@ func (r *current) take() *child {
 	c := r.c
 	r.c = nil
 	return c
+}
+
+// startReady starts bin and waits until it prints a line starting with
+// "ready " (test/kfakebroker, test/srfakebroker), copying its output to
+// logs. A child that exits first is started again (a restart can race the
+// kernel releasing the old listeners), 20 times at most.
+func startReady(t testing.TB, name, bin string, args []string, logs *logBuf) *child {
+	t.Helper()
+	var lastErr error
+	for range 20 {
+		ready := make(chan struct{}, 1)
+		stdout := &lineWriter{line: func(line string) {
+			logs.Write([]byte(line + "\n"))
+			if strings.HasPrefix(line, "ready ") {
+				select {
+				case ready <- struct{}{}:
+				default:
+				}
+			}
+		}}
+		c, err := startChild(bin, args, nil, stdout, logs)
+		if err != nil {
+			t.Fatalf("start %s: %v", name, err)
+		}
+		select {
+		case <-ready:
+			return c
+		case <-c.done:
+			lastErr = fmt.Errorf("%s exited before ready: %s", name, logs.String())
+			time.Sleep(100 * time.Millisecond)
+		case <-time.After(15 * time.Second):
+			c.kill()
+			t.Fatalf("%s not ready after 15s; output:\n%s", name, logs.String())
+		}
+	}
+	t.Fatalf("%v", lastErr)
+	return nil
 }

@@ -1,10 +1,8 @@
 package testkit
 
 import (
-	"fmt"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -57,36 +55,8 @@ func (r *Registry) start() {
 	if r.Auth != "" {
 		args = append(args, "-auth", r.Auth)
 	}
-	var lastErr error
-	// A restart can race the kernel releasing the old listener; retry.
-	for range 20 {
-		ready := make(chan struct{}, 1)
-		stdout := &lineWriter{line: func(line string) {
-			r.logs.Write([]byte(line + "\n"))
-			if strings.HasPrefix(line, "ready ") {
-				select {
-				case ready <- struct{}{}:
-				default:
-				}
-			}
-		}}
-		c, err := startChild(r.bin, args, nil, stdout, r.logs)
-		if err != nil {
-			t.Fatalf("start srfakebroker: %v", err)
-		}
-		select {
-		case <-ready:
-			r.run.set(c)
-			return
-		case <-c.done:
-			lastErr = fmt.Errorf("srfakebroker exited before ready: %s", r.logs.String())
-			time.Sleep(100 * time.Millisecond)
-		case <-time.After(15 * time.Second):
-			c.kill()
-			t.Fatalf("srfakebroker not ready after 15s; output:\n%s", r.logs.String())
-		}
-	}
-	t.Fatalf("%v", lastErr)
+	// A restart can race the kernel releasing the old listener.
+	r.run.set(startReady(t, "srfakebroker", r.bin, args, r.logs))
 }
 
 // Stop ends the registry (SIGTERM, SIGKILL after 5s): requests to it are
