@@ -280,13 +280,7 @@ func (b *bench) liveRun(kind string, rate int) liveRow {
 // of its own: records/s and that process's CPU per record, from "go"
 // until the last output is read.
 func (b *bench) liveDrain(kind string) liveRow {
-	b.nbulk++
-	src := fmt.Sprintf("livedrain%d.in", b.nbulk)
-	sink := fmt.Sprintf("livedrain%d.out", b.nbulk)
-	b.createTopics(src, sink)
-	prod := b.client(kgo.MaxBufferedRecords(1<<16), kgo.ProducerBatchMaxBytes(1<<20))
-	check(benchkit.ProduceBacklog(prod, src, *bulk, *size))
-	prod.Close()
+	src, sink := b.backlog("livedrain")
 	rule := b.liveRule(src, sink)
 	ch := b.startChild(kind, src, sink, rule, "earliest")
 	defer ch.stop()

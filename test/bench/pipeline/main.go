@@ -305,6 +305,18 @@ func (r row) md() string {
 	return fmt.Sprintf("| %s | %d | %s | %s | %s | %s | %.1f µs |", r.name, r.n, ms(r.p50), ms(r.p99), ms(r.p999), ms(r.pmax), r.cpuPerRec)
 }
 
+// backlog creates fresh topics PREFIX<n>.in and PREFIX<n>.out and writes
+// *bulk records of *size bytes to the first.
+func (b *bench) backlog(prefix string) (src, sink string) {
+	b.nbulk++
+	src, sink = fmt.Sprintf("%s%d.in", prefix, b.nbulk), fmt.Sprintf("%s%d.out", prefix, b.nbulk)
+	b.createTopics(src, sink)
+	prod := b.client(kgo.MaxBufferedRecords(1<<16), kgo.ProducerBatchMaxBytes(1<<20))
+	check(benchkit.ProduceBacklog(prod, src, *bulk, *size))
+	prod.Close()
+	return src, sink
+}
+
 // latencyClients are a consumer of sink that holds its partitions at
 // their ends, and a producer, for a latency run.
 func (b *bench) latencyClients(sink string) (cons, prod *kgo.Client) {
@@ -346,13 +358,7 @@ func (b *bench) latency(name, src, sink string) row {
 // which every row pays alike. whole makes a route decode every value whole
 // (rules.Source.DecodeMembers off), for the side-by-side row.
 func (b *bench) drainRate(name, kind, ruleFile string, whole bool) string {
-	b.nbulk++
-	src := fmt.Sprintf("bulk%d.in", b.nbulk)
-	sink := fmt.Sprintf("bulk%d.out", b.nbulk)
-	b.createTopics(src, sink)
-	prod := b.client(kgo.MaxBufferedRecords(1<<16), kgo.ProducerBatchMaxBytes(1<<20))
-	check(benchkit.ProduceBacklog(prod, src, *bulk, *size))
-	prod.Close()
+	src, sink := b.backlog("bulk")
 
 	counted := sink
 	var stop func()
