@@ -36,44 +36,10 @@ func (r *route) checkpointLoop() {
 			}
 			continue
 		}
-		r.cpMu.Lock()
-		if isClosed(r.stopping) {
-			// The stop took (or takes) the final checkpoint.
-			r.cpMu.Unlock()
+		end, err := r.checkpointOnce()
+		if end {
 			return
 		}
-		if len(r.pendingCuts) > 0 {
-			// The last commit failed (brokers refused the changelog, the
-			// disk is full): commit what is pending before cutting again,
-			// so at most one cut (with its copies of snapshots) waits.
-			if err := r.commitCuts(0, r.stopping); err != nil {
-				r.cpMu.Unlock()
-				if errors.Is(err, state.ErrBroken) {
-					r.stateFailed(err)
-					return
-				}
-				if !errors.Is(err, errStopping) {
-					r.noteError(fmt.Errorf("checkpoint: %w", err))
-				}
-				continue
-			}
-		}
-		r.cut.Lock()
-		if r.halted {
-			r.cut.Unlock()
-			r.cpMu.Unlock()
-			return
-		}
-		paused := time.Now()
-		c, err := r.takeCutLocked()
-		r.cut.Unlock()
-		r.notePause(time.Since(paused))
-		if err == nil {
-			r.pendingCuts = append(r.pendingCuts, c)
-			// Dispatch runs again while the cut waits for its outputs.
-			err = r.commitCuts(0, r.stopping)
-		}
-		r.cpMu.Unlock()
 		if errors.Is(err, state.ErrBroken) {
 			r.stateFailed(err)
 			return
@@ -82,6 +48,53 @@ func (r *route) checkpointLoop() {
 			r.noteError(fmt.Errorf("checkpoint: %w", err))
 		}
 	}
+}
+
+// checkpointOnce takes a cut of an at-least-once route and commits it;
+// end says the checkpoint loop should end. Its locks are released by
+// defers, so a panic in it (survive restarts the route) leaves none held
+// for the stop to wait on.
+func (r *route) checkpointOnce() (end bool, err error) {
+	r.cpMu.Lock()
+	defer r.cpMu.Unlock()
+	if isClosed(r.stopping) {
+		return true, nil // the stop took (or takes) the final checkpoint
+	}
+	if len(r.pendingCuts) > 0 {
+		// The last commit failed (brokers refused the changelog, the
+		// disk is full): commit what is pending before cutting again,
+		// so at most one cut (with its copies of snapshots) waits.
+		if err := r.commitCuts(0, r.stopping); err != nil {
+			return false, err
+		}
+	}
+	c, halted, err := r.takeCutPaused()
+	if halted {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	r.pendingCuts = append(r.pendingCuts, c)
+	// Dispatch runs again while the cut waits for its outputs.
+	return false, r.commitCuts(0, r.stopping)
+}
+
+// takeCutPaused takes a cut with dispatch paused (cut held) and notes the
+// pause; halted when the route is halting.
+func (r *route) takeCutPaused() (c *cutPoint, halted bool, err error) {
+	r.cut.Lock()
+	defer r.cut.Unlock()
+	if r.halted {
+		return nil, true, nil
+	}
+	if h := panicTestHook; h != nil {
+		h(r.name, "cut") // with cpMu and cut held
+	}
+	paused := time.Now()
+	defer func() { r.notePause(time.Since(paused)) }()
+	c, err = r.takeCutLocked()
+	return c, false, err
 }
 
 // checkpointTxn takes a cut of an exactly-once route and commits it as

@@ -25,8 +25,8 @@ import (
 )
 
 // panicTestHook, when set by a test, runs where a source record is
-// processed and at the start of each loop survive wraps (but dispatch
-// and table),
+// processed, at the start of each loop survive wraps (but dispatch and
+// table), and where a checkpoint takes its cut with its locks held ("cut"),
 // with the route and the place ("record" or the loop's name); it may
 // panic.
 var panicTestHook func(route, where string)

@@ -89,3 +89,46 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, route, where str
 	t.Fatalf("no %s{route=%q,where=%q}", name, route, where)
 	return 0
 }
+
+// A panic while a checkpoint holds its locks (taking the cut) restarts
+// the route without leaving them held: the stop the restart makes
+// returns, the new route runs, and every record reaches the sink.
+func TestPanicInCheckpointRestartsTheRoute(t *testing.T) {
+	b := startBroker(t, map[string]int{"pc": 2})
+	const n = 40
+	var cuts atomic.Int64
+	panicTestHook = func(route, where string) {
+		if where == "cut" && cuts.Add(1) == 1 {
+			panic("test: a checkpoint's bug")
+		}
+	}
+	t.Cleanup(func() { panicTestHook = nil })
+	reg := prometheus.NewRegistry()
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg},
+		newRouteDef("pc", "v1", "pc", "pc.out", filterStep(t, 0, "value.n >= 0")))
+	var recs []*kgo.Record
+	for i := range n {
+		recs = append(recs, jsonRecord("pc", fmt.Sprint(i), map[string]any{"n": i}))
+	}
+	b.produce(t, recs...)
+	waitFor(t, 30*time.Second, "the route restarted after the panic", func() bool {
+		return cuts.Load() > 1 && counterValue(t, reg, "rtproxy_route_panics_total", "pc", "checkpoint") == 1
+	})
+	more := []*kgo.Record{jsonRecord("pc", "late", map[string]any{"n": n})}
+	b.produce(t, more...)
+	out := b.consume(t, "pc.out", n+1, 30*time.Second, 300*time.Millisecond)
+	seen := map[string]bool{}
+	for _, r := range out {
+		seen[string(r.Value)] = true
+	}
+	for _, r := range append(recs, more...) {
+		if !seen[string(r.Value)] {
+			t.Errorf("record %s never reached the sink", r.Value)
+		}
+	}
+	for _, st := range m.Routes() {
+		if st.Name == "pc" && st.State != "running" {
+			t.Errorf("route state %q after the restart, want running", st.State)
+		}
+	}
+}
