@@ -21,6 +21,9 @@ type Expr struct {
 	Source  string
 	program *vm.Program
 	reads   valueReads
+	// fast evaluates the commonest expressions without the VM, or is nil
+	// (fastexpr.go).
+	fast *fastExpr
 }
 
 // valueReads is what an expression reads of `value`: the top-level
@@ -87,7 +90,13 @@ func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error)
 	if err != nil {
 		return nil, err
 	}
-	return &Expr{Source: src, program: p, reads: reads}, nil
+	e := &Expr{Source: src, program: p, reads: reads}
+	if len(opts) == 0 {
+		// An option (AsBool, AsInt64) changes what the VM returns; the
+		// routes' own expressions take none.
+		e.fast = compileFast(src, bound)
+	}
+	return e, nil
 }
 
 // vms recycles expr VMs: expr.Run allocates a VM and its stack for every
@@ -100,6 +109,16 @@ var vms = sync.Pool{New: func() any { return new(vm.VM) }}
 // message with the position (line:column and a caret under the culprit).
 // Eval never panics: the expr VM recovers its own panics into errors.
 func (e *Expr) Eval(r *Record) (any, error) {
+	if e.fast != nil {
+		if v, ok := e.fast.eval(r); ok {
+			return v, nil
+		}
+	}
+	return e.evalVM(r)
+}
+
+// evalVM is Eval on the expr VM.
+func (e *Expr) evalVM(r *Record) (any, error) {
 	m := vms.Get().(*vm.VM)
 	out, err := m.Run(e.program, r.exprEnv())
 	vms.Put(m)

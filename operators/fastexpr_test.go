@@ -1,0 +1,222 @@
+package operators
+
+import (
+	"fmt"
+	"math"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+)
+
+// fastExprs are expressions of the shapes rule files use, each with
+// whether the fast path takes it.
+var fastExprs = []struct {
+	src  string
+	fast bool
+}{
+	{`value`, true},
+	{`value.amount`, true},
+	{`value["amount"]`, true},
+	{`value.card.country`, true},
+	{`value.amount > 0`, true},
+	{`value.amount >= 0 && value.status != "test"`, true},
+	{`value.amount > 0 and value.status != "test" or value.vip == true`, true},
+	{`value.amount / (value.risk.score + 1.0)`, true},
+	{`value.amount * 100`, true},
+	{`-value.amount + 3`, true},
+	{`value.a - value.b * 2 / value.c`, true},
+	{`value.name + "!"`, true},
+	{`value.name + value.other`, true},
+	{`value.name < "m"`, true},
+	{`value.amount == nil`, true},
+	{`nil != value.missing`, true},
+	{`!(value.amount > 10)`, true},
+	{`not value.flag`, true},
+	{`value.flag ? value.a : value.b`, true},
+	{`value.amount > 10 ? "big" : "small"`, true},
+	{`merchant.avg * 2`, true},
+	{`merchant.name == value.name`, true},
+	{`merchant`, true},
+	{`value.amount == -1`, true},
+	{`value.amount != -1.5`, true},
+	{`value.flag == false`, true},
+	// Left to the VM.
+	{`1 + 2`, false},
+	{`value?.amount`, false},
+	{`value.amount % 2`, false},
+	{`value.amount ** 2`, false},
+	{`len(value.name)`, false},
+	{`value.items[0]`, false},
+	{`value.name matches "^a"`, false},
+	{`"a" in value.tags`, false},
+	{`value.amount ?? 0`, false},
+	{`key == "k1"`, false},
+	{`let x = value.a; x + 1`, false},
+	{`value.name startsWith "a"`, false},
+}
+
+// fastValues are the records the expressions meet: every type a member can
+// hold, and the mixes where the fast path must give up.
+var fastValues = []string{
+	`{"amount":7.07,"status":"ok","card":{"country":"DE"},"risk":{"score":0.5},"name":"alice","other":"bob","a":1,"b":2,"c":4,"flag":true,"vip":false}`,
+	`{"amount":0,"status":"test","risk":{"score":-1},"name":"","a":-1e300,"b":1e300,"c":0,"flag":false}`,
+	`{"amount":-1,"status":null,"card":null,"risk":{},"name":5,"other":"x","flag":"yes","vip":true}`,
+	`{"amount":"12","card":"DE","risk":{"score":"x"},"name":"z","other":null,"a":"s","b":"t","c":"u","flag":null}`,
+	`{"amount":-1.5,"card":[1,2],"risk":[],"name":"m","other":["x"],"a":1,"b":0,"c":0,"flag":1}`,
+	`{"amount":1e308,"risk":{"score":1e308},"a":true,"b":false,"c":{}}`,
+	`{}`,
+	`[]`,
+	`"just a string"`,
+	`12.5`,
+	`null`,
+}
+
+// fastBound are join rows bound as `merchant`.
+var fastBound = []map[string]any{
+	nil,
+	{"merchant": map[string]any{"avg": 2.5, "name": "alice"}},
+	{"merchant": map[string]any{"avg": "x"}},
+	{"merchant": nil},
+	{"merchant": "not a row"},
+}
+
+// sameResult compares a fast result with the VM's (NaN equals NaN).
+func sameResult(a, b any) bool {
+	if x, ok := a.(float64); ok {
+		if y, ok := b.(float64); ok && math.IsNaN(x) && math.IsNaN(y) {
+			return true
+		}
+	}
+	return reflect.DeepEqual(a, b) && reflect.TypeOf(a) == reflect.TypeOf(b)
+}
+
+// checkFastAgrees evaluates e on r both ways: whenever the fast path gives
+// a value, the VM gives the same value and no error. It reports whether
+// the fast path gave one.
+func checkFastAgrees(t testing.TB, e *Expr, r *Record) bool {
+	t.Helper()
+	if e.fast == nil {
+		return false
+	}
+	got, ok := e.fast.eval(r)
+	if !ok {
+		return false
+	}
+	want, err := e.evalVM(r)
+	if err != nil {
+		t.Fatalf("%s on %v (bound %v): fast path gave %#v, the VM failed: %v", e.Source, r.Value, r.Bound, got, err)
+	}
+	if !sameResult(got, want) {
+		t.Fatalf("%s on %v (bound %v): fast path gave %#v (%T), the VM %#v (%T)", e.Source, r.Value, r.Bound, got, got, want, want)
+	}
+	return true
+}
+
+// TestFastExprAgreesWithVM: every expression of the table, on every value
+// and join row, gives through Eval exactly what the VM gives (value or
+// error), and the fast path takes the shapes it should and gives a value
+// on the records whose types it knows.
+func TestFastExprAgreesWithVM(t *testing.T) {
+	for _, tc := range fastExprs {
+		e, err := CompileExpr(tc.src, []string{"merchant"})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.src, err)
+		}
+		if (e.fast != nil) != tc.fast {
+			t.Errorf("%s: fast path %v, want %v", tc.src, e.fast != nil, tc.fast)
+			continue
+		}
+		fastHits := 0
+		for _, js := range fastValues {
+			v, err := jsoncodec.Decode([]byte(js))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, bound := range fastBound {
+				r := &Record{Value: v, Bound: bound}
+				if checkFastAgrees(t, e, r) {
+					fastHits++
+				}
+				got, gotErr := e.Eval(r)
+				want, wantErr := e.evalVM(r)
+				if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) || (wantErr == nil && !sameResult(got, want)) {
+					t.Fatalf("%s on %s: Eval gave %#v, %v; the VM %#v, %v", tc.src, js, got, gotErr, want, wantErr)
+				}
+			}
+		}
+		if tc.fast && fastHits == 0 {
+			t.Errorf("%s: the fast path never gave a value", tc.src)
+		}
+	}
+}
+
+// TestFastExprTakesTheBenchmarkRecords: on the benchmarks' payments the
+// fast path evaluates the chain's expressions itself.
+func TestFastExprTakesTheBenchmarkRecords(t *testing.T) {
+	v, err := jsoncodec.Decode([]byte(`{"amount":7.07,"status":"ok","user_id":"user-1","merchant_id":"m-1","risk":{"score":0.25}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &Record{Value: v}
+	for _, src := range []string{`value.amount > 0 && value.status != "test"`, `value.amount / (value.risk.score + 1.0)`, `value.user_id`} {
+		e, err := CompileExpr(src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !checkFastAgrees(t, e, r) {
+			t.Errorf("%s: not evaluated by the fast path", src)
+		}
+	}
+}
+
+// TestFastExprErrorsStayTheVMs: where the VM fails, Eval fails with its
+// positioned message, the fast path having given up.
+func TestFastExprErrorsStayTheVMs(t *testing.T) {
+	for _, tc := range []struct{ src, value, want string }{
+		{`value.card.country`, `{"card":null}`, "cannot fetch country from <nil>"},
+		{`value.amount > 0`, `{"amount":"x"}`, "invalid operation"},
+		{`value.a && value.b`, `{"a":1,"b":true}`, ""},
+		{`value.name + value.other`, `{"name":"a","other":1}`, "invalid operation"},
+	} {
+		e, err := CompileExpr(tc.src, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := jsoncodec.Decode([]byte(tc.value))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = e.Eval(&Record{Value: v})
+		if err == nil || !strings.HasPrefix(err.Error(), tc.src+": ") || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s on %s: error %v, want one starting with the source and saying %q", tc.src, tc.value, err, tc.want)
+		}
+	}
+}
+
+// FuzzFastExpr: for any expression and JSON value, a value the fast path
+// gives is the VM's value.
+func FuzzFastExpr(f *testing.F) {
+	for _, tc := range fastExprs {
+		f.Add(tc.src, []byte(fastValues[0]))
+	}
+	for _, v := range fastValues {
+		f.Add(`value.a + value.b > value.c || value.name == "x"`, []byte(v))
+	}
+	f.Fuzz(func(t *testing.T, src string, js []byte) {
+		if len(src) > 200 {
+			return
+		}
+		e, err := CompileExpr(src, []string{"merchant"})
+		if err != nil || e.fast == nil {
+			return
+		}
+		v, err := jsoncodec.Decode(js)
+		if err != nil {
+			return
+		}
+		m, _ := v.(map[string]any)
+		checkFastAgrees(t, e, &Record{Value: v, Bound: map[string]any{"merchant": m}})
+	})
+}
