@@ -404,4 +404,3 @@ func (f *fastExpr) unequal(y any) (any, bool) {
 	}
 	return nil, false
 }
-
