@@ -99,11 +99,44 @@ func Median(v []float64) float64 {
 func SendRecord(topic string, id int, sendNS int64, size int) *kgo.Record {
 	v := fmt.Appendf(make([]byte, 0, size), `{"id":%d,"user":"u%d","merchant":"m%d","amount":%d.5,"send_ns":%d,"pad":"`,
 		id, id%100, id%120, id%1000, sendNS)
+	if PadText {
+		v = appendWords(v, uint64(id)+1, size-2)
+	}
 	for len(v) < size-2 {
 		v = append(v, 'x')
 	}
 	v = append(v, '"', '}')
 	return &kgo.Record{Topic: topic, Key: strconv.AppendInt(nil, int64(id), 10), Value: v}
+}
+
+// PadText pads SendRecords with words instead of a run of 'x'. A run of one
+// byte is what snappy compresses best and decodes slowest (a copy at
+// offset 1, byte by byte): with it, a drain's consumer spends a quarter of
+// its CPU in s2.Decode. Words drawn from a small vocabulary compress about
+// as text does. The benchmarks' -pad flag sets it (default: 'x', as all
+// figures before 2026-12-02 were taken).
+var PadText bool
+
+var padWords = strings.Fields(`card payment merchant settled pending refund online store order ` +
+	`customer account balance transfer review risk score device mobile browser session country ` +
+	`amount currency invoice shipping address street city postal region priority standard express ` +
+	`approved declined retry velocity geo rule alert batch ledger entry credit debit fee tax total ` +
+	`discount coupon loyalty points tier gold silver bronze channel partner campaign source medium`)
+
+// appendWords appends words chosen by a xorshift seeded with seed until v
+// is n bytes long (the rest is left to the caller's padding).
+func appendWords(v []byte, seed uint64, n int) []byte {
+	x := seed*0x9E3779B97F4A7C15 | 1
+	for {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		w := padWords[x%uint64(len(padWords))]
+		if len(v)+len(w)+1 > n {
+			return v
+		}
+		v = append(append(v, w...), ' ')
+	}
 }
 
 var sendKey = []byte(`"send_ns":`)

@@ -56,9 +56,10 @@ var (
 	partitions = flag.Int("partitions", 8, "source partitions")
 	bulk       = flag.Int("bulk", 100000, "backlog size of the throughput runs (0: skip them)")
 	latencies  = flag.Bool("latency", true, "run the latency scenarios")
+	pad        = flag.String("pad", "x", "padding of the source records: x (a run of 'x', as every figure before 2026-12-02) or text (words, compressing as text does)")
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
 	only       = flag.String("only", "", "live: only the live rates of issue 13 (route and loop in processes of their own, at -live-rates, and their drains)")
-	liveRates  = flag.String("live-rates", "10000,2000", "with -only live: the rates, records/s")
+	liveRates  = flag.String("live-rates", "10000,2000", "with -only live: the rates, records/s (empty: the drains alone)")
 	liveKinds  = flag.String("live-kinds", "route,loop", "with -only live: the measured processes, route and/or loop")
 	liveWindow = flag.Duration("batch-window", 0, "with -only live: the route's pipeline.Config.BatchWindow (0: the default, off; negative: off, as batch_window: 0)")
 
@@ -79,6 +80,13 @@ var (
 
 func main() {
 	flag.Parse()
+	switch *pad {
+	case "x":
+	case "text":
+		benchkit.PadText = true
+	default:
+		log.Fatalf("-pad: x or text, not %q", *pad)
+	}
 	log.SetFlags(0)
 	if *childKind != "" {
 		runChild(*childKind, *childBrokers, *childSrc, *childSink, *childRule, *childStart, *childState, *childProfile)
@@ -108,6 +116,9 @@ func main() {
 	if *only == "live" {
 		var rates []int
 		for _, f := range strings.Split(*liveRates, ",") {
+			if strings.TrimSpace(f) == "" {
+				continue // -live-rates= : the drains alone
+			}
 			n, err := strconv.Atoi(strings.TrimSpace(f))
 			check(err)
 			rates = append(rates, n)

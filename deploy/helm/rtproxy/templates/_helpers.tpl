@@ -106,6 +106,10 @@ log_level: {{ $p.logLevel }}
 log_format: {{ $p.logFormat }}
 max_frame_bytes: {{ $p.maxFrameBytes | int64 }}
 shutdown_grace: {{ $p.shutdownGrace }}
+batch_window: {{ $p.batchWindow | default "0" | quote }}
+{{- if $p.pprof }}
+pprof: true
+{{- end }}
 {{- if or .Values.tls.client.enabled .Values.tls.upstream.enabled }}
 tls:
 {{- with .Values.tls.client }}
