@@ -187,9 +187,15 @@ func SpliceMembers(dst, raw []byte, obj map[string]any) ([]byte, error) {
 		return nil, fmt.Errorf("splice json: the value is not an object")
 	}
 	d.i++
+	// One allocation for the output at most: raw's bytes, plus room for
+	// members written anew or added.
+	dst = slices.Grow(dst, len(raw)+32*len(obj))
 	dst = append(dst, '{')
 	n := 0
-	seen := make(map[string]bool, len(obj))
+	// The members of obj found in raw: a route's object holds a few, so a
+	// list on the stack beats a map.
+	var seenBuf [16]string
+	seen := seenBuf[:0]
 	d.ws()
 	for d.err == nil && d.i < len(d.s) && d.s[d.i] != '}' {
 		start := d.i
@@ -207,7 +213,7 @@ func SpliceMembers(dst, raw []byte, obj map[string]any) ([]byte, error) {
 		}
 		n++
 		if v, ok := obj[k]; ok {
-			seen[k] = true
+			seen = append(seen, k)
 			dst = appendJSONString(dst, k)
 			dst = append(dst, ':')
 			var err error
@@ -226,9 +232,10 @@ func SpliceMembers(dst, raw []byte, obj map[string]any) ([]byte, error) {
 	if d.err != nil {
 		return nil, fmt.Errorf("splice json: %w", d.err)
 	}
-	added := make([]string, 0, len(obj)-len(seen))
+	var addedBuf [16]string
+	added := addedBuf[:0]
 	for k := range obj {
-		if !seen[k] {
+		if !slices.Contains(seen, k) { // (seen may name a member twice: raw may)
 			added = append(added, k)
 		}
 	}
