@@ -47,7 +47,8 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 		r.deadLetter(rec, outputReason(err), err, "sink", tk)
 		return
 	}
-	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+1)
+	o := new(outRecord)
+	hs := o.hs[:0]
 	for _, h := range rec.Headers {
 		if strings.HasPrefix(h.Key, "rtproxy-") {
 			continue // a route reading another route's sink: ours replace theirs
@@ -57,12 +58,24 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 	if w := rec.Window; w != nil {
 		hs = append(hs, kgo.RecordHeader{Key: HeaderWindow, Value: fmt.Appendf(nil, "%d-%d", w.Start, w.End)})
 	} else {
-		hs = append(hs, kgo.RecordHeader{Key: HeaderSource, Value: sourceRef(rec)})
+		hs = append(hs, kgo.RecordHeader{Key: HeaderSource, Value: appendSourceRef(o.ref[:0], rec)})
 	}
 	// The source record's timestamp (a window row's is window_end − 1):
 	// consumers and time-based retention see event time, not our write.
-	kr := &kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
-	r.produce(kr, tk, true, rec.Timestamp)
+	o.kr = kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
+	o.w = write{tk: tk, isOutput: true, srcMillis: rec.Timestamp}
+	r.write(&o.w, &o.kr)
+}
+
+// outRecord is an output with its write state, its first headers and its
+// source reference in one allocation (they live exactly as long: until
+// the write is acknowledged). More headers or a longer reference grow
+// into allocations of their own.
+type outRecord struct {
+	kr  kgo.Record
+	w   write
+	hs  [1]kgo.RecordHeader
+	ref [40]byte
 }
 
 // repartition writes a record that left task t's segment to the next
@@ -116,7 +129,11 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 }
 
 func sourceRef(rec *operators.Record) []byte {
-	b := make([]byte, 0, len(rec.Topic)+24)
+	return appendSourceRef(make([]byte, 0, len(rec.Topic)+24), rec)
+}
+
+// appendSourceRef appends rec's topic/partition/offset to b.
+func appendSourceRef(b []byte, rec *operators.Record) []byte {
 	b = append(b, rec.Topic...)
 	b = append(b, '/')
 	b = strconv.AppendInt(b, int64(rec.Partition), 10)

@@ -35,62 +35,83 @@ func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int
 // the client closed) is given up: the route is marked abandoned, so no
 // checkpoint after it commits and the next run replays it.
 func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int64, acked func(*kgo.Record)) {
-	if tk != nil {
-		tk.hold()
+	r.write(&write{tk: tk, isOutput: isOutput, srcMillis: srcMillis, acked: acked}, kr)
+}
+
+// write is one write's state until it is acknowledged (or given up):
+// produceTo's callback is its method done. output keeps it in the same
+// allocation as the record (outRecord).
+type write struct {
+	r         *route
+	tk        *ticket
+	ep        int64
+	isOutput  bool
+	srcMillis int64
+	acked     func(*kgo.Record)
+	attempt   int
+	diverted  int // 1: written as a dead letter; 2: as a dead letter without its value
+	cb        func(*kgo.Record, error)
+}
+
+// write sends kr with w's state (tk, isOutput, srcMillis, acked set).
+func (r *route) write(w *write, kr *kgo.Record) {
+	if w.tk != nil {
+		w.tk.hold()
 	}
-	ep := r.inflightAdd(1, -1)
-	attempt := 0
-	diverted := 0 // 1: written as a dead letter; 2: as a dead letter without its value
-	var cb func(*kgo.Record, error)
-	cb = func(got *kgo.Record, err error) {
-		if err != nil {
-			if errors.Is(err, kgo.ErrClientClosed) || r.ctx.Err() != nil || r.prodCtx.Err() != nil {
-				r.abandoned.Store(true)
-				r.inflightAdd(-1, ep)
-				return
-			}
-			if poisonErr(err) && diverted < 2 {
-				if got.Topic == deadLetterTopic(r.def) {
-					diverted = 2 // a dead letter already: keep its reason, drop its value
-				} else {
-					diverted = 1
-					r.m.met.deadLetters.WithLabelValues(r.name, reasonSink).Inc()
-				}
-				dl := r.sinkDeadLetter(got, err, diverted == 2)
-				r.log.Warn("output refused by the brokers; written to the dead-letter topic",
-					"topic", got.Topic, "dead_letter", dl.Topic, "bytes", len(got.Value), "err", err)
-				r.send(dl, cb)
-				return
-			}
-			if r.txn.on {
-				// The transaction can only abort now; the checkpoint
-				// does it, and the records are processed again.
-				r.txnFail(fmt.Errorf("write %s: %w", got.Topic, err))
-				r.inflightAdd(-1, ep)
-				return
-			}
-			attempt++
-			r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
-			r.missingTopic(got.Topic, err)
-			r.retryLater(got, cb)
+	w.r = r
+	w.ep = r.inflightAdd(1, -1)
+	w.cb = w.done
+	r.send(kr, w.cb)
+}
+
+func (w *write) done(got *kgo.Record, err error) {
+	r := w.r
+	if err != nil {
+		if errors.Is(err, kgo.ErrClientClosed) || r.ctx.Err() != nil || r.prodCtx.Err() != nil {
+			r.abandoned.Store(true)
+			r.inflightAdd(-1, w.ep)
 			return
 		}
-		if attempt > 0 {
-			r.sinkRecovered()
+		if poisonErr(err) && w.diverted < 2 {
+			if got.Topic == deadLetterTopic(r.def) {
+				w.diverted = 2 // a dead letter already: keep its reason, drop its value
+			} else {
+				w.diverted = 1
+				r.m.met.deadLetters.WithLabelValues(r.name, reasonSink).Inc()
+			}
+			dl := r.sinkDeadLetter(got, err, w.diverted == 2)
+			r.log.Warn("output refused by the brokers; written to the dead-letter topic",
+				"topic", got.Topic, "dead_letter", dl.Topic, "bytes", len(got.Value), "err", err)
+			r.send(dl, w.cb)
+			return
 		}
-		if isOutput && diverted == 0 {
-			r.mOut.Inc()
-			r.mE2E.Observe(time.Since(time.UnixMilli(srcMillis)).Seconds())
+		if r.txn.on {
+			// The transaction can only abort now; the checkpoint
+			// does it, and the records are processed again.
+			r.txnFail(fmt.Errorf("write %s: %w", got.Topic, err))
+			r.inflightAdd(-1, w.ep)
+			return
 		}
-		if acked != nil && diverted == 0 {
-			acked(got)
-		}
-		r.inflightAdd(-1, ep)
-		if tk != nil {
-			tk.release()
-		}
+		w.attempt++
+		r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
+		r.missingTopic(got.Topic, err)
+		r.retryLater(got, w.cb)
+		return
 	}
-	r.send(kr, cb)
+	if w.attempt > 0 {
+		r.sinkRecovered()
+	}
+	if w.isOutput && w.diverted == 0 {
+		r.mOut.Inc()
+		r.mE2E.Observe(time.Since(time.UnixMilli(w.srcMillis)).Seconds())
+	}
+	if w.acked != nil && w.diverted == 0 {
+		w.acked(got)
+	}
+	r.inflightAdd(-1, w.ep)
+	if w.tk != nil {
+		w.tk.release()
+	}
 }
 
 // poisonErr reports whether a produce error is about the record itself, so
