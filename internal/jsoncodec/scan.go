@@ -1,7 +1,6 @@
 package jsoncodec
 
 import (
-	"encoding/binary"
 	"math/bits"
 	"strconv"
 	"unsafe"
@@ -107,24 +106,6 @@ func scanContainer(s string, i, depth int, end byte, members bool) int {
 		}
 		return -1
 	}
-}
-
-// loadAt reads the 8 bytes at p+i as a little-endian word; the caller
-// checks that they are inside the string p points into.
-func loadAt(p *byte, i int) uint64 {
-	return binary.LittleEndian.Uint64((*[8]byte)(unsafe.Add(unsafe.Pointer(p), i))[:])
-}
-
-// strStops flags (0x80) the bytes of x that stop the scan of a string that
-// may hold non-ASCII bytes: '"', '\\' and control characters (< 0x20).
-// Flags above the lowest may be false, the lowest is exact: below the
-// first stop byte no subtraction borrows. The three tests share one
-// "high bit clear" mask because '"' and '\\' have bit 7 clear, so x, x^'"'
-// and x^'\\' agree on it.
-func strStops(x uint64) uint64 {
-	q := x ^ (swarLo * '"')
-	b := x ^ (swarLo * '\\')
-	return ((x - swarLo*0x20) | (q - swarLo) | (b - swarLo)) &^ x & swarHi
 }
 
 // scanString returns the index after the string whose body starts at
