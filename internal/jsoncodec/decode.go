@@ -79,16 +79,7 @@ func (d *jsonDecoder) fail(f string, args ...any) {
 	d.i = len(d.s)
 }
 
-func (d *jsonDecoder) ws() {
-	for d.i < len(d.s) {
-		switch d.s[d.i] {
-		case ' ', '\t', '\n', '\r':
-			d.i++
-		default:
-			return
-		}
-	}
-}
+func (d *jsonDecoder) ws() { d.i = skipWS(d.s, d.i) }
 
 func (d *jsonDecoder) value(depth int) any {
 	if d.i >= len(d.s) {

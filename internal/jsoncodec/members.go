@@ -48,8 +48,19 @@ func DecodeMembers(b []byte, want Fields) (v any, partial bool, err error) {
 }
 
 // skip moves past one value, checking it as value(depth) would, without
-// building anything.
+// building anything. The fast scanner (scan.go) does the work; when it
+// refuses the value, skipChecked runs from the same place for the error.
 func (d *jsonDecoder) skip(depth int) {
+	if j := scanValue(d.s, d.i, depth); j >= 0 {
+		d.i = j
+		return
+	}
+	d.skipChecked(depth)
+}
+
+// skipChecked is skip with the checks written out as value(depth) makes
+// them, each failing with Decode's message at Decode's offset.
+func (d *jsonDecoder) skipChecked(depth int) {
 	if d.i >= len(d.s) {
 		d.fail("unexpected end of JSON input")
 		return
@@ -106,7 +117,7 @@ func (d *jsonDecoder) skipContainer(depth int, end byte, members bool) {
 			d.i++
 			d.ws()
 		}
-		d.skip(depth)
+		d.skipChecked(depth)
 		d.ws()
 		if d.i >= len(d.s) {
 			d.fail("unexpected end of JSON input")

@@ -38,10 +38,20 @@ func FuzzDecodeMembers(f *testing.F) {
 		{"{\"a\":\"\xff\",\"b\":\"\xfe\\\"\"}", "a,b"},
 		{` { "a" : 1 , "b" : [ ] , "c" : { } } `, "c,zz"},
 		{`{"a":12345678901234567890123,"b":-0.5e-3}`, "b"},
+		{`{"a":"0123456789abcdef0123456789\"abcdef\u00e9","b":"0123456789abcdef0123456789abcdef\x"}`, "zz"},
+		{"{\"a\":1,\"b\":\"0123456789abcdef0123456789abc\x1f\"}", "a"},
 	} {
 		f.Add([]byte(s.doc), s.want)
 	}
 	f.Fuzz(func(t *testing.T, b []byte, wantS string) {
+		// The fast skip scanner (scan.go) agrees with the checked one, on
+		// the whole input and from its first member's value on.
+		if len(b) > 0 {
+			checkScanAgrees(t, string(b), 0)
+			if c := bytes.IndexByte(b, ':'); c >= 0 && c+1 < len(b) {
+				checkScanAgrees(t, string(b), c+1)
+			}
+		}
 		want := membersOf(wantS)
 		full, ferr := Decode(b)
 		part, partial, perr := DecodeMembers(b, want)
