@@ -297,14 +297,19 @@ func (f *fastExpr) number(r *Record) (float64, bool) {
 	return x, ok
 }
 
+// operands evaluates both sides of a binary node.
+func (f *fastExpr) operands(r *Record) (x, y any, ok bool) {
+	if x, ok = f.a.eval(r); !ok {
+		return nil, nil, false
+	}
+	y, ok = f.b.eval(r)
+	return x, y, ok
+}
+
 // concat is `+` of two strings, bounded like addFunc (over the bound, the
 // VM gives addFunc's error).
 func (f *fastExpr) concat(r *Record) (any, bool) {
-	x, ok := f.a.eval(r)
-	if !ok {
-		return nil, false
-	}
-	y, ok := f.b.eval(r)
+	x, y, ok := f.operands(r)
 	if !ok {
 		return nil, false
 	}
@@ -319,11 +324,7 @@ func (f *fastExpr) concat(r *Record) (any, bool) {
 // cmp compares like expr's runtime.Equal and Less for float64 (and the
 // numeric constants), strings, bools and nil against those.
 func (f *fastExpr) cmp(r *Record) (any, bool) {
-	x, ok := f.a.eval(r)
-	if !ok {
-		return nil, false
-	}
-	y, ok := f.b.eval(r)
+	x, y, ok := f.operands(r)
 	if !ok {
 		return nil, false
 	}
@@ -340,39 +341,13 @@ func (f *fastExpr) cmp(r *Record) (any, bool) {
 		if !ok {
 			return f.unequal(y)
 		}
-		switch f.op {
-		case "==":
-			return a == b, true
-		case "!=":
-			return a != b, true
-		case "<":
-			return a < b, true
-		case "<=":
-			return a <= b, true
-		case ">":
-			return a > b, true
-		case ">=":
-			return a >= b, true
-		}
+		return ordered(f.op, a, b)
 	case string:
 		b, ok := y.(string)
 		if !ok {
 			return f.unequal(y)
 		}
-		switch f.op {
-		case "==":
-			return a == b, true
-		case "!=":
-			return a != b, true
-		case "<":
-			return a < b, true
-		case "<=":
-			return a <= b, true
-		case ">":
-			return a > b, true
-		case ">=":
-			return a >= b, true
-		}
+		return ordered(f.op, a, b)
 	case bool:
 		b, ok := y.(bool)
 		if !ok {
@@ -391,6 +366,26 @@ func (f *fastExpr) cmp(r *Record) (any, bool) {
 		case float64, string, bool:
 			return f.op == "!=", true
 		}
+	}
+	return nil, false
+}
+
+// ordered compares two float64s (with Go's NaN rules, as expr does) or
+// two strings.
+func ordered[T float64 | string](op string, a, b T) (any, bool) {
+	switch op {
+	case "==":
+		return a == b, true
+	case "!=":
+		return a != b, true
+	case "<":
+		return a < b, true
+	case "<=":
+		return a <= b, true
+	case ">":
+		return a > b, true
+	case ">=":
+		return a >= b, true
 	}
 	return nil, false
 }

@@ -185,21 +185,15 @@ func scanNumber(s string, i int) int {
 		digits = 1
 	case i < n && s[i]-'1' <= 8:
 		j := i
-		for i < n && s[i]-'0' <= 9 {
-			i++
-		}
+		i = skipDigits(s, i)
 		digits = i - j
 	default:
 		return -1
 	}
 	plain := true
 	if i < n && s[i] == '.' {
-		i++
-		j := i
-		for i < n && s[i]-'0' <= 9 {
-			i++
-		}
-		if i == j {
+		j := i + 1
+		if i = skipDigits(s, j); i == j {
 			return -1
 		}
 		digits += i - j
@@ -211,10 +205,7 @@ func scanNumber(s string, i int) int {
 			i++
 		}
 		j := i
-		for i < n && s[i]-'0' <= 9 {
-			i++
-		}
-		if i == j {
+		if i = skipDigits(s, j); i == j {
 			return -1
 		}
 	}
@@ -222,6 +213,15 @@ func scanNumber(s string, i int) int {
 		if _, err := strconv.ParseFloat(s[start:i], 64); err != nil {
 			return -1
 		}
+	}
+	return i
+}
+
+// skipDigits returns the index of the first byte at or after i that is not
+// a decimal digit.
+func skipDigits(s string, i int) int {
+	for i < len(s) && s[i]-'0' <= 9 {
+		i++
 	}
 	return i
 }
