@@ -22,20 +22,19 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 	t.mIn.Inc()
 	r.tracker.Begin(t.id, kr.Offset)
 	t.curOff, t.seq = kr.Offset, 0
-	// The ticket and the record in one allocation: the ticket lives until
-	// the record's outputs are acknowledged, the record about as long.
-	src := &sourceRecord{
-		tk: ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1},
-		rec: operators.Record{
-			Topic:     kr.Topic,
-			Partition: kr.Partition,
-			Offset:    kr.Offset,
-			Key:       kr.Key,
-			Raw:       kr.Value,
-			Timestamp: kr.Timestamp.UnixMilli(),
-		},
+	// The ticket stays its own allocation: an output waiting for its
+	// acknowledgement (a sink down for minutes) holds the ticket, and must
+	// not hold the step record with it (its value, and through Raw the
+	// fetched batch).
+	tk := &ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1}
+	rec := &operators.Record{
+		Topic:     kr.Topic,
+		Partition: kr.Partition,
+		Offset:    kr.Offset,
+		Key:       kr.Key,
+		Raw:       kr.Value,
+		Timestamp: kr.Timestamp.UnixMilli(),
 	}
-	tk, rec := &src.tk, &src.rec
 	if len(kr.Headers) > 0 {
 		rec.Headers = make([]operators.Header, len(kr.Headers))
 		for i, h := range kr.Headers {
@@ -97,12 +96,6 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 	if r.timed {
 		t.sendMarkers(now, false)
 	}
-}
-
-// sourceRecord is a source record's ticket and step record.
-type sourceRecord struct {
-	tk  ticket
-	rec operators.Record
 }
 
 // idleLoop moves keyed tasks' watermarks when their writers go idle, and
