@@ -12,6 +12,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -135,6 +136,18 @@ func startChild(kind string, addrs []string, src, sink, ruleFile, start, stateDi
 			return m, err == nil && ok
 		}
 		return startLoopOpts(addrs, src, sink, from, decode, jsoncodecAppend, kgo.WithHooks(c))
+	case "stdloop":
+		// Baseline (e2) in a process of its own: the loop with
+		// encoding/json, the yardstick for the drain.
+		from := kgo.NewOffset().AtEnd()
+		if start == "earliest" {
+			from = kgo.NewOffset().AtStart()
+		}
+		decode := func(b []byte) (map[string]any, bool) {
+			var m map[string]any
+			return m, json.Unmarshal(b, &m) == nil
+		}
+		return startLoopOpts(addrs, src, sink, from, decode, json.Marshal, kgo.WithHooks(c))
 	}
 	log.Fatalf("unknown -child %q", kind)
 	return nil

@@ -60,11 +60,11 @@ var (
 	cpuprofile = flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
 	only       = flag.String("only", "", "live: only the live rates of issue 13 (route and loop in processes of their own, at -live-rates, and their drains)")
 	liveRates  = flag.String("live-rates", "10000,2000", "with -only live: the rates, records/s (empty: the drains alone)")
-	liveKinds  = flag.String("live-kinds", "route,loop", "with -only live: the measured processes, route and/or loop")
+	liveKinds  = flag.String("live-kinds", "route,loop", "with -only live: the measured processes: route, loop (jsoncodec) and/or stdloop (encoding/json)")
 	liveWindow = flag.Duration("batch-window", 0, "with -only live: the route's pipeline.Config.BatchWindow (0: the default, off; negative: off, as batch_window: 0)")
 
 	// The measured process of -only live (live.go).
-	childKind    = flag.String("child", "", "internal: run as the measured process of -only live (route or loop)")
+	childKind    = flag.String("child", "", "internal: run as the measured process of -only live (route, loop or stdloop)")
 	childBrokers = flag.String("child-brokers", "", "internal")
 	childSrc     = flag.String("child-src", "", "internal")
 	childSink    = flag.String("child-sink", "", "internal")
