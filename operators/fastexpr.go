@@ -321,27 +321,26 @@ func (f *fastExpr) concat(r *Record) (any, bool) {
 	return s + t, true
 }
 
-// cmp compares like expr's runtime.Equal and Less for float64 (and the
-// numeric constants), strings, bools and nil against those.
+// cmp compares like expr's runtime.Equal and Less for numbers (float64,
+// the integers of Avro and Protobuf, the literals), strings, bools and nil
+// against those.
 func (f *fastExpr) cmp(r *Record) (any, bool) {
 	x, y, ok := f.operands(r)
 	if !ok {
 		return nil, false
 	}
-	if f.a.kind == fastConst && f.a.isNum {
-		x = f.a.num
-	}
-	if f.b.kind == fastConst && f.b.isNum {
-		y = f.b.num
-	}
 	eq := f.op == "==" || f.op == "!="
-	switch a := x.(type) {
-	case float64:
-		b, ok := y.(float64)
+	if xn, ok := numberOf(x); ok {
+		yn, ok := numberOf(y)
 		if !ok {
 			return f.unequal(y)
 		}
-		return ordered(f.op, a, b)
+		if xn.isInt && yn.isInt {
+			return ordered(f.op, xn.i, yn.i) // expr: int(x) < int(y), exact
+		}
+		return ordered(f.op, xn.float(), yn.float()) // expr: float64(x) < float64(y)
+	}
+	switch a := x.(type) {
 	case string:
 		b, ok := y.(string)
 		if !ok {
@@ -363,16 +362,48 @@ func (f *fastExpr) cmp(r *Record) (any, bool) {
 		switch y.(type) {
 		case nil:
 			return f.op == "==", true
-		case float64, string, bool:
+		case float64, int, int64, int32, string, bool:
 			return f.op == "!=", true
 		}
 	}
 	return nil, false
 }
 
-// ordered compares two float64s (with Go's NaN rules, as expr does) or
-// two strings.
-func ordered[T float64 | string](op string, a, b T) (any, bool) {
+// num is a number an operand gave: an integer (a literal, or an Avro
+// long or int) or a float64.
+type num struct {
+	i     int64
+	f     float64
+	isInt bool
+}
+
+func (n num) float() float64 {
+	if n.isInt {
+		return float64(n.i)
+	}
+	return n.f
+}
+
+// numberOf is v as a num when v is one of the number types the fast path
+// compares: expr compares two integers exactly and anything else with a
+// float64 as float64s, and so does cmp.
+func numberOf(v any) (num, bool) {
+	switch x := v.(type) {
+	case float64:
+		return num{f: x}, true
+	case int:
+		return num{i: int64(x), isInt: true}, true
+	case int64:
+		return num{i: x, isInt: true}, true
+	case int32:
+		return num{i: int64(x), isInt: true}, true
+	}
+	return num{}, false
+}
+
+// ordered compares two numbers (floats with Go's NaN rules, as expr
+// does) or two strings.
+func ordered[T float64 | int64 | string](op string, a, b T) (any, bool) {
 	switch op {
 	case "==":
 		return a == b, true
@@ -390,9 +421,9 @@ func ordered[T float64 | string](op string, a, b T) (any, bool) {
 	return nil, false
 }
 
-// unequal is == or != of a float64, string or bool against y of another
-// type: only nil is certain (unequal); other mixes (1 == "1", an int from
-// Avro against a float64) are the VM's to decide.
+// unequal is == or != of a number, string or bool against y of another
+// type: only nil is certain (unequal); other mixes (1 == "1") are the VM's
+// to decide.
 func (f *fastExpr) unequal(y any) (any, bool) {
 	if y == nil && (f.op == "==" || f.op == "!=") {
 		return f.op == "!=", true

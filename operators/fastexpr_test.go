@@ -43,6 +43,11 @@ var fastExprs = []struct {
 	{`value.amount == -1`, true},
 	{`value.amount != -1.5`, true},
 	{`value.flag == false`, true},
+	{`value.a < value.b`, true},
+	{`value.a == value.b`, true},
+	{`value.b >= value.a && value.c != 4`, true},
+	{`value.amount > 0.5`, true},
+	{`value.amount >= 9007199254740993`, true},
 	// Left to the VM.
 	{`1 + 2`, false},
 	{`value?.amount`, false},
@@ -72,6 +77,31 @@ var fastValues = []string{
 	`"just a string"`,
 	`12.5`,
 	`null`,
+}
+
+// intValues are values as Avro and Protobuf decode them: integers, where
+// expr compares two integers exactly and an integer with a float64 as
+// float64s (2^53+1 tells the two apart).
+var intValues = []map[string]any{
+	{"amount": int64(7), "a": int64(1 << 53), "b": int64(1<<53 + 1), "c": int32(-4), "name": "n", "flag": true},
+	{"amount": int64(0), "a": int32(2), "b": 2.0, "c": int64(-1), "other": int64(3)},
+	{"amount": int64(-1), "a": int64(9007199254740993), "b": 9007199254740992.0, "c": 4.0},
+}
+
+// fastTestValues are fastValues decoded, then intValues.
+func fastTestValues(t *testing.T) []any {
+	var vs []any
+	for _, js := range fastValues {
+		v, err := jsoncodec.Decode([]byte(js))
+		if err != nil {
+			t.Fatal(err)
+		}
+		vs = append(vs, v)
+	}
+	for _, m := range intValues {
+		vs = append(vs, m)
+	}
+	return vs
 }
 
 // fastBound are join rows bound as `merchant`.
@@ -130,11 +160,8 @@ func TestFastExprAgreesWithVM(t *testing.T) {
 			continue
 		}
 		fastHits := 0
-		for _, js := range fastValues {
-			v, err := jsoncodec.Decode([]byte(js))
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, v := range fastTestValues(t) {
+			js := fmt.Sprint(v)
 			for _, bound := range fastBound {
 				r := &Record{Value: v, Bound: bound}
 				if checkFastAgrees(t, e, r) {
@@ -229,7 +256,7 @@ func FuzzFastExpr(f *testing.F) {
 // a value; and the fast path gives one often enough to matter.
 func TestFastExprRandomTrees(t *testing.T) {
 	rng := mathrand.New(mathrand.NewSource(13))
-	leaves := []string{`value.n`, `value.m`, `value.s`, `value.t`, `value.b`, `value.z`, `value.o.n`, `value.o.s`,
+	leaves := []string{`9007199254740992`, `value.n`, `value.m`, `value.s`, `value.t`, `value.b`, `value.z`, `value.o.n`, `value.o.s`,
 		`value["n"]`, `merchant.n`, `merchant.s`, `0`, `1`, `-2`, `2.5`, `-0.5`, `1e300`, `"a"`, `"b"`, `""`,
 		`true`, `false`, `nil`}
 	binary := []string{"==", "!=", "<", "<=", ">", ">=", "+", "-", "*", "/", "&&", "||", "and", "or"}
@@ -261,6 +288,16 @@ func TestFastExprRandomTrees(t *testing.T) {
 		{"merchant": map[string]any{"n": "2"}},
 		nil,
 	}
+	var decoded []any
+	for _, js := range values {
+		v, err := jsoncodec.Decode([]byte(js))
+		if err != nil {
+			t.Fatal(err)
+		}
+		decoded = append(decoded, v)
+	}
+	decoded = append(decoded, map[string]any{"n": int64(3), "m": int32(-1), "s": "x", "b": true,
+		"o": map[string]any{"n": int64(1<<53 + 1), "s": "a"}})
 	compiled, took := 0, 0
 	for i := 0; i < 4000; i++ {
 		src := grow(4)
@@ -269,11 +306,7 @@ func TestFastExprRandomTrees(t *testing.T) {
 			continue
 		}
 		compiled++
-		for _, js := range values {
-			v, err := jsoncodec.Decode([]byte(js))
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, v := range decoded {
 			for _, row := range rows {
 				if checkFastAgrees(t, e, &Record{Value: v, Bound: row}) {
 					took++
@@ -285,4 +318,38 @@ func TestFastExprRandomTrees(t *testing.T) {
 		t.Fatalf("only %d random expressions had a fast path, and it gave %d values: the generator no longer exercises it", compiled, took)
 	}
 	t.Logf("%d expressions with a fast path; it gave %d values, each the VM's", compiled, took)
+}
+
+// BenchmarkExprEval is a filter's expression on a JSON number (float64),
+// an Avro long (int64), both on the fast path, and a Protobuf float
+// (float32), which the fast path gives up on: Eval (fast path first)
+// against the VM alone. The last pair is what a give-up costs.
+func BenchmarkExprEval(b *testing.B) {
+	e, err := CompileExpr(`value.amount > 0 && value.status != "test"`, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		amount any
+	}{{"float64", 7.07}, {"int64", int64(7)}, {"float32", float32(7.07)}} {
+		r := &Record{Value: map[string]any{"amount": tc.amount, "status": "ok"}}
+		for _, via := range []string{"eval", "vm"} {
+			b.Run(tc.name+"/"+via, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					var v any
+					var err error
+					if via == "eval" {
+						v, err = e.Eval(r)
+					} else {
+						v, err = e.evalVM(r)
+					}
+					if err != nil || v != true {
+						b.Fatalf("%v, %v", v, err)
+					}
+				}
+			})
+		}
+	}
 }
