@@ -111,6 +111,10 @@ func runChild(kind, brokers, src, sink, ruleFile, start, stateDir, profile strin
 }
 
 func startChild(kind string, addrs []string, src, sink, ruleFile, start, stateDir string, c *reqCounter) func() {
+	from := kgo.NewOffset().AtEnd() // where the hand loops start
+	if start == "earliest" {
+		from = kgo.NewOffset().AtStart()
+	}
 	switch kind {
 	case "route":
 		r, err := rules.LoadFile(ruleFile)
@@ -126,10 +130,6 @@ func startChild(kind string, addrs []string, src, sink, ruleFile, start, stateDi
 		go func() { done <- mgr.Run(ctx) }()
 		return func() { cancel(); check(<-done) }
 	case "loop":
-		from := kgo.NewOffset().AtEnd()
-		if start == "earliest" {
-			from = kgo.NewOffset().AtStart()
-		}
 		decode := func(b []byte) (map[string]any, bool) {
 			v, err := jsoncodecDecode(b)
 			m, ok := v.(map[string]any)
@@ -139,10 +139,6 @@ func startChild(kind string, addrs []string, src, sink, ruleFile, start, stateDi
 	case "stdloop":
 		// Baseline (e2) in a process of its own: the loop with
 		// encoding/json, the yardstick for the drain.
-		from := kgo.NewOffset().AtEnd()
-		if start == "earliest" {
-			from = kgo.NewOffset().AtStart()
-		}
 		decode := func(b []byte) (map[string]any, bool) {
 			var m map[string]any
 			return m, json.Unmarshal(b, &m) == nil
