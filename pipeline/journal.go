@@ -9,11 +9,11 @@ package pipeline
 // window would be emitted again with other content.
 //
 // So each worker of the first worker stage, when its window step closes
-// windows (closer.ClosesAt), writes a journal record with
+// windows (operators.Closer.ClosesAt), writes a journal record with
 // state.DB.PutDurable (synced, outside the checkpoint, never rolled back)
 // once the closed windows' rows are acknowledged (journalAfterAck): the
 // watermark and, per source partition, the highest source offset the
-// worker had applied when they closed. On restore the step gets it through closer.Resume:
+// worker had applied when they closed. On restore the step gets it through operators.Closer.Resume:
 // its watermark becomes max(checkpointed, journal), and a replayed record
 // whose windows are all closed is skipped if its offset is at or below the
 // journal's for its partition (it is in the rows already emitted), and
@@ -41,13 +41,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
-
-// closer is a window step that the close journal covers (operators'
-// window step).
-type closer interface {
-	ClosesAt(watermark int64) bool
-	Resume(watermark int64, applied map[int32]int64)
-}
 
 const journalVersion = 1
 

@@ -48,12 +48,14 @@ func fieldsOf(t testing.TB, kv [][2]string, bound ...string) []operators.Field {
 func setStep(t testing.TB, i int, kv [][2]string, bound ...string) rules.StepSpec {
 	fs := fieldsOf(t, kv, bound...)
 	return rules.StepSpec{Index: i, Kind: "set", Fingerprint: fmt.Sprint("s:", kv),
+		Traits: operators.Traits{Value: operators.ValueMerged},
 		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewSet(fs), nil }}
 }
 
 func mapStep(t testing.TB, i int, kv [][2]string, bound ...string) rules.StepSpec {
 	fs := fieldsOf(t, kv, bound...)
 	return rules.StepSpec{Index: i, Kind: "map", Fingerprint: fmt.Sprint("m:", kv),
+		Traits: operators.Traits{Value: operators.ValueReplaced},
 		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewMap(fs), nil }}
 }
 
@@ -67,6 +69,8 @@ func joinStep(t testing.TB, i int, table, on, as string, missing operators.Missi
 
 func windowStep(t testing.TB, i int, spec operators.WindowSpec) rules.StepSpec {
 	return rules.StepSpec{Index: i, Kind: "window", Fingerprint: "w1",
+		Traits: operators.Traits{Keyed: true, Timed: true, Stateful: true, Absorbing: true, Closes: true,
+			Value: operators.ValueReplaced},
 		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewWindow(spec), nil }}
 }
 
@@ -575,6 +579,7 @@ func indexOf(r *kgo.Record) int {
 func dedupStep(t testing.TB, i int, key string) rules.StepSpec {
 	e := expr(t, key)
 	return rules.StepSpec{Index: i, Kind: "drop_duplicates", Fingerprint: "d:" + key,
+		Traits: operators.Traits{Keyed: true},
 		Build: func(env rules.BuildEnv) (operators.Step, error) {
 			return operators.NewDropDuplicates(e, 0, env.KV), nil
 		}}

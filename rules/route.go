@@ -116,9 +116,14 @@ type StepSpec struct {
 	Def       string
 	Line, Col int
 	Table     string // join steps: the table name
-	// Build makes one instance of the step. The pipeline builds Keyed steps
-	// once per shuffle worker, each with its own KV; other steps may be
-	// built once per reader.
+	// Traits are what the step's Compile declared: the pipeline decides
+	// segments, watermarks, snapshots and the close journal by them,
+	// without building the step. Every instance Build makes implements
+	// exactly these (operators.CheckTraits).
+	Traits operators.Traits
+	// Build makes one instance of the step. The pipeline builds a Keyed
+	// step once per owned partition of its repartition topic, each with its
+	// own KV, and every other step once per task.
 	Build func(operators.BuildEnv) (operators.Step, error)
 }
 

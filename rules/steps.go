@@ -770,6 +770,7 @@ func (p *stepParse) apply(plan *operators.Plan, st *StepSpec) {
 		sc.bound = append(append([]string{}, sc.bound...), plan.Binds)
 	}
 	st.Table = plan.Table
+	st.Traits = plan.Traits
 	st.Build = plan.New
 }
 
