@@ -49,14 +49,14 @@ func setStep(t testing.TB, i int, kv [][2]string, bound ...string) rules.StepSpe
 	fs := fieldsOf(t, kv, bound...)
 	return rules.StepSpec{Index: i, Kind: "set", Fingerprint: fmt.Sprint("s:", kv),
 		Traits: operators.Traits{Value: operators.ValueMerged},
-		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewSet(fs), nil }}
+		Build:  func(rules.BuildEnv) (operators.Step, error) { return operators.NewSet(fs), nil }}
 }
 
 func mapStep(t testing.TB, i int, kv [][2]string, bound ...string) rules.StepSpec {
 	fs := fieldsOf(t, kv, bound...)
 	return rules.StepSpec{Index: i, Kind: "map", Fingerprint: fmt.Sprint("m:", kv),
 		Traits: operators.Traits{Value: operators.ValueReplaced},
-		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewMap(fs), nil }}
+		Build:  func(rules.BuildEnv) (operators.Step, error) { return operators.NewMap(fs), nil }}
 }
 
 func joinStep(t testing.TB, i int, table, on, as string, missing operators.Missing) rules.StepSpec {
