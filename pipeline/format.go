@@ -62,11 +62,11 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 		return &codec{err: err}
 	}
 	c := &codec{}
-	if f := d.Source.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
-		c.dec = serde.NewDecoder(reg, serde.Format(f))
+	if f := d.Source.Format; f.Registry() {
+		c.dec = serde.NewDecoder(reg, f.Serde())
 	}
-	if f := d.Sink.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
-		c.enc = serde.NewEncoder(reg, serde.Format(f), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
+	if f := d.Sink.Format; f.Registry() {
+		c.enc = serde.NewEncoder(reg, f.Serde(), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
 	}
 	return c
 }

@@ -136,7 +136,8 @@ type route struct {
 	// reads (rules.Source.Members): source records decode just those. nil:
 	// decode whole.
 	members jsoncodec.Fields
-	codec   *codec // source.format avro | protobuf (format.go); nil otherwise
+	format  valueFormat // of the source, chosen once (valueformat.go)
+	codec   *codec      // source.format or sink.format avro | protobuf (format.go); nil otherwise
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
@@ -151,12 +152,8 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.inflight.zero = sync.NewCond(&r.inflight.Mutex)
 	r.st.state = "starting"
 	r.clock = time.Now
-	if d.Source.DecodeMembers && d.Source.Format == "json" {
-		r.members = jsoncodec.Fields{}
-		for _, m := range d.Source.Members {
-			r.members[m] = struct{}{}
-		}
-	}
+	r.format = sourceFormatOf(d)
+	r.members = r.format.members()
 	r.codec = newCodec(m.cfg.SchemaRegistry, d)
 	return r
 }

@@ -37,7 +37,7 @@ type Route struct {
 // Source is the `source:` block.
 type Source struct {
 	Topic       string
-	Format      string          // "json", "raw", FormatAvro or FormatProtobuf
+	Format      Format          // FormatJSON, FormatRaw, FormatAvro or FormatProtobuf
 	EventTime   *operators.Expr // nil: the record timestamp
 	Watermark   time.Duration   // allowed lateness
 	IdleTimeout time.Duration
@@ -68,12 +68,12 @@ type Sink struct {
 	Key   *operators.Expr // nil: the source key (window rows: the window key)
 	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce.
 	Delivery string
-	// Format is "json" (the default), FormatAvro or FormatProtobuf; the
+	// Format is FormatJSON (the default), FormatAvro or FormatProtobuf; the
 	// last two write through the schema registry with the schema of
 	// Subject: Schema (the text of the file SchemaFile) registered there,
 	// or, when empty, the subject's latest version. Message names the
 	// Protobuf message ("": the file's first).
-	Format     string
+	Format     Format
 	Subject    string // default "<sink.topic>-value"
 	SchemaFile string
 	Schema     string
