@@ -66,7 +66,7 @@ func (f jsonFormat) decode(r *route, rec *operators.Record, kr *kgo.Record, tk *
 }
 
 func (jsonFormat) sourceBytes(*operators.Record) ([]byte, bool) { return nil, false }
-func (f jsonFormat) members() jsoncodec.Fields                 { return f.only }
+func (f jsonFormat) members() jsoncodec.Fields                  { return f.only }
 
 // rawFormat passes the bytes on: value is their string.
 type rawFormat struct{}
