@@ -39,7 +39,7 @@ type dropDuplicates struct {
 	ttl int64 // millis; 0 = forever
 	kv  state.KV
 
-	// Scratch buffers: a Keyed step is driven by one worker, so they are
+	// Scratch buffers: a Keyed step instance is driven by one task, so they are
 	// reused instead of allocating two keys per record.
 	kbuf, tbuf []byte
 	vbuf       [8]byte

@@ -1,12 +1,17 @@
-// Package pipeline runs rtproxy's routes: for every compiled rules.Route it
-// keeps one long-running reader per source partition, runs the route's steps
-// on each record the moment it is fetched, shuffles records in process to the
-// worker owning their key at every stateful step, tracks event-time
-// watermarks, writes outputs and dead letters through an idempotent producer,
-// and checkpoints state and offsets together as a consistent cut.
+// Package pipeline runs rtproxy's routes. Every instance that runs a route
+// joins its consumer group; the route is cut into segments at each keyed
+// step, and each (topic, partition) the group gives the instance is one
+// task: a goroutine that runs its segment's steps on each record the moment
+// it is fetched. Records reach a keyed step through its repartition topic,
+// keyed by the step's key, so a key has one owner in the whole deployment
+// (there is no in-process shuffle and no worker pool). The pipeline tracks
+// event-time watermarks across repartitions, writes outputs and dead
+// letters through an idempotent (or transactional) producer, and
+// checkpoints state and offsets together as a consistent cut.
 //
-// It may import operators, internal/jsoncodec, internal/serde, state, offsets, rules (types)
-// and franz-go; it must never import protocol/, config/ or cmd/.
+// Its imports are the row of "Packages and their arrows" in
+// docs/ARCHITECTURE.md (test/layering checks them): never protocol/,
+// config/ or cmd/.
 package pipeline
 
 import (
@@ -41,10 +46,6 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the pipeline metrics; nil uses a private registry.
 	Registerer prometheus.Registerer
-	// Workers is no longer used: a route runs one goroutine per partition
-	// it owns, and keyed state belongs to partitions. Kept so that
-	// configurations that set it still build.
-	Workers int
 	// SessionTimeout is how long the group waits for a silent instance
 	// before giving its partitions to others (Kafka's session.timeout.ms).
 	// Default 10s: a killed sidecar's partitions move within it.

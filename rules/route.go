@@ -2,8 +2,10 @@
 // expression once, runs the analyzer that refuses plans that cannot run
 // (with file:line:col errors), and watches the rules directory.
 //
-// It may import operators (for the step constructors and types) and state
-// (interfaces only); it must never import pipeline/ or protocol/.
+// It may import operators (the step specs, their traits and types),
+// internal/serde (sink schema checks) and internal/jsoncodec; it must never
+// import pipeline/ or protocol/ (docs/ARCHITECTURE.md, "Packages and their
+// arrows"; test/layering checks it).
 package rules
 
 import (
