@@ -47,12 +47,13 @@ type Config struct {
 	// Registerer receives the pipeline metrics; nil uses a private registry.
 	Registerer prometheus.Registerer
 	// SessionTimeout is how long the group waits for a silent instance
-	// before giving its partitions to others (Kafka's session.timeout.ms).
-	// Default 10s: a killed sidecar's partitions move within it.
+	// before giving its partitions to others (Kafka's session.timeout.ms;
+	// group_session_timeout). Required: the default is config's.
 	SessionTimeout time.Duration
-	// GroupProtocol is "auto" (the default: KIP-848 when every broker
-	// speaks ConsumerGroupHeartbeat v1, else classic), "consumer" or
-	// "classic" (cooperative-sticky).
+	// GroupProtocol is "auto" (KIP-848 when every broker speaks
+	// ConsumerGroupHeartbeat v1, else classic), "consumer" or "classic"
+	// (cooperative-sticky); group_protocol. Required: the default is
+	// config's.
 	GroupProtocol string
 	// MetadataMaxAge bounds how long partitions added to a source go
 	// unnoticed (Kafka's metadata.max.age.ms). Default 10s.
@@ -61,14 +62,15 @@ type Config struct {
 	// the brokers while records flow (it polls at most once per window)
 	// and keeps its writes in the producer until every task has run the
 	// poll that made them (batch.go): fewer requests and less CPU per
-	// record for up to about this much added latency. Zero or negative:
-	// off, the default (each poll follows the last at once, and writes
-	// leave as soon as they are made).
+	// record for up to about this much added latency (batch_window). Zero:
+	// off (each poll follows the last at once, and writes leave as soon as
+	// they are made), as in config; negative is refused.
 	BatchWindow time.Duration
 	// StopTimeout bounds how long stopping a route waits for outstanding
 	// outputs to be acknowledged before giving up on its final checkpoint
 	// (the previous checkpoint then stays the recovery point, and the state
-	// written since is discarded so the next run replays from it). Default 8s.
+	// written since is discarded so the next run replays from it).
+	// Required: the proxy gives its shutdown_grace.
 	StopTimeout time.Duration
 	// SetupTimeout bounds one attempt of a route's setup (topics, group
 	// client), not the catch-up of its topic tables. Default 15s.
@@ -130,18 +132,21 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
+	// The proxy's settings have their defaults in config.Default alone:
+	// here a missing one is refused, never filled in.
 	if cfg.SessionTimeout <= 0 {
-		cfg.SessionTimeout = 10 * time.Second
+		return nil, fmt.Errorf("pipeline: session timeout %v must be positive (group_session_timeout)", cfg.SessionTimeout)
 	}
 	switch cfg.GroupProtocol {
-	case "":
-		cfg.GroupProtocol = "auto"
 	case "auto", "consumer", "classic":
 	default:
-		return nil, fmt.Errorf("pipeline: group protocol %q is not one of auto, consumer, classic", cfg.GroupProtocol)
+		return nil, fmt.Errorf("pipeline: group protocol %q is not one of auto, consumer, classic (group_protocol)", cfg.GroupProtocol)
 	}
-	if cfg.BatchWindow == 0 {
-		cfg.BatchWindow = defaultBatchWindow
+	if cfg.BatchWindow < 0 {
+		return nil, fmt.Errorf("pipeline: batch window %v is negative; 0 is off (batch_window)", cfg.BatchWindow)
+	}
+	if cfg.StopTimeout <= 0 {
+		return nil, fmt.Errorf("pipeline: stop timeout %v must be positive (shutdown_grace)", cfg.StopTimeout)
 	}
 	if cfg.MetadataMaxAge <= 0 {
 		cfg.MetadataMaxAge = 10 * time.Second
@@ -151,9 +156,6 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.SetupTimeout <= 0 {
 		cfg.SetupTimeout = 15 * time.Second
-	}
-	if cfg.StopTimeout <= 0 {
-		cfg.StopTimeout = 8 * time.Second
 	}
 	if len(cfg.Seeds) == 0 {
 		return nil, errors.New("pipeline: no seed brokers")

@@ -102,7 +102,7 @@ func runManagerWith(t *testing.T, cfg Config, routes ...*rules.Route) (*Manager,
 		}
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
-	m, err := New(cfg)
+	m, err := New(testConfig(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -722,7 +722,7 @@ func TestDropDuplicatesThenWindowReshuffle(t *testing.T) {
 	}
 
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func TestBrokersDownThenBack(t *testing.T) {
 	b := startBroker(t, map[string]int{"sd": 2}, "-ports", ports, "-data-dir", data)
 	def := newRouteDef("sd", "v1", "sd", "sd.out", filterStep(t, 0, "value.n >= 0"))
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg, StopTimeout: time.Second})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg, StopTimeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestStopWhileBrokersDown(t *testing.T) {
 		b.produce(t, r)
 		refs = append(refs, srcRef(r))
 	}
-	m, err := New(Config{Seeds: b.addrs, StateDir: dir, StopTimeout: time.Second})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: dir, StopTimeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,8 +214,8 @@ func stopGivesUp(t *testing.T, removeRestore bool) {
 	}
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg, StopTimeout: time.Second,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg, StopTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}))
 	if err != nil {
 		t.Fatal(err)
 	}
