@@ -110,7 +110,7 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 	hs = append(hs, kgo.RecordHeader{Key: headerEnvelope, Value: env})
 	kr := &kgo.Record{Topic: t.seg.next.topic, Key: []byte(key), Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
 	r.produceTo(kr, tk, false, rec.Timestamp, func(got *kgo.Record) {
-		t.noteDelivered(got.Partition, f, time.Now())
+		t.noteDelivered(got.Partition, f, r.clock())
 	})
 }
 

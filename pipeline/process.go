@@ -118,7 +118,7 @@ func (r *route) idleTickTask(t *task, now time.Time) {
 	if isClosed(t.stop) {
 		return
 	}
-	if t.seg.idx > 0 && t.seg.timed {
+	if t.seg.keepsTime() {
 		if wm, moved := t.wm.tick(now); moved {
 			// An idle advance emits without a source record; its origin
 			// follows the last one.
