@@ -61,6 +61,7 @@ var allowed = map[string][]string{
 	"test/kfakebroker":           {},
 	"test/srfakebroker":          {"internal/srembed"},
 	"test/bench/exactlyonce":     {"config", "internal/benchkit", "pipeline", "rules"},
+	"test/bench/footprint":       {"internal/benchkit"},
 	"test/bench/guard":           {"internal/benchkit"},
 	"test/bench/pipeline":        {"config", "internal/benchkit", "internal/jsoncodec", "pipeline", "rules"},
 	"test/bench/proxy":           {"internal/benchkit"},
