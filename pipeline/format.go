@@ -64,9 +64,15 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 	c := &codec{}
 	if f := d.Source.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
 		c.dec = serde.NewDecoder(reg, serde.Format(f))
+		if x, err := serde.ParseIndexEncoding(d.Source.MessageIndexes); err == nil {
+			c.dec.WithIndexes(x)
+		}
 	}
 	if f := d.Sink.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
 		c.enc = serde.NewEncoder(reg, serde.Format(f), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
+		if x, err := serde.ParseIndexEncoding(d.Sink.MessageIndexes); err == nil {
+			c.enc.WithIndexes(x)
+		}
 	}
 	return c
 }
