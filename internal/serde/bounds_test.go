@@ -68,6 +68,9 @@ func TestAvroStringsBeyondOneMiB(t *testing.T) {
 // (protowire checks every length against what is left).
 func TestProtobufLengthsBoundedByTheRecord(t *testing.T) {
 	s := fuzzSchema(t, sr.TypeProtobuf, "syntax = \"proto3\";\nmessage M { bytes b = 1; string s = 2; repeated int64 p = 3; map<string, string> m = 4; M sub = 5; }\n")
+	if _, err := (&Decoder{format: Protobuf}).decode(s, []byte{0}); err != nil { // the descriptor's cache, built once
+		t.Fatal(err)
+	}
 	for name, body := range map[string][]byte{
 		"bytes":  append([]byte{0, 0x0a}, binary.AppendUvarint(nil, 1e11)...),
 		"string": append([]byte{0, 0x12}, binary.AppendUvarint(nil, 1e9)...),
