@@ -42,8 +42,11 @@ func registryConfig(cfg serde.Config, d *rules.Route) serde.Config {
 		if timeout == 0 {
 			timeout = cfg.Timeout
 		}
+		// The bounds and their counters are the proxy's: a rule file
+		// cannot raise them.
 		return serde.Config{URL: s.URL, BasicAuthFile: s.BasicAuthFile, BasicAuthEnv: s.BasicAuthEnv,
-			BearerTokenFile: s.BearerTokenFile, BearerTokenEnv: s.BearerTokenEnv, CAFile: s.CAFile, Timeout: timeout}
+			BearerTokenFile: s.BearerTokenFile, BearerTokenEnv: s.BearerTokenEnv, CAFile: s.CAFile, Timeout: timeout,
+			Limits: cfg.Limits, Metrics: cfg.Metrics}
 	}
 	return cfg
 }
