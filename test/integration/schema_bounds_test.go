@@ -50,7 +50,9 @@ func TestHostileRegistryAnswersAreBounded(t *testing.T) {
 	}
 	var streamed atomic.Int64
 	answers := map[string]func(w http.ResponseWriter){
-		"/schemas/ids/1": func(w http.ResponseWriter) { w.Write(answer("AVRO", `{"type":"fixed","name":"F","size":100000000000}`)) },
+		"/schemas/ids/1": func(w http.ResponseWriter) {
+			w.Write(answer("AVRO", `{"type":"fixed","name":"F","size":100000000000}`))
+		},
 		// Up to 2 GB, streamed until the reader hangs up.
 		"/schemas/ids/2": func(w http.ResponseWriter) {
 			w.Write([]byte(`{"schemaType":"AVRO","schema":"`))
