@@ -33,6 +33,9 @@ func avroDecode(s avro.Schema, b []byte) (any, error) {
 	d := avroDec{r: avroReader{b: b}, budget: 1024 + 8*len(b)}
 	v := d.value(s, 0)
 	err := d.r.err
+	if err == nil {
+		err = d.err
+	}
 	if err == nil && len(d.r.b) > 0 {
 		err = errTrailing
 	}
