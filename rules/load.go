@@ -46,8 +46,8 @@ const (
 // with the closest known key as a suggestion.
 var (
 	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps", "schema_registry"}
-	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group"}
-	sinkKeys   = []string{"topic", "key", "delivery", "format", "subject", "schema", "message"}
+	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group", "message_indexes"}
+	sinkKeys   = []string{"topic", "key", "delivery", "format", "subject", "schema", "message", "message_indexes"}
 	tableKeys  = []string{"file", "key", "topic"}
 )
 
@@ -519,6 +519,7 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 			r.Source.Format = s
 		}
 	}
+	r.Source.MessageIndexes = l.messageIndexes(f["message_indexes"], "source", r.Source.Format)
 	if x := f["watermark"]; x != nil {
 		if d, ok := l.duration(x, "source.watermark", true); ok {
 			r.Source.Watermark = d
