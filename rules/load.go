@@ -77,9 +77,9 @@ type Options struct {
 
 // LoadFileWith is LoadFile with o.
 func LoadFileWith(path string, o Options) (*Route, error) {
-	src, err := os.ReadFile(path)
+	src, err := readRuleFile("", path)
 	if err != nil {
-		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read rule file: %v", unwrapPathError(err))}
+		return nil, readError(path, err)
 	}
 	res := loadBytes(path, src, o)
 	if len(res.errs) > 0 {
@@ -692,47 +692,6 @@ func (l *loader) fileTable(k *yaml.Node, file, key *keyVal, spec *TableSpec, whe
 		return
 	}
 	spec.Table = t
-}
-
-// tableFileAllowed refuses a table file that is not a regular file inside
-// the rules directory dir or tablesDir (symlinks resolved): a rule file must
-// not be able to read any file the proxy can (/proc/self/environ, a
-// secret), and a FIFO or device would hang the reload that opens it.
-func tableFileAllowed(dir, tablesDir, p string) error {
-	real, err := filepath.EvalSymlinks(p)
-	if err != nil {
-		return nil // does not exist (yet): LoadFileTable says so
-	}
-	inside := func(d string) bool {
-		if d == "" {
-			return false
-		}
-		if abs, err := filepath.Abs(d); err == nil {
-			d = abs
-		}
-		if r, err := filepath.EvalSymlinks(d); err == nil {
-			d = r
-		}
-		rel, err := filepath.Rel(d, real)
-		return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
-	}
-	if !inside(dir) && !inside(tablesDir) {
-		where := "the rules directory"
-		if tablesDir != "" {
-			where += " or tables_dir (" + tablesDir + ")"
-		} else {
-			where += " (or a directory named by the proxy's tables_dir)"
-		}
-		return fmt.Errorf("the table file %s is outside %s; table files must be inside it", real, where)
-	}
-	fi, err := os.Stat(real)
-	if err != nil {
-		return nil
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("the table file %s is not a regular file (%s)", real, fi.Mode().Type())
-	}
-	return nil
 }
 
 func unwrapPathError(err error) error {

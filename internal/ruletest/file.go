@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+	"github.com/rtproxy/rtproxy/rules"
 )
 
 // Suffix is what a test file's name ends with: <rule file name>.test.yaml
@@ -127,8 +128,14 @@ func (p *parser) errAt(n *yaml.Node, f string, args ...any) {
 
 // Load parses a test file. The error is nil or Errors.
 func Load(path string) (*File, error) {
-	src, err := os.ReadFile(path)
+	// Confined as rule files are: a test file that resolves out of its
+	// directory, is not a regular file or is too large is not read.
+	src, err := rules.ReadConfined("", path, rules.MaxRuleFileBytes)
 	if err != nil {
+		var re *rules.FileRefusedError
+		if errors.As(err, &re) {
+			return nil, Errors{{File: path, Msg: "test file refused: " + re.Msg}}
+		}
 		var pe *os.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
