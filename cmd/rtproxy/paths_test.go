@@ -95,12 +95,12 @@ func TestBinaryPathsRelativeAndAbsolute(t *testing.T) {
 		})
 		t.Run("run/"+form, func(t *testing.T) {
 			p := testkit.StartProxy(t, testkit.ProxyOpts{
-				RulesDir:  rulesDir,
-				StateDir:  filepath.Join(t.TempDir(), "state"),
-				Env:       []string{"RTPROXY_TABLES_DIR=" + tablesDir},
-				CleanEnv:  true,
-				Dir:       dir,
-				Binary:    rtproxyBinary(t),
+				RulesDir: rulesDir,
+				StateDir: filepath.Join(t.TempDir(), "state"),
+				Env:      []string{"RTPROXY_TABLES_DIR=" + tablesDir},
+				CleanEnv: true,
+				Dir:      dir,
+				Binary:   rtproxyBinary(t),
 			})
 			deadline := time.Now().Add(20 * time.Second)
 			for {
