@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+	"github.com/rtproxy/rtproxy/internal/yamlpos"
 	"github.com/rtproxy/rtproxy/rules"
 )
 
@@ -150,13 +151,7 @@ func Parse(path string, src []byte) (*File, error) {
 	p := &parser{file: path}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(src, &doc); err != nil {
-		msg := strings.TrimPrefix(err.Error(), "yaml: ")
-		line := 0
-		if _, rest, ok := strings.Cut(msg, "line "); ok {
-			n, _, _ := strings.Cut(rest, ":")
-			line, _ = strconv.Atoi(n)
-		}
-		return nil, Errors{{File: path, Line: line, Col: 1, Msg: "not valid YAML: " + msg}}
+		return nil, Errors{syntaxError(path, src, err)}
 	}
 	f := &File{Path: path}
 	if len(doc.Content) == 0 {
@@ -194,6 +189,26 @@ func Parse(path string, src []byte) (*File, error) {
 		return nil, p.errs
 	}
 	return f, nil
+}
+
+// syntaxError places a YAML syntax error of a test file where `rtproxy
+// check` places the same mistake in a rule file (yamlpos.Locate).
+func syntaxError(path string, src []byte, err error) *Error {
+	at := yamlpos.Locate(err, src)
+	msg := "not valid YAML: " + at.Msg
+	if at.Text != "" {
+		msg += fmt.Sprintf(" (near `%s`)", shortLine(at.Text))
+	}
+	return &Error{File: path, Line: at.Line, Col: at.Col, Msg: msg}
+}
+
+// shortLine is a source line cut for an error message.
+func shortLine(s string) string {
+	s = strings.TrimSpace(s)
+	if r := []rune(s); len(r) > 60 {
+		s = string(r[:60]) + "…"
+	}
+	return s
 }
 
 // fields reads a mapping whose keys must be among known.
