@@ -59,6 +59,23 @@ func (b *heldBudget) acquire(n int64, done <-chan struct{}) (int64, bool) {
 	}
 }
 
+// tryAcquire takes n bytes when they are free now, without waiting.
+func (b *heldBudget) tryAcquire(n int64) bool {
+	if b.max <= 0 {
+		return true
+	}
+	b.mu.Lock()
+	if b.used+n > b.max {
+		b.mu.Unlock()
+		return false
+	}
+	b.used += n
+	b.peak = max(b.peak, b.used)
+	b.mu.Unlock()
+	b.gauge.Add(float64(n))
+	return true
+}
+
 // release gives back n bytes that acquire took.
 func (b *heldBudget) release(n int64) {
 	if n == 0 {
