@@ -22,6 +22,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 
@@ -127,7 +128,8 @@ type refusedPart struct {
 }
 
 // inspectProduce reads a Produce request whole (frame holds its head, rest
-// bytes of it are still in the client's socket), checks it against the
+// bytes of it are still in the client's socket; held grows as they
+// arrive), checks it against the
 // guards (gs, may be nil) and picks the partitions to tap (tap, may be nil:
 // acks=all, not transactional). It returns the frame to forward (the
 // request read whole, or a new request without the refused partitions),
@@ -135,10 +137,10 @@ type refusedPart struct {
 // they alias (keep), which the caller releases once they are delivered. A
 // request that does not decode is an error: its topics cannot be known, so
 // it cannot pass.
-func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, frame []byte, rest int) (out []byte, refused []refusedPart, taps []tapPart, keep []byte, err error) {
+func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, frame []byte, rest int, held *hold) (out []byte, refused []refusedPart, taps []tapPart, keep []byte, err error) {
 	full := frame
 	if rest > 0 {
-		if full, err = completeFrame(pr.client, frame, rest); err != nil {
+		if full, err = readHeld(pr.client, frame, rest, held, pr.done); err != nil {
 			return nil, nil, nil, nil, err
 		}
 	}
@@ -266,7 +268,7 @@ func (p *Proxy) checkPartition(g Guard, topic string, partition int32, batches [
 		if errors.Is(err, errLeaseShort) {
 			p.guardBufs.putAll(bufs)
 			if !m.retry(mk) {
-				return nil, errors.New("connection closed while its produce request waited for proxy.max_decoded_bytes_total")
+				return nil, fmt.Errorf("waiting for proxy.max_decoded_bytes_total: %w", net.ErrClosed)
 			}
 			continue
 		}
