@@ -346,7 +346,7 @@ func (pr *pair) clientLoop() {
 		var refused []refusedPart
 		var taps []tapPart
 		var keep []byte // the request buffer taps alias, released with the response
-		var held *hold // a produce read whole (max_held_bytes)
+		var held *hold  // a produce read whole (max_held_bytes)
 		if h.APIKey == int16(kmsg.Produce) {
 			var gs Guards
 			if g := p.guards.Load(); g != nil {
