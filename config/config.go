@@ -116,11 +116,17 @@ type Admin struct {
 	// dead letters; a matching header's value is never kept nor shown.
 	// Default DefaultRedactHeaders. An empty pattern matches every name.
 	RedactHeaders string `yaml:"redact_headers"`
+	// AllowedHosts are the names the admin listener answers under besides
+	// its own address, IP literals and localhost: a request whose Host
+	// header names another is refused (421), so a DNS-rebinding page
+	// cannot read it. Exact names, or "*.example.com" for any name under
+	// example.com. Default none.
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // DefaultRedactHeaders names the headers whose values the status page
 // never shows: credentials and session identifiers.
-const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|session|credential|signature|private`
+const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|access[-_]?key|jwt|bearer|session|credential|signature|private`
 
 // RedactPattern compiles RedactHeaders as it is matched: case-insensitive,
 // unanchored.

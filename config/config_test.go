@@ -128,8 +128,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 49 {
-		t.Errorf("%d keys, want 49 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 50 {
+		t.Errorf("%d keys, want 50 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
