@@ -123,11 +123,17 @@ type Admin struct {
 	// dead letters; a matching header's value is never kept nor shown.
 	// Default DefaultRedactHeaders. An empty pattern matches every name.
 	RedactHeaders string `yaml:"redact_headers"`
+	// AllowedHosts are the names the admin listener answers under besides
+	// its own address, IP literals and localhost: a request whose Host
+	// header names another is refused (421), so a DNS-rebinding page
+	// cannot read it. Exact names, or "*.example.com" for any name under
+	// example.com. Default none.
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // DefaultRedactHeaders names the headers whose values the status page
 // never shows: credentials and session identifiers.
-const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|session|credential|signature|private`
+const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|access[-_]?key|jwt|bearer|session|credential|signature|private`
 
 // RedactPattern compiles RedactHeaders as it is matched: case-insensitive,
 // unanchored.
@@ -147,6 +153,18 @@ type ProxyLimits struct {
 	// memory to rewrite them (large Fetch responses), all connections
 	// together; a frame waits while they are used up. 0: no bound.
 	MaxHeldBytes int64 `yaml:"max_held_bytes"`
+	// MaxDecodedBytes bounds what one guarded or tapped Produce request's
+	// records may cost once decompressed and decoded (their bytes, plus 80
+	// bytes per record and 40 per header); decompression stops there and
+	// the partition is refused with MESSAGE_TOO_LARGE. Default 32 MiB.
+	MaxDecodedBytes int64 `yaml:"max_decoded_bytes"`
+	// MaxRecordsPerRequest bounds the records of one guarded or tapped
+	// Produce request (MESSAGE_TOO_LARGE past it). Default 200000.
+	MaxRecordsPerRequest int `yaml:"max_records_per_request"`
+	// MaxDecodedBytesTotal bounds what all decodes in progress hold at
+	// once; a decode waits for room. At least max_decoded_bytes. Default
+	// 128 MiB.
+	MaxDecodedBytesTotal int64 `yaml:"max_decoded_bytes_total"`
 	// ClientIdleTimeout closes a client connection with no request and no
 	// response for this long while nothing is in flight (Kafka's
 	// connections.max.idle.ms). 0: never. Default 10m.
@@ -232,10 +250,13 @@ func Default() *Config {
 		SchemaRegistry: SchemaRegistry{Timeout: 10 * time.Second, MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20,
 			MaxSchemaDepth: 64, MaxReferences: 64},
 		Proxy: ProxyLimits{
-			MaxConnections:     10000,
-			MaxHeldBytes:       256 << 20,
-			ClientIdleTimeout:  10 * time.Minute,
-			RequestReadTimeout: 60 * time.Second,
+			MaxConnections:       10000,
+			MaxHeldBytes:         256 << 20,
+			MaxDecodedBytes:      32 << 20,
+			MaxRecordsPerRequest: 200_000,
+			MaxDecodedBytesTotal: 128 << 20,
+			ClientIdleTimeout:    10 * time.Minute,
+			RequestReadTimeout:   60 * time.Second,
 		},
 	}
 }
@@ -336,6 +357,15 @@ func (c *Config) Validate() error {
 	}
 	if c.Proxy.MaxHeldBytes < 0 {
 		bad("proxy.max_held_bytes", "must be 0 (no bound) or positive, got %d", c.Proxy.MaxHeldBytes)
+	}
+	if c.Proxy.MaxDecodedBytes < 1<<10 {
+		bad("proxy.max_decoded_bytes", "must be at least 1024, got %d", c.Proxy.MaxDecodedBytes)
+	}
+	if c.Proxy.MaxRecordsPerRequest < 1 {
+		bad("proxy.max_records_per_request", "must be positive, got %d", c.Proxy.MaxRecordsPerRequest)
+	}
+	if c.Proxy.MaxDecodedBytesTotal < c.Proxy.MaxDecodedBytes {
+		bad("proxy.max_decoded_bytes_total", "must be at least proxy.max_decoded_bytes (%d), got %d", c.Proxy.MaxDecodedBytes, c.Proxy.MaxDecodedBytesTotal)
 	}
 	if c.Proxy.MaxConnections < 0 {
 		bad("proxy.max_connections", "must be 0 (no cap) or positive, got %d", c.Proxy.MaxConnections)

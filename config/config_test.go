@@ -38,7 +38,7 @@ func TestParseFullFile(t *testing.T) {
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
 		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second, BatchWindow: 20 * time.Millisecond,
 		Admin: Admin{ShowRecords: true, RedactHeaders: "authorization|x-tenant-key"},
-		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
+		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, MaxDecodedBytes: 32 << 20, MaxRecordsPerRequest: 200_000, MaxDecodedBytesTotal: 128 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
 		TLS: TLS{
 			Client:   ClientTLS{CertFile: "/tls/server.crt", KeyFile: "/tls/server.key", ClientCAFile: "/tls/clients-ca.crt", RequireClientCert: true},
 			Upstream: UpstreamTLS{Enabled: true, CAFile: "/tls/kafka-ca.crt", CertFile: "/tls/proxy.crt", KeyFile: "/tls/proxy.key", ServerName: "kafka.example"},
