@@ -141,7 +141,7 @@ func (d *dropDuplicates) Process(r *Record, out Emitter) {
 	defer recoverTo("drop_duplicates", r, out)
 	key, err := shuffleKey(d.key, r)
 	if err != nil {
-		out.DeadLetter(r, ReasonError, fmt.Errorf("drop_duplicates: %w", err))
+		out.DeadLetter(r, evalReason(err), fmt.Errorf("drop_duplicates: %w", err))
 		return
 	}
 	d.kbuf = append(append(d.kbuf[:0], 'k'), key...)

@@ -96,7 +96,7 @@ func (j *join) Process(r *Record, out Emitter) {
 	defer recoverTo("join", r, out)
 	v, err := j.on.Eval(r)
 	if err != nil {
-		out.DeadLetter(r, ReasonError, fmt.Errorf("join %s: %w", j.as, err))
+		out.DeadLetter(r, evalReason(err), fmt.Errorf("join %s: %w", j.as, err))
 		return
 	}
 	var (

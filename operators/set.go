@@ -91,7 +91,7 @@ func (s *set) Process(r *Record, out Emitter) {
 	for _, f := range s.fields {
 		v, err := f.Expr.Eval(r)
 		if err != nil {
-			out.DeadLetter(r, ReasonError, fmt.Errorf("set %s: %w", f.Name, err))
+			out.DeadLetter(r, evalReason(err), fmt.Errorf("set %s: %w", f.Name, err))
 			return
 		}
 		vals = append(vals, v)
@@ -121,7 +121,7 @@ func (m *mapStep) Process(r *Record, out Emitter) {
 	for _, f := range m.fields {
 		v, err := f.Expr.Eval(r)
 		if err != nil {
-			out.DeadLetter(r, ReasonError, fmt.Errorf("map %s: %w", f.Name, err))
+			out.DeadLetter(r, evalReason(err), fmt.Errorf("map %s: %w", f.Name, err))
 			return
 		}
 		obj[f.Name] = v

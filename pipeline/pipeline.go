@@ -167,6 +167,11 @@ func New(cfg Config) (*Manager, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.SchemaRegistry.Metrics == nil {
+		if cfg.SchemaRegistry.Metrics, err = serde.NewMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
 	db, err := state.OpenWithOptions(cfg.StateDir, cfg.Logger, cfg.StateOptions)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: open state %s: %w", cfg.StateDir, err)

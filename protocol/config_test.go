@@ -12,7 +12,8 @@ import (
 func TestNewRequiresEveryValue(t *testing.T) {
 	full := func() Config {
 		return Config{Listen: "127.0.0.1:0", AdvertiseHost: "127.0.0.1", BrokerPortFirst: randomPortFirst(),
-			BrokerPortCount: 10, Upstream: []string{"127.0.0.1:1"}, MaxFrameBytes: 1 << 20, ShutdownGrace: time.Second}
+			BrokerPortCount: 10, Upstream: []string{"127.0.0.1:1"}, MaxFrameBytes: 1 << 20, ShutdownGrace: time.Second,
+			MaxDecodedBytes: 1 << 20, MaxRecordsPerRequest: 1000, MaxDecodedBytesTotal: 4 << 20}
 	}
 	p, err := New(full())
 	if err != nil {
@@ -29,6 +30,9 @@ func TestNewRequiresEveryValue(t *testing.T) {
 		"max frame":      {func(c *Config) { c.MaxFrameBytes = 0 }, "MaxFrameBytes 0 is too small"},
 		"grace":          {func(c *Config) { c.ShutdownGrace = 0 }, "ShutdownGrace 0s must be positive"},
 		"listen":         {func(c *Config) { c.Listen = "" }, "Listen is required"},
+		"decoded bytes":  {func(c *Config) { c.MaxDecodedBytes = 0 }, "decode budgets"},
+		"records":        {func(c *Config) { c.MaxRecordsPerRequest = 0 }, "decode budgets"},
+		"decoded total":  {func(c *Config) { c.MaxDecodedBytesTotal = 0 }, "decode budgets"},
 	} {
 		cfg := full()
 		c.mod(&cfg)

@@ -24,7 +24,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -57,8 +56,20 @@ type Config struct {
 	// rewritten) across every connection; a frame waits while they are
 	// used up. 0: no bound.
 	MaxHeldBytes int64
-	Logger       *slog.Logger // default: discard
-	Registerer   prometheus.Registerer
+	// MaxDecodedBytes bounds what one guarded or tapped Produce request's
+	// records may cost once decompressed and decoded (decode.go); a
+	// partition over it is refused with MESSAGE_TOO_LARGE. Positive
+	// (required).
+	MaxDecodedBytes int64
+	// MaxRecordsPerRequest bounds the records one guarded or tapped
+	// Produce request may hold. Positive (required).
+	MaxRecordsPerRequest int
+	// MaxDecodedBytesTotal bounds what the decodes in progress hold, all
+	// connections together; a decode waits for room. At least
+	// MaxDecodedBytes (required).
+	MaxDecodedBytesTotal int64
+	Logger               *slog.Logger // default: discard
+	Registerer           prometheus.Registerer
 	// FetchMetadata, when set, is how the proxy reads cluster metadata on
 	// its own (at start, for readiness, and at every refresh) instead of
 	// dialing a seed itself. cmd/rtproxy sets it to a franz-go client that
@@ -116,6 +127,10 @@ func (c *Config) validate() error {
 	if c.ShutdownGrace <= 0 {
 		return fmt.Errorf("protocol: ShutdownGrace %v must be positive", c.ShutdownGrace)
 	}
+	if c.MaxDecodedBytes <= 0 || c.MaxRecordsPerRequest <= 0 || c.MaxDecodedBytesTotal < c.MaxDecodedBytes {
+		return fmt.Errorf("protocol: decode budgets: MaxDecodedBytes %d and MaxRecordsPerRequest %d must be positive, MaxDecodedBytesTotal %d at least MaxDecodedBytes",
+			c.MaxDecodedBytes, c.MaxRecordsPerRequest, c.MaxDecodedBytesTotal)
+	}
 	return nil
 }
 
@@ -125,19 +140,19 @@ type Proxy struct {
 	guards atomic.Pointer[Guards]
 	// tap receives acknowledged produced records (guard.go); nil: none.
 	tap atomic.Pointer[Tap]
-	// decompressor decompresses tapped batches, bounded by MaxFrameBytes;
-	// guardDecompressor guarded ones, into the buffers of guardBufs.
-	decompressor      kgo.Decompressor
-	guardDecompressor kgo.Decompressor
-	guardBufs         *decompressBufs
-	cfg               Config
-	log               *slog.Logger
-	m                 *metrics
-	bootstrap         net.Listener
-	listenHost        string
-	ports             *PortMap
-	ready             atomic.Bool
-	seedNext          atomic.Uint32
+	// guardBufs are the buffers guarded and tapped batches are
+	// decompressed into; decoded bounds what the decodes in progress
+	// hold (MaxDecodedBytesTotal).
+	guardBufs  *decompressBufs
+	decoded    *heldBudget
+	cfg        Config
+	log        *slog.Logger
+	m          *metrics
+	bootstrap  net.Listener
+	listenHost string
+	ports      *PortMap
+	ready      atomic.Bool
+	seedNext   atomic.Uint32
 	// active counts client connections accepted and not yet finished
 	// (MaxConnections); refusedLogAt rate-limits the refusal log line.
 	active       atomic.Int64
@@ -204,9 +219,8 @@ func New(cfg Config) (*Proxy, error) {
 		held:       &heldBudget{max: cfg.MaxHeldBytes, gauge: m.heldBytes, waits: m.heldWaits},
 	}
 	p.stopCtx, p.stop = context.WithCancel(context.Background())
-	p.decompressor = boundedDecompressor(int(cfg.MaxFrameBytes))
 	p.guardBufs = &decompressBufs{}
-	p.guardDecompressor = boundedDecompressor(int(cfg.MaxFrameBytes), p.guardBufs)
+	p.decoded = &heldBudget{max: cfg.MaxDecodedBytesTotal, gauge: m.decodedBytes, waits: m.decodedWaits}
 	p.topics.byID = make(map[[16]byte]string)
 	p.mu.brokers = make(map[int32]*brokerEntry)
 	p.mu.conns = make(map[*pair]struct{})

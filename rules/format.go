@@ -63,6 +63,7 @@ func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
 	if x := f["message"]; x != nil && r.Sink.Format == FormatAvro {
 		l.errAt(x.key, "message", "`sink.message` names a Protobuf message; the sink writes Avro")
 	}
+	r.Sink.MessageIndexes = l.messageIndexes(f["message_indexes"], "sink", r.Sink.Format)
 	if !registry {
 		return
 	}
@@ -103,6 +104,27 @@ func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
 	}
 	r.Sink.SchemaFile, r.Sink.Schema = p, string(b)
 	l.res.tableFiles = append(l.res.tableFiles, p) // watched and hashed like a table file
+}
+
+// messageIndexes reads source.message_indexes or sink.message_indexes
+// (block is "source" or "sink"), which only a Protobuf format takes:
+// "zigzag" (the default) or "unsigned" (serde.IndexEncoding).
+func (l *loader) messageIndexes(x *keyVal, block string, format Format) string {
+	if x == nil {
+		if format == FormatProtobuf {
+			return "zigzag"
+		}
+		return ""
+	}
+	if format != FormatProtobuf {
+		l.errAt(x.key, "message_indexes", "`%s.message_indexes` is for `%s.format: protobuf`", block, block)
+		return ""
+	}
+	s, ok := l.oneOf(x, block+".message_indexes", "zigzag", "unsigned")
+	if !ok {
+		return ""
+	}
+	return s
 }
 
 // checkSinkSchema refuses, when the fields the last step writes are known

@@ -53,6 +53,9 @@ type Source struct {
 	// Group is the consumer group every instance running the route joins;
 	// "" means "rtproxy.<route>" (GroupID).
 	Group string
+	// MessageIndexes is how Protobuf records write their message indexes:
+	// "zigzag" (the default) or "unsigned" (confluent-kafka-python ≤ 1.7).
+	MessageIndexes string
 }
 
 // GroupID is the consumer group of the route: source.group, or
@@ -80,6 +83,8 @@ type Sink struct {
 	SchemaFile string
 	Schema     string
 	Message    string
+	// MessageIndexes: as Source.MessageIndexes, for the values written.
+	MessageIndexes string
 }
 
 // Sink delivery guarantees (`sink.delivery`).

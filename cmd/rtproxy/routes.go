@@ -67,7 +67,9 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		SchemaRegistry: serde.Config{URL: cfg.SchemaRegistry.URL,
 			BasicAuthFile: cfg.SchemaRegistry.BasicAuthFile, BasicAuthEnv: cfg.SchemaRegistry.BasicAuthEnv,
 			BearerTokenFile: cfg.SchemaRegistry.BearerTokenFile, BearerTokenEnv: cfg.SchemaRegistry.BearerTokenEnv,
-			CAFile: cfg.SchemaRegistry.CAFile, Timeout: cfg.SchemaRegistry.Timeout},
+			CAFile: cfg.SchemaRegistry.CAFile, Timeout: cfg.SchemaRegistry.Timeout,
+			Limits: serde.Limits{MaxResponseBytes: cfg.SchemaRegistry.MaxResponseBytes, MaxSchemaBytes: cfg.SchemaRegistry.MaxSchemaBytes,
+				MaxSchemaDepth: cfg.SchemaRegistry.MaxSchemaDepth, MaxReferences: cfg.SchemaRegistry.MaxReferences}},
 	})
 	if err != nil {
 		return nil, err

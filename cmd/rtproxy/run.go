@@ -179,6 +179,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	adm.allowHosts(cfg.Admin.AllowedHosts)
 	go adm.serve()
 	log.Info("admin endpoints listening", "addr", adm.Addr())
 	defer func() {
