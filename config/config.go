@@ -75,8 +75,9 @@ type Config struct {
 	// gather at the brokers while records flow, and its outputs in its
 	// producer until the poll that made them is run: fewer fetch and
 	// produce requests, and less CPU per record, for up to about this much
-	// added latency (pipeline.Config.BatchWindow). 0: poll at once and
-	// write at once. Default 5ms.
+	// added latency (pipeline.Config.BatchWindow). 0, the default: off,
+	// poll at once and write at once (the one meaning of "off", here and
+	// in the pipeline).
 	BatchWindow time.Duration `yaml:"batch_window"`
 	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on
 	// admin_listen. Default false: a profile costs CPU while it is taken,

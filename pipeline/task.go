@@ -127,7 +127,7 @@ type task struct {
 	clEnd     int64            // changelog end offset as of the last logged cut
 	prevSnap  map[string]uint64
 	journal   string // "" when the task keeps no close journal
-	closer    closer
+	closer    operators.Closer
 	applied   map[int32]int64 // highest source offset applied, per source partition
 	jmu       sync.Mutex      // serialises journal writes
 	jwm       int64           // under jmu

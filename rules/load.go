@@ -26,7 +26,7 @@ import (
 // one in, so a loaded Route is complete: packages below rules/ (pipeline/)
 // must take these values and keep no default of their own.
 const (
-	DefaultFormat             = "json"
+	DefaultFormat             = FormatJSON
 	DefaultWatermark          = 0 * time.Second
 	DefaultIdleTimeout        = 30 * time.Second
 	DefaultStart              = "earliest"
@@ -465,7 +465,7 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 		r.Source.Topic = name
 	}
 	if x := f["format"]; x != nil {
-		if s, ok := l.oneOf(x, "source.format", "json", "raw", FormatAvro, FormatProtobuf); ok {
+		if s, ok := l.readFormat(x, "source.format", FormatJSON, FormatRaw, FormatAvro, FormatProtobuf); ok {
 			r.Source.Format = s
 		}
 	}

@@ -55,12 +55,12 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		Registerer: reg,
 		// A stopping route waits this long for its outputs to be
 		// acknowledged before its final checkpoint: the same budget
-		// SIGTERM gives everything else. Zero keeps the pipeline default.
+		// SIGTERM gives everything else.
 		StopTimeout:    cfg.ShutdownGrace,
 		StateRetention: cfg.StateRetention,
 		GroupProtocol:  cfg.GroupProtocol,
 		SessionTimeout: cfg.GroupSessionTimeout,
-		BatchWindow:    batchWindow(cfg.BatchWindow),
+		BatchWindow:    cfg.BatchWindow,
 		// The last dead letters of each route, for the status page.
 		RecentValues: cfg.Admin.ShowRecords,
 		RedactHeader: redact.MatchString,
@@ -145,13 +145,4 @@ func (r *routes) Run(ctx context.Context) error {
 	err = r.m.Run(ctx)
 	w.Close()
 	return err
-}
-
-// batchWindow is batch_window for pipeline.Config, where zero means the
-// default and a negative window turns batching off.
-func batchWindow(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
 }
