@@ -73,6 +73,10 @@ type Options struct {
 	// besides the rules directory (the proxy's tables_dir). Empty: only
 	// files inside the rules directory.
 	TablesDir string
+	// Allow lists the environment variables, files and URLs a rule file
+	// may name (allow.go). nil: the safe default, no variable, files inside
+	// the rules directory only, no URL.
+	Allow *Allow
 }
 
 // LoadFileWith is LoadFile with o.
