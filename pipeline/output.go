@@ -62,8 +62,8 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 	}
 	// The source record's timestamp (a window row's is window_end − 1):
 	// consumers and time-based retention see event time, not our write.
-	o.kr = kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
-	o.w = write{tk: tk, isOutput: true, srcMillis: rec.Timestamp}
+	o.kr = kgo.Record{Topic: r.snk.target(), Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
+	o.w = write{via: r.snk, tk: tk, isOutput: true, srcMillis: rec.Timestamp}
 	r.write(&o.w, &o.kr)
 }
 

@@ -88,6 +88,10 @@ const (
 	DeliveryExactlyOnce = "exactly_once"
 )
 
+// Target names where the sink writes: its topic, or what a sink of
+// another kind writes to.
+func (s Sink) Target() string { return s.Topic }
+
 // ExactlyOnce reports whether the route's outputs are transactional.
 func (s Sink) ExactlyOnce() bool { return s.Delivery == DeliveryExactlyOnce }
 
