@@ -116,7 +116,9 @@ func (k *kafkaWriter) changelog(ctx context.Context, recs []*kgo.Record, _ bool)
 	return produceAll(ctx, k.logCl, recs)
 }
 
-func (k *kafkaWriter) aside(kr *kgo.Record, cb func(*kgo.Record, error)) { k.logCl.Produce(k.ctx, kr, cb) }
+func (k *kafkaWriter) aside(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	k.logCl.Produce(k.ctx, kr, cb)
+}
 
 // retryLater queues a write kgo gave up on, starting the topic's retry
 // loop if it is not running.

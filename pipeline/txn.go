@@ -238,7 +238,9 @@ func (w *txnWriter) changelog(ctx context.Context, recs []*kgo.Record, checkpoin
 	return produceAll(ctx, w.cl, recs)
 }
 
-func (w *txnWriter) aside(kr *kgo.Record, cb func(*kgo.Record, error)) { w.logCl.Produce(w.ctx, kr, cb) }
+func (w *txnWriter) aside(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	w.logCl.Produce(w.ctx, kr, cb)
+}
 
 // commitTxnCuts commits every pending cut in one transaction; cut is held
 // (dispatch paused) by the caller and stays held. On success the next
