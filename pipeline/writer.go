@@ -66,6 +66,9 @@ type writer interface {
 // an output it has not delivered.
 type sink interface {
 	transport
+	// put writes an output: o.kr with its origin (outRecord), o.w.cb its
+	// callback.
+	put(o *outRecord)
 	// target names where outputs go: their kr.Topic, and the
 	// rtproxy-target header of one refused.
 	target() string
@@ -106,6 +109,7 @@ type topicSink struct {
 	topic string
 }
 
+func (s topicSink) put(o *outRecord)                                 { s.w.send(&o.kr, o.w.cb) }
 func (s topicSink) send(kr *kgo.Record, cb func(*kgo.Record, error)) { s.w.send(kr, cb) }
 func (s topicSink) retry(got *kgo.Record, cb func(*kgo.Record, error), err error) bool {
 	return s.w.retry(got, cb, err)
@@ -162,6 +166,18 @@ func (r *route) write(w *write, kr *kgo.Record) {
 	w.ep = r.out.add(1, -1)
 	w.cb = w.done
 	w.via.send(kr, w.cb)
+}
+
+// writeOutput hands output o (o.w set) to the route's sink.
+func (r *route) writeOutput(o *outRecord) {
+	w := &o.w
+	if w.tk != nil {
+		w.tk.hold()
+	}
+	w.r = r
+	w.ep = r.out.add(1, -1)
+	w.cb = w.done
+	r.snk.put(o)
 }
 
 // send writes kr through the route's writer, outside the checkpoint's
