@@ -73,6 +73,10 @@ type Options struct {
 	// besides the rules directory (the proxy's tables_dir). Empty: only
 	// files inside the rules directory.
 	TablesDir string
+	// Allow lists the environment variables, files and URLs a rule file
+	// may name (allow.go). nil: the safe default, no variable, files inside
+	// the rules directory only, no URL.
+	Allow *Allow
 }
 
 // LoadFileWith is LoadFile with o.
@@ -282,7 +286,7 @@ func (l *loader) load() *Route {
 	}
 	top := l.fields(root, topKeys, "rule file")
 
-	r := &Route{Tables: map[string]TableSpec{}}
+	r := &Route{Tables: map[string]TableSpec{}, at: map[string]position{}}
 	if abs, err := filepath.Abs(l.file); err == nil {
 		r.File = abs
 	} else {
@@ -294,6 +298,7 @@ func (l *loader) load() *Route {
 		l.errAt(root, "", "missing `route`: name the route (letters, digits, `.`, `_`, `-`), e.g. `route: payments-risk`")
 	} else if name, ok := l.scalar(kv, "route"); ok {
 		l.res.name, l.res.nameNode = name, position{kv.val.Line, kv.val.Column}
+		r.at["route"] = l.res.nameNode
 		if !routeNameRe.MatchString(name) {
 			l.errAt(kv.val, name, "route name may contain only letters, digits, `.`, `_` and `-` (at most 200)")
 		}
@@ -309,6 +314,7 @@ func (l *loader) load() *Route {
 	if kv := top["dead_letter"]; kv != nil {
 		if t, ok := l.topicName(kv, "dead_letter"); ok {
 			r.DeadLetter = t
+			r.at["dead_letter"] = position{kv.val.Line, kv.val.Column}
 			switch {
 			case r.Source.Topic != "" && t == r.Source.Topic:
 				l.errAt(kv.val, t, "dead_letter topic is the source topic; dead letters would be read again as input. Choose another topic, e.g. `%s.dlq`", r.Source.Topic)
@@ -513,6 +519,7 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 		l.errAt(kv.key, "source", "missing `source.topic`: the topic this route reads")
 	} else if name, ok := l.topicName(t, "source.topic"); ok {
 		r.Source.Topic = name
+		r.at["source.topic"] = position{t.val.Line, t.val.Column}
 	}
 	if x := f["format"]; x != nil {
 		if s, ok := l.oneOf(x, "source.format", "json", "raw", FormatAvro, FormatProtobuf); ok {
@@ -542,6 +549,7 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 				l.errAt(x.val, name, "`source.group` is not a valid consumer group id here: use letters, digits, `.`, `_` and `-` (at most 249)")
 			} else {
 				r.Source.Group = name
+				r.at["source.group"] = position{x.val.Line, x.val.Column}
 			}
 		}
 	}
@@ -584,6 +592,7 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 		l.errAt(kv.key, "sink", "missing `sink.topic`: the topic results go to")
 	} else if name, ok := l.topicName(t, "sink.topic"); ok {
 		r.Sink.Topic = name
+		r.at["sink.topic"] = position{t.val.Line, t.val.Column}
 		if name == r.Source.Topic {
 			l.errAt(t.val, name, "sink topic is the source topic; the route would read its own output forever. Write results to another topic, e.g. `%s.out`", name)
 		}

@@ -32,6 +32,10 @@ type Route struct {
 	// SchemaRegistry is the rule file's `schema_registry:`, overriding the
 	// proxy's for this route; nil: the proxy's.
 	SchemaRegistry *SchemaRegistry
+
+	// at is where the keys the route graph checks (graph.go) are written:
+	// "route", "source.topic", "source.group", "sink.topic", "dead_letter".
+	at map[string]position
 }
 
 // Source is the `source:` block.
