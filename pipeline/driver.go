@@ -132,7 +132,7 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.clock = func() time.Time { return d.now }
 	r.wr = d
-	r.snk = topicSink{w: d, topic: def.Sink.Topic}
+	r.snk = topicSink{w: d, topic: def.Sink.Target()} // every kind of sink is memory here
 	d.r = r
 
 	r.tableOf = map[string]operators.Table{}
