@@ -22,7 +22,8 @@ import (
 //	a union → the value of its branch (null → nil), not wrapped;
 //	decimal → float64; date → "YYYY-MM-DD"; time-millis, time-micros →
 //	milliseconds since midnight; timestamp-* and local-timestamp-* →
-//	epoch milliseconds (float64, micros as the fraction); uuid → string.
+//	epoch milliseconds (float64, micros or nanos as the fraction); uuid →
+//	string.
 
 // avroMaxDepth bounds nesting of a recursive schema's value.
 const avroMaxDepth = 1000
@@ -205,6 +206,9 @@ func (d *avroDec) value(s avro.Schema, depth int) any {
 			case avro.TimeMicros, avro.TimestampMicros, avro.LocalTimestampMicros:
 				return float64(n) / 1000
 			}
+		} else if nanosLogical(s) {
+			// Whole milliseconds exact, the nanoseconds as the fraction.
+			return float64(n/1e6) + float64(n%1e6)/1e6
 		}
 		return float64(n)
 	case avro.Float:
@@ -304,6 +308,21 @@ func (d *avroDec) block() int64 {
 	}
 	d.budget -= int(n)
 	return n
+}
+
+// nanosLogical reports whether s is a long with logicalType
+// timestamp-nanos or local-timestamp-nanos (Avro 1.12), which hamba/avro
+// keeps as a plain long with the property.
+func nanosLogical(s avro.Schema) bool {
+	ps, ok := s.(*avro.PrimitiveSchema)
+	if !ok || ps.Logical() != nil {
+		return false
+	}
+	switch ps.Prop("logicalType") {
+	case "timestamp-nanos", "local-timestamp-nanos":
+		return true
+	}
+	return false
 }
 
 func logical(s avro.Schema) avro.LogicalSchema {
