@@ -31,7 +31,7 @@ const avroMaxDepth = 1000
 // avroDecode reads one value of schema s from b (the bytes after the
 // header) into the value tree.
 func avroDecode(s avro.Schema, b []byte) (any, error) {
-	d := avroDec{r: avroReader{b: b}, budget: 1024 + 8*len(b)}
+	d := avroDec{r: avroReader{all: b, b: b}, budget: 1024 + 8*len(b)}
 	v := d.value(s, 0)
 	err := d.r.err
 	if err == nil {
@@ -51,8 +51,13 @@ func avroDecode(s avro.Schema, b []byte) (any, error) {
 // record before anything is allocated for it: a schema or a record that
 // claims more is refused, whatever the size (issue 25, finding 5).
 type avroReader struct {
-	b   []byte // what is left
+	all []byte // the record
+	b   []byte // what is left of it
 	err error
+	// src is the record copied once, on the first string: strings are
+	// substrings of it, as the JSON and Protobuf decoders' are (one
+	// retained string keeps the record's copy alive).
+	src string
 }
 
 var errAvroEOF = errors.New("unexpected end of the record")
@@ -66,6 +71,11 @@ func (r *avroReader) fail(err error) {
 
 // varint reads a zigzag varint of at most max bytes.
 func (r *avroReader) varint(max int) int64 {
+	if len(r.b) > 0 && r.b[0] < 0x80 { // one byte: most lengths, counts, indexes
+		v := int64(r.b[0])
+		r.b = r.b[1:]
+		return v>>1 ^ -(v & 1)
+	}
 	var v uint64
 	var shift uint
 	for i := 0; i < len(r.b); i++ {
@@ -145,7 +155,23 @@ func (r *avroReader) bytes(what string) []byte {
 	return r.take(n, what)
 }
 
-func (r *avroReader) string() string { return string(r.bytes("string")) }
+func (r *avroReader) string() string {
+	n := r.long()
+	if r.err != nil {
+		return ""
+	}
+	off := len(r.all) - len(r.b)
+	if r.take(n, "string") == nil && r.err != nil {
+		return ""
+	}
+	if n == 0 {
+		return ""
+	}
+	if r.src == "" {
+		r.src = string(r.all)
+	}
+	return r.src[off : off+int(n)]
+}
 
 // blockHeader reads an array or map block's item count (a negative count
 // is followed by the block's size in bytes, which is skipped).

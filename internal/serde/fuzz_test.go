@@ -181,6 +181,11 @@ func FuzzAvroReaderAgainstHamba(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, s := range schemas {
 			_, err := avroDecode(s, b)
+			if err != nil && strings.Contains(err.Error(), "items is more than the record") {
+				// hamba reads such a block item by item, past the end of
+				// the record, for as many as it claims: no reference.
+				continue
+			}
 			r := avro.NewReader(nil, 0).Reset(b)
 			r.ReadNext(s)
 			hambaErr := r.Error
