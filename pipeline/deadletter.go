@@ -25,6 +25,9 @@ func deadLetterTopic(d *rules.Route) string {
 // key, value and headers (those not named rtproxy-*), and headers saying
 // why.
 func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err error, step string, tk *ticket) {
+	if reason == operators.ReasonError && operators.IsBudget(err) {
+		reason = operators.ReasonBudget // an expression over its budget (event_time, a sink key)
+	}
 	r.m.met.deadLetters.WithLabelValues(r.name, string(reason)).Inc()
 	val := rec.Raw
 	if val == nil && rec.Value != nil {
@@ -49,7 +52,9 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	}...)
 	hs = append(hs, schemaHeaders(err)...)
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
-	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp)) // for the status page; kr carries rec's headers
+	// For the status page: kr carries rec's headers; the error text is
+	// shown without rec's values unless admin.show_records.
+	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp), r.shownError(err, rec))
 	r.produce(kr, tk, false, rec.Timestamp)
 }
 
@@ -95,6 +100,6 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(got.Topic)},
 	)
 	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
-	r.noteDeadLetter(dl, nil, got.Timestamp) // for the status page
+	r.noteDeadLetter(dl, nil, got.Timestamp, r.shownText(msg, nil)) // for the status page
 	return dl
 }

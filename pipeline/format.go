@@ -65,14 +65,14 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 		return &codec{err: err}
 	}
 	c := &codec{}
-	if f := d.Source.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
-		c.dec = serde.NewDecoder(reg, serde.Format(f))
+	if f := d.Source.Format; f.Registry() {
+		c.dec = serde.NewDecoder(reg, f.Serde())
 		if x, err := serde.ParseIndexEncoding(d.Source.MessageIndexes); err == nil {
 			c.dec.WithIndexes(x)
 		}
 	}
-	if f := d.Sink.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
-		c.enc = serde.NewEncoder(reg, serde.Format(f), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
+	if f := d.Sink.Format; f.Registry() {
+		c.enc = serde.NewEncoder(reg, f.Serde(), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
 		if x, err := serde.ParseIndexEncoding(d.Sink.MessageIndexes); err == nil {
 			c.enc.WithIndexes(x)
 		}
