@@ -79,8 +79,10 @@ func newTestCA(t *testing.T) testCA {
 func TestSchemaRegistryOverTLSWithCAFile(t *testing.T) {
 	ca := newTestCA(t)
 	other := newTestCA(t)
-	dir := t.TempDir()
-	caFile, otherFile := filepath.Join(dir, "registry-ca.pem"), filepath.Join(dir, "other-ca.pem")
+	dir, rulesDir := t.TempDir(), t.TempDir()
+	// The proxy's CA file anywhere; a rule file's inside the rules
+	// directory (rules.allow).
+	caFile, otherFile := filepath.Join(dir, "registry-ca.pem"), filepath.Join(rulesDir, "other-ca.pem")
 	if err := os.WriteFile(caFile, ca.caPEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +118,11 @@ func TestSchemaRegistryOverTLSWithCAFile(t *testing.T) {
 	sch := avro.MustParse(itOutAvsc)
 	serde.Register(ss.ID, itOut{}, sr.EncodeFn(func(v any) ([]byte, error) { return avro.Marshal(sch, v) }))
 
-	rulesDir := t.TempDir()
 	// The route trusting the registry's CA (the proxy's ca_file), and one
 	// whose own schema_registry names another CA.
 	WriteRuleFile(t, rulesDir, "tls.yaml", "route: tls-avro\nsource: { topic: tls.avro, format: avro }\nsink: { topic: tls.avro.out }\n")
 	WriteRuleFile(t, rulesDir, "wrong-ca.yaml", "route: tls-wrong-ca\nsource: { topic: tls.avro, format: avro }\nsink: { topic: tls.avro.never }\n"+
-		"schema_registry: { url: \""+url+"\", ca_file: "+otherFile+" }\n")
+		"schema_registry: { url: \""+url+"\", ca_file: other-ca.pem }\n")
 	s := StartStack(t, KfakeOpts{Topics: map[string]int{"tls.avro": 1}},
 		ProxyOpts{RulesDir: rulesDir, Env: []string{"RTPROXY_SCHEMA_REGISTRY_URL=" + url, "RTPROXY_SCHEMA_REGISTRY_CA_FILE=" + caFile}})
 	m := "m1"
