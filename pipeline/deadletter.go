@@ -4,6 +4,7 @@ package pipeline
 // route's dead-letter topic, with headers saying why.
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -61,7 +62,8 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 // reasonSink is the dead-letter reason of an output the brokers refused.
 const reasonSink = "sink"
 
-// sinkDeadLetter is the dead letter for a record the brokers refused. An
+// sinkDeadLetter is the dead letter for a record the brokers (or the sink)
+// refused. An
 // output becomes one with reason "sink": its key, value and headers (window
 // and source headers stay, so it says where it came from) plus the reason
 // headers and the topic it was meant for. A dead letter refused in turn
@@ -99,6 +101,10 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 		kgo.RecordHeader{Key: HeaderStep, Value: []byte("sink")},
 		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(got.Topic)},
 	)
+	var more deadLetterHeaders
+	if errors.As(err, &more) {
+		hs = append(hs, more.deadLetterHeaders()...) // what the sink said (writer.go)
+	}
 	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
 	r.noteDeadLetter(dl, nil, got.Timestamp, r.shownText(msg, nil)) // for the status page
 	return dl

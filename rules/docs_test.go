@@ -126,5 +126,6 @@ func TestDocsExamples(t *testing.T) {
 
 // docsOptions are the options of the proxy the docs' examples run under:
 // the allow-list of the config example in docs/RULES.md ("Avro and
-// Protobuf") and docs/OPERATIONS.md ("What rule files may name").
-var docsOptions = Options{Allow: &Allow{URLs: []string{"http://registry:8081"}, Files: []string{"/etc/rtproxy"}}}
+// Protobuf") and docs/OPERATIONS.md ("What rule files may name"), and the
+// endpoint of "An HTTP sink".
+var docsOptions = Options{Allow: &Allow{URLs: []string{"http://registry:8081", "http://hooks.internal:8080"}, Files: []string{"/etc/rtproxy"}, EnvNames: []string{"HOOKS_TOKEN"}}}

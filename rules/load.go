@@ -47,7 +47,7 @@ const (
 var (
 	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps", "schema_registry"}
 	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group", "message_indexes"}
-	sinkKeys   = []string{"topic", "key", "delivery", "format", "subject", "schema", "message", "message_indexes"}
+	sinkKeys   = []string{"topic", "http", "key", "delivery", "format", "subject", "schema", "message", "message_indexes"}
 	tableKeys  = []string{"file", "key", "topic"}
 )
 
@@ -545,8 +545,13 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 	}
 	f := l.fields(kv.val, sinkKeys, "sink")
 	l.sinkFields = f
-	if t := f["topic"]; t == nil {
-		l.errAt(kv.key, "sink", "missing `sink.topic`: the topic results go to")
+	if hx := f["http"]; hx != nil {
+		if t := f["topic"]; t != nil {
+			l.errAt(t.key, "topic", "sink has `topic` and `http`; a route writes to one sink")
+		}
+		l.httpSink(hx, r)
+	} else if t := f["topic"]; t == nil {
+		l.errAt(kv.key, "sink", "missing `sink.topic`: the topic results go to (or `sink.http`: an HTTP endpoint)")
 	} else if name, ok := l.topicName(t, "sink.topic"); ok {
 		r.Sink.Topic = name
 		r.at["sink.topic"] = position{t.val.Line, t.val.Column}
@@ -558,6 +563,17 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 	if d := f["delivery"]; d != nil {
 		if v, ok := l.oneOf(d, "sink.delivery", DeliveryAtLeastOnce, DeliveryExactlyOnce); ok {
 			r.Sink.Delivery = v
+		}
+	}
+	if r.Sink.HTTP != nil {
+		if d := f["delivery"]; d != nil && r.Sink.ExactlyOnce() {
+			l.errAt(d.val, d.val.Value, "%v", errHTTPExactlyOnce)
+		}
+		for _, k := range []string{"format", "subject", "schema", "message"} {
+			if x := f[k]; x != nil {
+				l.errAt(x.key, k, "`sink.%s` is for a topic sink; an HTTP sink sends each output's value as JSON", k)
+				delete(f, k)
+			}
 		}
 	}
 	l.sinkFormat(f, r)

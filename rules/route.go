@@ -74,6 +74,7 @@ func (r *Route) GroupID() string {
 // Sink is the `sink:` block.
 type Sink struct {
 	Topic string
+	HTTP  *HTTPSink       // sink.http (sink_http.go); Topic is empty then
 	Key   *operators.Expr // nil: the source key (window rows: the window key)
 	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce.
 	Delivery string
@@ -98,6 +99,15 @@ const (
 	// the route's outputs, dead letters, changelog writes and group offsets.
 	DeliveryExactlyOnce = "exactly_once"
 )
+
+// Target names where the sink writes: its topic, or what a sink of
+// another kind writes to.
+func (s Sink) Target() string {
+	if s.HTTP != nil {
+		return s.HTTP.URL
+	}
+	return s.Topic
+}
 
 // ExactlyOnce reports whether the route's outputs are transactional.
 func (s Sink) ExactlyOnce() bool { return s.Delivery == DeliveryExactlyOnce }
