@@ -308,3 +308,57 @@ func TestChainedKeyedStepsKeepTime(t *testing.T) {
 	compareStallRows(t, got, want)
 	t.Logf("%d payments, %d windows written %v after the last record", len(in), len(got), took.Round(time.Millisecond))
 }
+
+// TestStatusNamesTheWriterHoldingAWatermark: /routes shows, for every
+// keyed partition that keeps a watermark, the upstream partition it waits
+// for: a partition stuck behind the others names the writer whose
+// frontier does not reach it.
+func TestStatusNamesTheWriterHoldingAWatermark(t *testing.T) {
+	def := loadStallRoute(t)
+	d, err := NewDriver(def, DriverConfig{Partitions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	send := func(p int32, txn string, ts int64) {
+		v, _ := json.Marshal(map[string]any{"txn_id": txn, "user_id": "u1", "amount": 5, "status": "ok", "ts": ts})
+		if err := d.Send(DriverInput{Partition: p, Offset: -1, Value: v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := d.r.status()
+	for _, o := range st.Owned {
+		if o.HeldBy != nil && o.Topic != def.Source.Topic && o.HeldBy.Frontier != nil {
+			t.Errorf("%s[%d] held by %+v before any record", o.Topic, o.Partition, *o.HeldBy)
+		}
+	}
+	// Partition 1 stops early; partition 0 goes on for five minutes.
+	send(1, "a", stallBase+1000)
+	for i := range 30 {
+		send(0, fmt.Sprint("b", i), stallBase+int64(i)*10000)
+	}
+	st = d.r.status()
+	dedup, win := 0, 0
+	for _, o := range st.Owned {
+		switch o.Topic {
+		case def.Source.Topic:
+			if o.HeldBy != nil {
+				t.Errorf("source partition %d has a holder: %+v", o.Partition, *o.HeldBy)
+			}
+		case "payments-sliding.01-drop_duplicates.repartition":
+			dedup++
+			h := o.HeldBy
+			if h == nil || h.Writer != 1 || h.Frontier == nil || h.Frontier.UnixMilli() != stallBase+1000-10000 || h.LastHeard == nil {
+				t.Errorf("%s[%d] held by %+v, want writer 1 at its frontier", o.Topic, o.Partition, h)
+			}
+		case "payments-sliding.02-window.repartition":
+			win++
+			if h := o.HeldBy; h == nil || h.Frontier == nil || h.Frontier.UnixMilli() != stallBase+1000-10000 {
+				t.Errorf("%s[%d] held by %+v, want a drop_duplicates partition at source partition 1's frontier", o.Topic, o.Partition, h)
+			}
+		}
+	}
+	if dedup != 2 || win != 2 {
+		t.Errorf("status lists %d drop_duplicates and %d window partitions, want 2 and 2", dedup, win)
+	}
+}
