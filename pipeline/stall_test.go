@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -360,5 +361,67 @@ func TestStatusNamesTheWriterHoldingAWatermark(t *testing.T) {
 	}
 	if dedup != 2 || win != 2 {
 		t.Errorf("status lists %d drop_duplicates and %d window partitions, want 2 and 2", dedup, win)
+	}
+}
+
+// TestRowsOfOneAdvanceReachTheNextWindowTogether: the rows a window emits
+// when its watermark moves carry the frontier from before that move, and
+// the new one follows them (a marker): otherwise the first row would
+// carry a watermark past the others' event time (window_end − 1), and
+// the next window would close before the rest arrived, counting them
+// late. Found by the differential test of shapes (test/shapes).
+func TestRowsOfOneAdvanceReachTheNextWindowTogether(t *testing.T) {
+	const src = `route: rows
+source: { topic: rows, event_time: value.ts, watermark: 0s, idle_timeout: 30s }
+sink: { topic: rows.out }
+steps:
+  - window: { kind: tumbling, size: 1s, key: value.k, aggregate: { n: count() } }
+  - window: { kind: tumbling, size: 1s, key: '"all"', aggregate: { keys: count(), n: sum(value.n) } }
+`
+	p := filepath.Join(t.TempDir(), "rows.yaml")
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	def, err := rules.LoadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, parts := range []int{1, 3} {
+		t.Run(fmt.Sprint(parts), func(t *testing.T) {
+			d, err := NewDriver(def, DriverConfig{Partitions: parts})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			send := func(p int32, k string, ts int64) {
+				v, _ := json.Marshal(map[string]any{"k": k, "ts": stallBase + ts})
+				if err := d.Send(DriverInput{Partition: p, Offset: -1, Value: v}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Five keys in the first second, then every partition past it.
+			for i, k := range []string{"a", "b", "c", "d", "e"} {
+				send(int32(i%parts), k, int64(100*(i+1)))
+			}
+			for p := range parts {
+				send(int32(p), "z", 1500)
+			}
+			d.AdvanceWatermark(time.UnixMilli(stallBase + 10000))
+			var rows []string
+			for _, o := range d.Outputs() {
+				if o.DeadLetter {
+					t.Errorf("dead letter: %s", o.Value)
+					continue
+				}
+				rows = append(rows, string(o.Value))
+			}
+			want := []string{
+				fmt.Sprintf(`{"key":"all","keys":5,"n":5,"window_end":%d,"window_start":%d}`, stallBase+1000, stallBase),
+				fmt.Sprintf(`{"key":"all","keys":1,"n":%d,"window_end":%d,"window_start":%d}`, parts, stallBase+2000, stallBase+1000),
+			}
+			if !slices.Equal(rows, want) {
+				t.Errorf("rows:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+			}
+		})
 	}
 }

@@ -120,17 +120,24 @@ type task struct {
 	}
 
 	// Keyed tasks (segment > 0).
-	wm        watermark
-	inbox     map[int32]origin // highest origin applied per writer; checkpointed
-	stepName  string           // namespace of the keyed step
-	inboxName string           // namespace holding the inbox snapshot
-	clEnd     int64            // changelog end offset as of the last logged cut
-	prevSnap  map[string]uint64
-	journal   string // "" when the task keeps no close journal
-	closer    closer
-	applied   map[int32]int64 // highest source offset applied, per source partition
-	jmu       sync.Mutex      // serialises journal writes
-	jwm       int64           // under jmu
+	wm watermark
+	// passed is the last watermark handed to the steps (advanceTask), and
+	// passing is set while they emit what it closed: those rows carry
+	// the frontier from before (passedBefore), and the new one follows
+	// them in a marker (repartition). Only the goroutine running
+	// advanceTask touches them.
+	passed, passedBefore int64
+	hasPassed, passing   bool
+	inbox                map[int32]origin // highest origin applied per writer; checkpointed
+	stepName             string           // namespace of the keyed step
+	inboxName            string           // namespace holding the inbox snapshot
+	clEnd                int64            // changelog end offset as of the last logged cut
+	prevSnap             map[string]uint64
+	journal              string // "" when the task keeps no close journal
+	closer               closer
+	applied              map[int32]int64 // highest source offset applied, per source partition
+	jmu                  sync.Mutex      // serialises journal writes
+	jwm                  int64           // under jmu
 }
 
 // frontier is the event-time frontier this task hands to the next segment:
@@ -458,7 +465,15 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 // closed windows, and passes the watermark on to the next segment.
 func (r *route) advanceTask(t *task, wm int64, tk *ticket) {
 	closing := t.closer != nil && t.closer.ClosesAt(wm)
+	// The rows this move closes carry the frontier from before it: had
+	// the first carried wm, the next segment would move past the event
+	// time of the others (window_end − 1) before they arrived.
+	t.passing, t.passedBefore = true, t.passed
+	if !t.hasPassed {
+		t.passedBefore = minWatermark
+	}
 	t.chain.advance(wm, tk)
+	t.passing, t.passed, t.hasPassed = false, wm, true
 	if closing {
 		t.journalAfterAck(wm)
 	}
