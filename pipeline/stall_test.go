@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
 
@@ -424,4 +425,67 @@ steps:
 			}
 		})
 	}
+}
+
+// TestDeadLetterCarriesTheValueAsItFailed: a record that fails after a
+// set or a map is a dead letter with the value as it was when it failed
+// (docs/RULES.md, dead_letter), in the segment that changed it as across
+// a repartition; one no step changed keeps its bytes as they came. Found
+// by the differential test of shapes (test/shapes): the same failure gave
+// the source bytes before a keyed step and the changed value after one.
+func TestDeadLetterCarriesTheValueAsItFailed(t *testing.T) {
+	const src = `route: dlv
+source: { topic: dlv }
+sink: { topic: dlv.out }
+steps:
+  - set: { g: value.g + "!" }
+  - filter: value.a > 1
+  - map: { a: value.a, g: value.g, b: value.a * 2 }
+  - drop_duplicates: { key: value.g }
+  - set: { c: value.b + 1 }
+  - filter: value.a < 100
+`
+	p := filepath.Join(t.TempDir(), "dlv.yaml")
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	def, err := rules.LoadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := NewDriver(def, DriverConfig{Partitions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for _, v := range []string{
+		`{"a": "x", "g": "s", "zz": 1}`, // fails at step 1, after the set
+		`{"a": 5, "g": 1}`,             // fails at step 0 (string + int): as it came
+		`{"a": 5, "g": "t", "zz": 1}`,  // passes
+	} {
+		if err := d.Send(DriverInput{Partition: 0, Offset: -1, Value: []byte(v)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, o := range d.Outputs() {
+		got = append(got, fmt.Sprintf("dl=%v %s %s", o.DeadLetter, headerOf(o.Headers, HeaderStep), o.Value))
+	}
+	want := []string{
+		`dl=true 1:filter {"a":"x","g":"s!","zz": 1}`,
+		`dl=true 0:set {"a": 5, "g": 1}`,
+		`dl=false  {"a":5,"b":10,"c":11,"g":"t!"}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("wrote:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func headerOf(hs []operators.Header, k string) string {
+	for _, h := range hs {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
