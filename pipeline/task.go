@@ -121,6 +121,11 @@ type task struct {
 
 	// Keyed tasks (segment > 0).
 	wm watermark
+	// steps is held while a goroutine runs the task's chain: its dispatch
+	// goroutine for a record, or the idle loop for a watermark move. Both
+	// hold cut.RLock, which does not keep them apart (lock order: cut,
+	// then steps).
+	steps sync.Mutex
 	// passed is the last watermark handed to the steps (advanceTask), and
 	// passing is set while they emit what it closed: those rows carry
 	// the frontier from before (passedBefore), and the new one follows
@@ -326,7 +331,9 @@ func (r *route) dispatch(t *task, recs []*kgo.Record, tapped bool) bool {
 			if t.seg.idx == 0 {
 				r.processSource(t, rec)
 			} else {
+				t.steps.Lock()
 				r.processRepartitioned(t, rec)
+				t.steps.Unlock()
 			}
 			t.pos = rec.Offset + 1
 			n++
