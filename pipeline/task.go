@@ -139,7 +139,7 @@ type task struct {
 	clEnd                int64            // changelog end offset as of the last logged cut
 	prevSnap             map[string]uint64
 	journal              string // "" when the task keeps no close journal
-	closer               closer
+	closer               operators.Closer
 	applied              map[int32]int64 // highest source offset applied, per source partition
 	jmu                  sync.Mutex      // serialises journal writes
 	jwm                  int64           // under jmu
@@ -218,7 +218,7 @@ func (t *task) sendMarkers(now time.Time, force bool) {
 	for _, q := range targets {
 		kr := &kgo.Record{Topic: next.topic, Partition: q, Headers: []kgo.RecordHeader{{Key: headerMarker, Value: val}}}
 		t.r.send(kr, func(_ *kgo.Record, err error) {
-			if err != nil && t.r.prodCtx.Err() == nil {
+			if err != nil && t.r.out.ctx.Err() == nil {
 				// A later marker carries the same frontier or a newer one.
 				t.r.log.Debug("watermark marker not written", "topic", next.topic, "partition", q, "err", err)
 			}

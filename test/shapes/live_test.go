@@ -34,7 +34,10 @@ func TestShapesLive(t *testing.T) {
 			s := Generate(seed, true, 3)
 			def := load(t, s)
 			addrs, _ := testkit.StartKfake(t, "-topics", fmt.Sprintf("%s:%d,%s:2,%s:1", s.Topic, s.Partitions, s.Sink, s.DLQ))
+			// The settings whose defaults live in config (pipeline.New
+			// requires them), as pipeline's own tests give them.
 			m, err := pipeline.New(pipeline.Config{Seeds: addrs, StateDir: t.TempDir(), Registerer: prometheus.NewRegistry(),
+				SessionTimeout: 10 * time.Second, GroupProtocol: "auto", StopTimeout: 8 * time.Second,
 				Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 			if err != nil {
 				t.Fatal(err)
