@@ -30,11 +30,13 @@
 // shapes or made not to matter: a drop_duplicates after a window is keyed
 // by the row's key (one writer, rows in window order), a window after a
 // window by the row key, a function of it or a constant, and aggregates
-// are count and sum of integers. The live variants (Live true) go
-// further: each partition's event times rise with less disorder than
-// source.watermark (no record is late whatever the interleaving),
-// duplicates are exact copies, drop_duplicates has no ttl and no key that
-// different records share, and one flush record per partition an hour
+// are count and sum of integers; emit: on_update (every intermediate
+// state) only on a window of events, which arrive in the order sent. The
+// live variants (Live true) go further: each partition's event times
+// rise with less disorder than source.watermark (no record is late
+// whatever the interleaving), duplicates are exact copies,
+// drop_duplicates has no ttl and no key that different records share,
+// windows emit on close only, and one flush record per partition an hour
 // ahead closes the windows instead of AdvanceWatermark (its own outputs
 // are left out of the comparison).
 package shapes
@@ -280,7 +282,11 @@ func genSteps(s *Shape, rng *rand.Rand) {
 		case choice == 0:
 			add(dedupStep("value.key", ttlFor(rng, s.Live), func(r *rec) string { return r.obj()["key"].(string) }))
 		default:
-			add(windowStep(rng, shape, choice == 1))
+			// on_update rows show every intermediate state, so they need
+			// the window's input in one order: events come in the order
+			// sent (the Driver), rows of an earlier window from several
+			// tasks would not.
+			add(windowStep(rng, shape, choice == 1, !s.Live && shape == event && rng.IntN(4) == 0))
 			shape = row
 		}
 		stateless()
@@ -468,9 +474,11 @@ func dedupStep(keyExpr string, ttl int64, key func(*rec) string) Step {
 	return st
 }
 
-// windowStep is a tumbling or sliding window with emit on_close and the
-// aggregates n: count() and s: sum of a (events) or of s (rows).
-func windowStep(rng *rand.Rand, shape shapeKind, tumbling bool) Step {
+// windowStep is a tumbling or sliding window with the aggregates n:
+// count() and s: sum of a (events) or of s (rows), emitting on close, or
+// with onUpdate the window's row after every change (ascending end) and
+// nothing at close.
+func windowStep(rng *rand.Rand, shape shapeKind, tumbling, onUpdate bool) Step {
 	var size, slide int64
 	if shape == event {
 		size = []int64{1000, 2000, 5000}[rng.IntN(3)]
@@ -511,7 +519,15 @@ func windowStep(rng *rand.Rand, shape shapeKind, tumbling bool) Step {
 	if kind == "sliding" {
 		y += fmt.Sprintf("slide: %dms, ", slide)
 	}
-	y += fmt.Sprintf("key: %s, emit: on_close, aggregate: { n: count(), s: sum(%s) } }", keyExpr, sumOf)
+	emit := "on_close"
+	if onUpdate {
+		emit = "on_update"
+	}
+	y += fmt.Sprintf("key: %s, emit: %s, aggregate: { n: count(), s: sum(%s) } }", keyExpr, emit, sumOf)
+	mkRow := func(end int64, k string, a *acc) *rec {
+		return &rec{key: []byte(k), ev: end - 1, val: map[string]any{"key": k, "window_start": float64(end - size),
+			"window_end": float64(end), "n": a.n, "s": a.sum}}
+	}
 	field := "a"
 	if shape == row {
 		field = "s"
@@ -549,6 +565,9 @@ func windowStep(rng *rand.Rand, shape shapeKind, tumbling bool) Step {
 				}
 				a.n++
 				a.sum += v
+				if onUpdate {
+					emit(mkRow(end, k, a))
+				}
 			}
 		},
 		advance: func(st *stepState, wm int64, emit func(*rec)) {
@@ -566,9 +585,9 @@ func windowStep(rng *rand.Rand, shape shapeKind, tumbling bool) Step {
 				}
 				sort.Strings(keys)
 				for _, k := range keys {
-					a := st.wins[end][k]
-					emit(&rec{key: []byte(k), ev: end - 1, val: map[string]any{"key": k, "window_start": float64(end - size),
-						"window_end": float64(end), "n": a.n, "s": a.sum}})
+					if !onUpdate {
+						emit(mkRow(end, k, st.wins[end][k]))
+					}
 				}
 				delete(st.wins, end)
 			}
