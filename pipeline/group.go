@@ -317,6 +317,7 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 		t.stepName = taskStepName(seg.keyStep, p)
 		t.inboxName = inboxName(seg.keyStep, p)
 		t.wm.init(r.def.Source, r.segs[seg.idx-1].nparts, r.clock())
+		t.wm.wake = r.idleWake
 		t.wm.lateness = 0 // writers subtract it (task.frontier)
 	}
 	if seg.next != nil {

@@ -81,23 +81,62 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 
 // idleLoop moves keyed tasks' watermarks when their writers go idle, and
 // has writers send the markers that say they are alive.
+//
+// A route whose tasks have nothing timed yet (no watermark, no frontier:
+// no record since the tasks were assigned) has nothing to tick: the loop
+// then rests, ticking every idleRest, until the first record wakes it
+// (noteTimed). An idle sidecar's timed routes otherwise woke five times a
+// second each (docs/BENCHMARKS.md, "Footprint").
 func (r *route) idleLoop() {
-	tick := time.NewTicker(r.idleInterval())
+	iv := r.idleInterval()
+	tick := time.NewTicker(iv)
 	defer tick.Stop()
+	resting := false
 	for {
 		select {
 		case <-r.halt:
 			return
+		case <-r.idleWake:
+			if resting {
+				resting = false
+				tick.Reset(iv)
+			}
 		case now := <-tick.C:
+			quiet := true
 			r.cut.RLock()
 			if !r.halted {
-				r.idleTick(now)
+				quiet = r.idleTick(now)
 			}
 			r.cut.RUnlock()
 			// Markers and the rows of windows idleness closed leave now
 			// (batch.go).
 			r.flushWrites()
+			if quiet != resting {
+				resting = quiet
+				if quiet {
+					tick.Reset(idleRest)
+				} else {
+					tick.Reset(iv)
+				}
+			}
 		}
+	}
+}
+
+// idleRest is how often the idle loop ticks while no task of its route
+// has anything timed (a fallback: the first record wakes it at once).
+const idleRest = 5 * time.Second
+
+// noteTimed wakes a resting idle loop: a task's frontier came to exist
+// (a watermark's first partition wakes it itself, watermark.wake). It
+// never blocks (idleWake holds one wake-up).
+func (r *route) noteTimed() {
+	if r.idleWake == nil {
+		return
+	}
+	select {
+	case r.idleWake <- struct{}{}:
+	default:
 	}
 }
 
@@ -107,17 +146,25 @@ func (r *route) idleInterval() time.Duration {
 	return max(iv, 10*time.Millisecond)
 }
 
-// idleTick is one tick of the idle loop, under cut.RLock.
-func (r *route) idleTick(now time.Time) {
+// idleTick is one tick of the idle loop, under cut.RLock. quiet: no task
+// has a frontier or a watermark that has seen a partition, so no tick can
+// change anything until a record arrives.
+func (r *route) idleTick(now time.Time) (quiet bool) {
+	quiet = true
 	for _, t := range r.tasks {
-		r.idleTickTask(t, now)
+		if !r.idleTickTask(t, now) {
+			quiet = false
+		}
 	}
+	return quiet
 }
 
-func (r *route) idleTickTask(t *task, now time.Time) {
+// idleTickTask ticks one task; quiet as for idleTick.
+func (r *route) idleTickTask(t *task, now time.Time) (quiet bool) {
 	if isClosed(t.stop) {
-		return
+		return true
 	}
+	quiet = true
 	if t.seg.keepsTime() {
 		// The task's dispatch goroutine may be running its chain.
 		t.steps.Lock()
@@ -127,8 +174,17 @@ func (r *route) idleTickTask(t *task, now time.Time) {
 			r.advanceTask(t, wm, nil)
 		}
 		t.steps.Unlock()
+		if !t.wm.dormant() {
+			quiet = false
+		}
 	}
 	t.sendMarkers(now, true)
+	if t.seg.next != nil && t.seg.markers {
+		if _, ok := t.frontier(); ok {
+			quiet = false
+		}
+	}
+	return quiet
 }
 
 // eventMillis reads an event_time value: epoch millis as a number, an RFC

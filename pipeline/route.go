@@ -29,6 +29,8 @@ import (
 // record (or one watermark move), so cut.Lock is held only at record
 // boundaries: that is how a checkpoint or a stop pauses dispatch.
 type route struct {
+	// idleWake wakes a resting idle loop (process.go, noteTimed).
+	idleWake chan struct{}
 	// logCl is the route's non-group client: admin requests (grp.adm) and
 	// changelog records (changelog.go, journal.go).
 	logCl *kgo.Client
@@ -132,6 +134,7 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r := &route{m: m, def: d, name: d.Name, log: m.log.With("route", d.Name),
 		done: make(chan struct{}), halt: make(chan struct{}), stopping: make(chan struct{})}
 	r.out = newOutbox()
+	r.idleWake = make(chan struct{}, 1)
 	r.mOut = m.met.recordsOut.WithLabelValues(d.Name)
 	r.mE2E = m.met.endToEnd.WithLabelValues(d.Name)
 	r.mProc = m.met.processing.WithLabelValues(d.Name)
@@ -414,7 +417,12 @@ func (r *route) lagLoop() {
 func partLabel(p int32) string { return strconv.Itoa(int(p)) }
 
 // fetchMaxWait bounds how long a fetch waits for data. Brokers (and kfake)
-// answer a fetch as soon as min-bytes 1 is met, so this does not delay
-// records; it only sets how often an idle route polls. 10ms (franz-go's
-// floor) made idle routes cost measurable CPU on a 2-core machine.
-const fetchMaxWait = 250 * time.Millisecond
+// answer a fetch as soon as min-bytes 1 is met (read_committed: once the
+// transaction commits), so this does not delay records; it only sets how
+// often an idle route polls. A reassignment, SetOffsets or Close does not
+// wait for it either: kgo cancels the fetch in flight (its connection is
+// closed). 10ms (franz-go's floor) made idle routes cost measurable CPU on
+// a 2-core machine; 250ms still woke each idle route four times a second,
+// the largest share of an idle sidecar's wake-ups (docs/BENCHMARKS.md,
+// "Footprint"). 5s is franz-go's default.
+const fetchMaxWait = 5 * time.Second

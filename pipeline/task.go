@@ -161,11 +161,15 @@ func (t *task) frontier() (int64, bool) {
 func (t *task) observeEvent(ev int64) {
 	f := ev - t.r.def.Source.Watermark.Milliseconds()
 	t.front.Lock()
-	if !t.front.has || f > t.front.frontier {
+	first := !t.front.has
+	if first || f > t.front.frontier {
 		t.front.frontier, t.front.has = f, true
 	}
 	t.front.sinceSent++
 	t.front.Unlock()
+	if first {
+		t.r.noteTimed()
+	}
 }
 
 // markerEvery bounds how often a task sends watermark markers while its

@@ -34,6 +34,11 @@ type watermark struct {
 	has          bool
 	allIdleSince time.Time
 	base         int64
+
+	// wake, when set, is told (without blocking) when a partition is
+	// first seen: the route's idle loop rests while no watermark has
+	// seen one (route.noteTimed). copyFrom leaves it alone.
+	wake chan struct{}
 }
 
 func (w *watermark) init(src rules.Source, nparts int, now time.Time) {
@@ -63,12 +68,34 @@ func (w *watermark) observe(p int32, ev int64, now time.Time) (int64, bool) {
 		w.seen = append(w.seen, false)
 		w.lastActive = append(w.lastActive, time.Time{})
 	}
+	if !w.seen[p] && w.wake != nil {
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
+	}
 	if !w.seen[p] || ev > w.maxEv[p] {
 		w.maxEv[p] = ev
 	}
 	w.seen[p] = true
 	w.lastActive[p] = now
 	return w.computeLocked(now)
+}
+
+// dormant: the watermark does not exist and no partition has been seen,
+// so only observe can change it (tick never does).
+func (w *watermark) dormant() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.has {
+		return false
+	}
+	for _, s := range w.seen {
+		if s {
+			return false
+		}
+	}
+	return true
 }
 
 // tick re-evaluates idleness.
