@@ -35,6 +35,7 @@ func main() {
 		tlsKey  = flag.String("tls-key", "", "PEM private key for -tls-cert")
 		noTxn   = flag.String("no-txn-user", "", "with -sasl: enable ACLs and add user MECH:USER:PASS allowed everything but transactional ids (its transactions are refused)")
 		session = flag.Duration("group-session-timeout", 10*time.Second, "KIP-848 group session timeout (group.consumer.session.timeout.ms)")
+		beat    = flag.Duration("group-heartbeat", 500*time.Millisecond, "KIP-848 group heartbeat interval (group.consumer.heartbeat.interval.ms; Kafka's default is 5s)")
 	)
 	flag.Parse()
 
@@ -45,7 +46,7 @@ func main() {
 		// partitions move after this, as with rtproxy's classic default.
 		kfake.BrokerConfigs(map[string]string{
 			"group.consumer.session.timeout.ms":    strconv.FormatInt(session.Milliseconds(), 10),
-			"group.consumer.heartbeat.interval.ms": "500",
+			"group.consumer.heartbeat.interval.ms": strconv.FormatInt(beat.Milliseconds(), 10),
 		}),
 	}
 	if *auto {

@@ -33,12 +33,16 @@ import (
 )
 
 var (
-	base    = flag.String("base", "", "also measure the rtproxy of this git revision (built from `git archive`)")
-	settle  = flag.Duration("settle", 20*time.Second, "wait after ready before sampling")
-	sample  = flag.Duration("sample", 30*time.Second, "sampling period")
-	rounds  = flag.Int("rounds", 1, "runs of each (binary, scenario), alternated")
-	extra   = flag.Int("extra-routes", 5, "idle routes added in the third scenario")
-	scenSel = flag.String("scenarios", "passthrough,quickstart,quickstart+extra", "scenarios to run")
+	base   = flag.String("base", "", "also measure the rtproxy of this git revision (built from `git archive`)")
+	settle = flag.Duration("settle", 20*time.Second, "wait after ready before sampling")
+	sample = flag.Duration("sample", 30*time.Second, "sampling period")
+	rounds = flag.Int("rounds", 1, "runs of each (binary, scenario), alternated")
+	extra  = flag.Int("extra-routes", 5, "idle routes added in the third scenario")
+	// kfakebroker's 500ms (fast failover in tests) would be most of an idle
+	// route's wake-ups; a KIP-848 broker tells members its interval, and
+	// Kafka's default (group.consumer.heartbeat.interval.ms) is 5s.
+	heartbeat = flag.Duration("heartbeat", 5*time.Second, "the broker's KIP-848 group heartbeat interval")
+	scenSel   = flag.String("scenarios", "passthrough,quickstart,quickstart+extra", "scenarios to run")
 )
 
 type scenario struct {
@@ -212,7 +216,7 @@ func status(pid int, field string) int {
 }
 
 func startKfake(bin, topics string) (*exec.Cmd, []string) {
-	cmd := exec.Command(bin, "-brokers", "1", "-topics", topics, "-auto-create=true")
+	cmd := exec.Command(bin, "-brokers", "1", "-topics", topics, "-auto-create=true", "-group-heartbeat", heartbeat.String())
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()
