@@ -128,6 +128,8 @@ func OpenWithOptions(dir string, log *slog.Logger, o Options) (*DB, error) {
 		FS:                          o.FS,
 		FormatMajorVersion:          storeFormat,
 	}
+	// No 100ms poll of the compaction scheduler at rest (sched.go).
+	popts.Experimental.CompactionScheduler = newQuietScheduler()
 	popts.EnsureDefaults()
 	if err := checkOldFormat(popts.FS, dir); err != nil {
 		return nil, err
