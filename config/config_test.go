@@ -46,6 +46,7 @@ func TestParseFullFile(t *testing.T) {
 		SASL: SASL{Mechanism: "SCRAM-SHA-512", Username: "rtproxy", Password: "s3cret"},
 		SchemaRegistry: SchemaRegistry{URL: "https://registry.example:8081", BearerTokenFile: "/secrets/registry-token",
 			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second},
+		Limits: Default().Limits,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("parsed\n%+v\nwant\n%+v", c, want)
@@ -128,8 +129,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 46 {
-		t.Errorf("%d keys, want 46 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 51 {
+		t.Errorf("%d keys, want 51 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -350,5 +351,27 @@ func TestRedactPattern(t *testing.T) {
 	re, err = c.Admin.RedactPattern()
 	if err != nil || !c.Admin.ShowRecords || !re.MatchString("X-Secret") || re.MatchString("authorization") {
 		t.Fatalf("from the environment: show_records %v, pattern %v %v", c.Admin.ShowRecords, re, err)
+	}
+}
+
+// The per-record budgets (issue 25) are configurable and validated.
+func TestLimitsKeys(t *testing.T) {
+	c := Default()
+	if err := c.Parse("l.yaml", []byte("limits:\n  expr_memory_bytes: 1048576\n  expr_steps: 5000\n  expr_time: 20ms\n  max_fanout: 50\n  max_open_windows: 7\n")); err != nil {
+		t.Fatal(err)
+	}
+	want := Limits{ExprMemoryBytes: 1 << 20, ExprSteps: 5000, ExprTime: 20 * time.Millisecond, MaxFanout: 50, MaxOpenWindows: 7}
+	if c.Limits != want {
+		t.Fatalf("limits %+v, want %+v", c.Limits, want)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Limits = Limits{ExprMemoryBytes: 10, ExprSteps: 0, ExprTime: 0, MaxFanout: 0, MaxOpenWindows: -1}
+	err := c.Validate()
+	for _, k := range []string{"limits.expr_memory_bytes", "limits.expr_steps", "limits.expr_time", "limits.max_fanout", "limits.max_open_windows"} {
+		if err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("%s not refused: %v", k, err)
+		}
 	}
 }
