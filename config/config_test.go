@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -373,5 +374,19 @@ func TestLimitsKeys(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), k) {
 			t.Errorf("%s not refused: %v", k, err)
 		}
+	}
+}
+
+// Issue 25, finding 7: the config file's aliases have the same budget as
+// every other YAML file rtproxy reads.
+func TestConfigAliasBomb(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("x0: &a0 [x, x, x, x, x, x, x, x, x]\n")
+	for i := 1; i <= 9; i++ {
+		fmt.Fprintf(&b, "x%d: &a%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*a%d, ", i-1), 9), ", "))
+	}
+	err := Default().Parse("rtproxy.yaml", []byte(b.String()))
+	if err == nil || !strings.HasPrefix(err.Error(), "rtproxy.yaml:7:") || !strings.Contains(err.Error(), "aliases here expand to more than") {
+		t.Fatalf("got %v, want the alias budget refusing line 7", err)
 	}
 }

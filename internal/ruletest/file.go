@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+	"github.com/rtproxy/rtproxy/internal/yamlbudget"
 )
 
 // Suffix is what a test file's name ends with: <rule file name>.test.yaml
@@ -150,6 +151,10 @@ func Parse(path string, src []byte) (*File, error) {
 			line, _ = strconv.Atoi(n)
 		}
 		return nil, Errors{{File: path, Line: line, Col: 1, Msg: "not valid YAML: " + msg}}
+	}
+	if err := yamlbudget.Check(&doc); err != nil {
+		e := err.(*yamlbudget.Error)
+		return nil, Errors{{File: path, Line: e.Line, Col: e.Column, Msg: e.Msg}}
 	}
 	f := &File{Path: path}
 	if len(doc.Content) == 0 {
