@@ -30,8 +30,9 @@ steps:
 		Compile: func(a *Args) (*Plan, error) {
 			each, as := a.Expr("each"), a.String("as")
 			return &Plan{
-				New:   func(BuildEnv) (Step, error) { return &explode{each: each, as: as}, nil },
-				Binds: as,
+				New:    func(BuildEnv) (Step, error) { return &explode{each: each, as: as}, nil },
+				Binds:  as,
+				FanOut: MaxExplode,
 			}, nil
 		},
 	})

@@ -111,8 +111,11 @@ func compileWindow(a *Args) (*Plan, error) {
 		Value:       ValueReplaced,
 		Fields:      fields,
 		ClearsNames: true,
+		FanOut:      1,
+		EndsFanOut:  !ws.EmitOnUpdate,
 	}
 	if ws.Kind == "sliding" {
+		plan.FanOut = WindowsPerRecord(ws.Size, ws.Slide)
 		if n := WindowsPerRecord(ws.Size, ws.Slide); n > warnWindowsPerRecord {
 			plan.Warnings = append(plan.Warnings, &KeyError{Key: "slide",
 				Msg: fmt.Sprintf("every record updates %d windows (size / slide), and the open windows per key are as many: a larger slide costs less", n)})

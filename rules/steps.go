@@ -72,6 +72,11 @@ func (s shape) has(f string) bool { return contains(s.fields, f) }
 type scope struct {
 	bound []string // join `as` names in effect
 	shape shape
+	// fan is how many records or window updates the steps so far can make
+	// of one source record (Plan.FanOut multiplied), and fanFrom the steps
+	// that multiply it, for the warning.
+	fan     int64
+	fanFrom []string
 }
 
 type exprKind int
@@ -429,6 +434,7 @@ func (l *loader) step(i int, item *yaml.Node, sc *scope, r *Route) (*StepSpec, s
 	def := p.def()
 	p.apply(plan, st)
 	p.warn(plan.Warnings)
+	p.fanOut(plan, st)
 	if len(l.errs) > n {
 		return nil, ""
 	}
@@ -907,4 +913,44 @@ func (l *loader) aggregate(nk, nv *yaml.Node, sc *scope) (operators.Aggregate, b
 	l.noteReads(arg, sc)
 	agg.Arg = arg
 	return agg, true
+}
+
+// fanOut multiplies the fan-out of the steps so far by this step's and
+// warns when one source record can then cause more records or window
+// updates than the fan-out budget (limits.max_fanout): `explode` of a long
+// list before a sliding window of many windows per record, or two
+// explodes. At run time such a record becomes a dead letter with reason
+// `budget` (operators/budget.go); the check says so before.
+func (p *stepParse) fanOut(plan *operators.Plan, st *StepSpec) {
+	sc := p.sc
+	if sc.fan < 1 {
+		sc.fan = 1
+	}
+	n := plan.FanOut
+	if n > 1 {
+		total := sc.fan * n
+		if n != 0 && total/n != sc.fan || total < 0 {
+			total = 1<<63 - 1
+		}
+		if limit := operators.CurrentLimits().FanOut; sc.fan > 1 && total > limit {
+			what := "records"
+			if st.Kind == "window" {
+				what = "window updates"
+			}
+			p.l.warnAt(p.step.key, p.spec.Kind, "after %s, this %s can make up to %d %s of each record it gets: up to %s per source record, more than the fan-out budget of %d (limits.max_fanout); a source record over it becomes a dead letter with reason `budget`. Keep the lists short, or make the slide larger",
+				strings.Join(sc.fanFrom, " and "), st.Kind, n, what, fanText(total), limit)
+		}
+		sc.fan = total
+		sc.fanFrom = append(sc.fanFrom, fmt.Sprintf("`%s` at line %d (up to %d each)", st.Kind, st.Line, n))
+	}
+	if plan.EndsFanOut {
+		sc.fan, sc.fanFrom = 1, nil
+	}
+}
+
+func fanText(n int64) string {
+	if n == 1<<63-1 {
+		return "more than 9.2e18"
+	}
+	return fmt.Sprintf("%d", n)
 }
