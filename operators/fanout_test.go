@@ -132,3 +132,32 @@ func TestOpenWindowsAreBounded(t *testing.T) {
 		t.Errorf("%d states open after every window closed", open)
 	}
 }
+
+// Told the windows after it (as the route builder tells it), explode
+// refuses the whole record before making a copy: no window changes.
+func TestExplodeChargesTheWindowsAfterIt(t *testing.T) {
+	items := make([]any, 50)
+	for i := range items {
+		items[i] = fmt.Sprint("sku", i)
+	}
+	w := NewWindow(WindowSpec{Kind: "sliding", Size: 10 * time.Second, Slide: time.Millisecond,
+		Key: boundExpr(t, "item"), Aggregates: []Aggregate{{Name: "n", Func: AggCount}}})
+	ex := &explode{each: boundExpr(t, "value.items"), as: "item"}
+	var s Step = ex
+	s.(FanOutSetter).SetFanOutAfter(WindowsPerRecord(10*time.Second, time.Millisecond))
+	sink := &deadSink{}
+	ex.Process(&Record{EventTime: 1_700_000_000_000, Value: map[string]any{"items": items}}, &pipe{next: w, sink: sink})
+	if len(sink.dead) != 1 || !strings.Contains(sink.dead[0], "each updating 10000 windows after it") || !strings.HasPrefix(sink.dead[0], "budget: ") {
+		t.Fatalf("dead letters %q", sink.dead)
+	}
+	if open := w.(*window).open; open != 0 {
+		t.Errorf("%d window states opened by a refused record", open)
+	}
+	// Nine items fit: 9 × 10001 < 100000; their windows are paid, so the
+	// window does not charge them again.
+	sink.dead = nil
+	ex.Process(&Record{EventTime: 1_700_000_000_000, Value: map[string]any{"items": items[:9]}}, &pipe{next: w, sink: sink})
+	if len(sink.dead) != 0 || w.(*window).open != 90_000 {
+		t.Fatalf("nine items: dead %q, %d states", sink.dead, w.(*window).open)
+	}
+}

@@ -49,6 +49,9 @@ type Record struct {
 	// every record a step made of it.
 	meter meter
 	fan   *fanout
+	// fanPaid says an explode already charged the window updates this
+	// copy causes.
+	fanPaid bool
 	// shuffleKey caches the key a Keyed step computed in ShuffleKey so
 	// Process does not evaluate the key expression a second time.
 	shuffleKey    string

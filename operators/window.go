@@ -455,11 +455,13 @@ func (w *window) Process(r *Record, out Emitter) {
 	// The record's windows count against the fan-out budget of the input
 	// record it came from, and the states it would open against the
 	// open-windows budget, before any window changes.
-	if err := chargeFanOut(r, "window", int64(len(w.wins))); err != nil {
-		if err != errFanOutSpent {
-			out.DeadLetter(r, ReasonBudget, fmt.Errorf("window: %w", err))
+	if !r.fanPaid {
+		if err := chargeFanOut(r, "window", int64(len(w.wins))); err != nil {
+			if err != errFanOutSpent {
+				out.DeadLetter(r, ReasonBudget, fmt.Errorf("window: %w", err))
+			}
+			return
 		}
-		return
 	}
 	if lim := limits.Load().OpenWindows; w.open+int64(len(w.wins)) > lim {
 		fresh := int64(0)

@@ -77,6 +77,16 @@ type scope struct {
 	// that multiply it, for the warning.
 	fan     int64
 	fanFrom []string
+	// fanSteps are the compiled steps' fan-outs, in the order of
+	// Route.Steps (fanOutAfter).
+	fanSteps []fanStep
+}
+
+// fanStep is what one step does to the fan-out (operators.Plan).
+type fanStep struct {
+	kind string
+	n    int64
+	ends bool
 }
 
 type exprKind int
@@ -380,6 +390,7 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 			}
 		}
 	}
+	fanOutAfter(r, sc)
 	l.sinkKey(r, sc)
 	// A sink that encodes Avro or Protobuf builds its output from the
 	// whole value, so such a route decodes its source whole.
@@ -926,6 +937,7 @@ func (p *stepParse) fanOut(plan *operators.Plan, st *StepSpec) {
 	if sc.fan < 1 {
 		sc.fan = 1
 	}
+	sc.fanSteps = append(sc.fanSteps, fanStep{kind: st.Kind, n: plan.FanOut, ends: plan.EndsFanOut})
 	n := plan.FanOut
 	if n > 1 {
 		total := sc.fan * n
@@ -953,4 +965,44 @@ func fanText(n int64) string {
 		return "more than 9.2e18"
 	}
 	return fmt.Sprintf("%d", n)
+}
+
+// fanOutAfter tells each explode the window updates each of its copies
+// causes in the steps after it (the sliding windows up to the first that
+// emits on close, multiplied), so that it charges them to the fan-out
+// budget before making a copy: a record that would go over is one dead
+// letter, refused whole, instead of windows updated by part of it.
+func fanOutAfter(r *Route, sc *scope) {
+	if len(sc.fanSteps) != len(r.Steps) {
+		return // a step was refused: the route does not run
+	}
+	for i, f := range sc.fanSteps {
+		if f.kind != "explode" {
+			continue
+		}
+		after := int64(1)
+		for _, g := range sc.fanSteps[i+1:] {
+			if g.kind == "window" && g.n > 1 {
+				if after > (1<<62)/g.n {
+					after = 1 << 62
+				} else {
+					after *= g.n
+				}
+			}
+			if g.ends {
+				break
+			}
+		}
+		if after <= 1 {
+			continue
+		}
+		build := r.Steps[i].Build
+		r.Steps[i].Build = func(env operators.BuildEnv) (operators.Step, error) {
+			s, err := build(env)
+			if fs, ok := s.(operators.FanOutSetter); ok && err == nil {
+				fs.SetFanOutAfter(after)
+			}
+			return s, err
+		}
+	}
 }
