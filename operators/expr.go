@@ -115,7 +115,7 @@ func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error)
 }
 
 // vms recycles expr VMs: expr.Run allocates a VM and its stack for every
-// evaluation, and an Expr is shared by the step instances of all workers,
+// evaluation, and an Expr is shared by the step instances of all tasks,
 // so it cannot own one.
 var vms = sync.Pool{New: func() any { return new(vm.VM) }}
 

@@ -34,7 +34,7 @@ steps:
 			fields := a.Fields("set")
 			return &Plan{
 				New:    func(BuildEnv) (Step, error) { return NewSet(fields), nil },
-				Value:  ValueMerged,
+				Traits: Traits{Value: ValueMerged},
 				Fields: fieldNames(fields),
 			}, nil
 		},
@@ -56,7 +56,7 @@ steps:
 			fields := a.Fields("map")
 			return &Plan{
 				New:    func(BuildEnv) (Step, error) { return NewMap(fields), nil },
-				Value:  ValueReplaced,
+				Traits: Traits{Value: ValueReplaced},
 				Fields: fieldNames(fields),
 			}, nil
 		},

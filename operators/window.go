@@ -107,8 +107,9 @@ func compileWindow(a *Args) (*Plan, error) {
 		return nil, errs
 	}
 	plan := &Plan{
-		New:         func(BuildEnv) (Step, error) { return NewWindow(ws), nil },
-		Value:       ValueReplaced,
+		New: func(BuildEnv) (Step, error) { return NewWindow(ws), nil },
+		Traits: Traits{Keyed: true, Timed: true, Stateful: true, Absorbing: true, Closes: true,
+			Value: ValueReplaced},
 		Fields:      fields,
 		ClearsNames: true,
 		FanOut:      1,
@@ -358,7 +359,10 @@ func (w *window) Kind() string { return "window" }
 // Absorbs implements Absorbing: a record is taken into the window's state.
 func (w *window) Absorbs() {}
 
-var _ StateSizer = (*window)(nil)
+var (
+	_ StateSizer = (*window)(nil)
+	_ Closer     = (*window)(nil)
+)
 
 // ShuffleKey implements Keyed.
 func (w *window) ShuffleKey(r *Record) (string, error) {
@@ -568,7 +572,7 @@ func (w *window) Advance(watermark int64, out Emitter) {
 	w.ends = slices.Delete(w.ends, 0, n)
 }
 
-// ClosesAt reports whether Advance(watermark) would close a window. The
+// ClosesAt implements Closer: whether Advance(watermark) would close a window. The
 // pipeline asks before each Advance, to write its close journal (the
 // watermark and the source positions applied so far) only when windows
 // really close.
@@ -579,7 +583,7 @@ func (w *window) ClosesAt(watermark int64) bool {
 	return len(w.ends) > 0 && w.ends[0] <= watermark
 }
 
-// Resume applies a close journal after Restore: the watermark becomes
+// Resume implements Closer. It applies a close journal after Restore: the watermark becomes
 // max(restored, watermark), so windows closed before a crash stay closed;
 // restored windows with end <= watermark are dropped without a row (they
 // were emitted before the crash); and applied (the highest source offset
