@@ -95,6 +95,7 @@ type Reason string
 const (
 	ReasonDecode  Reason = "decode"  // the value could not be decoded (not JSON)
 	ReasonError   Reason = "error"   // an expression failed at runtime
+	ReasonBudget  Reason = "budget"  // the record went over a per-record budget (budget.go)
 	ReasonLate    Reason = "late"    // every window of the record had closed
 	ReasonMissing Reason = "missing" // a join found no row and missing: dead_letter
 )

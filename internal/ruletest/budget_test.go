@@ -31,6 +31,17 @@ func TestBudgetsThroughTheRunner(t *testing.T) {
       dead_letters:
         - {value: {a: 1}, reason: budget, step: "0:set"}
 `,
+		// An expression the pipeline evaluates itself: its budget error is
+		// reason budget too.
+		"clock.yaml": "route: clock\nsource: { topic: in, event_time: 'len(repeat(value.s, 100000000))' }\nsink: { topic: out }\n",
+		"clock.test.yaml": `tests:
+  - name: event time over the budget
+    input:
+      - value: {s: abc}
+    expect:
+      dead_letters:
+        - {value: {s: abc}, reason: budget, step: source}
+`,
 		"fan.yaml": "route: fan\nsource: { topic: orders }\nsink: { topic: fan.out }\nsteps:\n  - explode: { each: value.items, as: item }\n  - window: { kind: sliding, size: 10s, slide: 1ms, key: item, aggregate: { n: count() } }\n",
 		"fan.test.yaml": `tests:
   - name: ten thousand items into ten thousand windows
@@ -50,7 +61,8 @@ func TestBudgetsThroughTheRunner(t *testing.T) {
 	if code != ExitPass {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
-	if !strings.Contains(out, "PASS: repeat/a terabyte") || !strings.Contains(out, "PASS: fan/ten thousand") {
+	if !strings.Contains(out, "PASS: repeat/a terabyte") || !strings.Contains(out, "PASS: fan/ten thousand") ||
+		!strings.Contains(out, "PASS: clock/event time") {
 		t.Errorf("report:\n%s", out)
 	}
 	if d := time.Since(start); d > 30*time.Second {
