@@ -79,3 +79,27 @@ checks:
 		t.Errorf("three items refused: %s", msg)
 	}
 }
+
+// Issue 25, finding 4: `set: {n: len(repeat(repeat("x", 999999),
+// 1000000))}` passed `rtproxy check`. An expression that reads nothing of
+// the record and goes over the budget is refused at check; one that reads
+// the record is bounded at run time and passes.
+func TestCheckRefusesConstantOverBudget(t *testing.T) {
+	got := loadErrors(t, map[string]string{"r.yaml": base + "steps:\n  - set: {n: 'len(repeat(repeat(\"x\", 999999), 1000000))'}\n"})
+	if len(got) != 1 || !strings.HasPrefix(got[0], "r.yaml:7:14: set n goes over the expression budget whatever the record holds") || !strings.Contains(got[0], "limits.expr_memory_bytes") {
+		t.Errorf("errors %q", got)
+	}
+	got = loadErrors(t, map[string]string{"r.yaml": base + "steps:\n  - filter: 'len(1..2000000000) > 0'\n"})
+	if len(got) != 1 || !strings.Contains(got[0], "goes over the expression budget") {
+		t.Errorf("a range of 2e9: errors %q", got)
+	}
+	for _, ok := range []string{
+		"  - set: {n: 'len(repeat(value.s, 1000000))'}\n",
+		"  - set: {n: 'len(repeat(\"x\", 1000))'}\n",
+		"  - filter: 'now() != nil'\n",
+	} {
+		if got := loadErrors(t, map[string]string{"r.yaml": base + "steps:\n" + ok}); len(got) != 0 {
+			t.Errorf("%s refused: %q", ok, got)
+		}
+	}
+}

@@ -129,6 +129,9 @@ func (l *loader) exprNode(n, keyNode *yaml.Node, what string, sc *scope, kind ex
 		return nil
 	}
 	l.noteReads(e, sc)
+	if l.overBudget(n, src, what, e) {
+		return nil
+	}
 	if kind == exprBool {
 		if part, gives := neverBool(src); gives != "" {
 			l.errAt(n, src, "%s must be true or false, but `%s` always gives %s; write a condition such as `value.amount > 0`", what, shorten(part), gives)
