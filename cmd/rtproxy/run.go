@@ -176,10 +176,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	operators.SetLimits(operators.Limits{
-		ExprBytes: cfg.Limits.ExprMemoryBytes, ExprSteps: cfg.Limits.ExprSteps, ExprTime: cfg.Limits.ExprTime,
-		FanOut: cfg.Limits.MaxFanout, OpenWindows: cfg.Limits.MaxOpenWindows,
-	})
+	applyLimits(cfg)
 	reg := newRegistry()
 	adm, err := newAdmin(cfg.AdminListen, reg, log.With("component", "admin"), cfg.Pprof)
 	if err != nil {
@@ -360,4 +357,14 @@ func registerBudgets(reg prometheus.Registerer) {
 			ConstLabels: prometheus.Labels{"budget": name},
 		}, func() float64 { return float64(operators.BudgetTrips(name)) }))
 	}
+}
+
+// applyLimits sets the per-record budgets of cfg (limits.*) for every
+// expression and step the process evaluates: the proxy's, and check's and
+// test's, which judge rule files as that proxy would.
+func applyLimits(cfg *config.Config) {
+	operators.SetLimits(operators.Limits{
+		ExprBytes: cfg.Limits.ExprMemoryBytes, ExprSteps: cfg.Limits.ExprSteps, ExprTime: cfg.Limits.ExprTime,
+		FanOut: cfg.Limits.MaxFanout, OpenWindows: cfg.Limits.MaxOpenWindows,
+	})
 }
