@@ -32,7 +32,7 @@ steps:
 			return &Plan{
 				New:    func(BuildEnv) (Step, error) { return &explode{each: each, as: as}, nil },
 				Binds:  as,
-				FanOut: MaxExplode,
+				FanOut: MaxExplode, FanOutUnit: "records",
 			}, nil
 		},
 	})

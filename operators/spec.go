@@ -154,6 +154,12 @@ type Plan struct {
 	// analyzer multiplies them along the steps (limits.max_fanout).
 	FanOut     int64
 	EndsFanOut bool
+	// FanOutExact says FanOut is what every record costs (a window's
+	// windows per record), not an upper bound that depends on the record
+	// (an explode's list); FanOutUnit names what is made ("records",
+	// "window updates").
+	FanOutExact bool
+	FanOutUnit  string
 }
 
 // Traits are what the pipeline and the docs need to know of a step

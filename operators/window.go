@@ -114,6 +114,8 @@ func compileWindow(a *Args) (*Plan, error) {
 		ClearsNames: true,
 		FanOut:      1,
 		EndsFanOut:  !ws.EmitOnUpdate,
+		FanOutExact: true,
+		FanOutUnit:  "window updates",
 	}
 	if ws.Kind == "sliding" {
 		plan.FanOut = WindowsPerRecord(ws.Size, ws.Slide)

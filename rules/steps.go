@@ -84,9 +84,9 @@ type scope struct {
 
 // fanStep is what one step does to the fan-out (operators.Plan).
 type fanStep struct {
-	kind string
-	n    int64
-	ends bool
+	n     int64
+	ends  bool
+	exact bool // n is what every record costs (Plan.FanOutExact)
 }
 
 type exprKind int
@@ -941,7 +941,7 @@ func (p *stepParse) fanOut(plan *operators.Plan, st *StepSpec) {
 	if sc.fan < 1 {
 		sc.fan = 1
 	}
-	sc.fanSteps = append(sc.fanSteps, fanStep{kind: st.Kind, n: plan.FanOut, ends: plan.EndsFanOut})
+	sc.fanSteps = append(sc.fanSteps, fanStep{n: plan.FanOut, ends: plan.EndsFanOut, exact: plan.FanOutExact})
 	n := plan.FanOut
 	if n > 1 {
 		total := sc.fan * n
@@ -949,9 +949,9 @@ func (p *stepParse) fanOut(plan *operators.Plan, st *StepSpec) {
 			total = 1<<63 - 1
 		}
 		if limit := operators.CurrentLimits().FanOut; sc.fan > 1 && total > limit {
-			what := "records"
-			if st.Kind == "window" {
-				what = "window updates"
+			what := plan.FanOutUnit
+			if what == "" {
+				what = "records"
 			}
 			p.l.warnAt(p.step.key, p.spec.Kind, "after %s, this %s can make up to %d %s of each record it gets: up to %s per source record, more than the fan-out budget of %d (limits.max_fanout); a source record over it becomes a dead letter with reason `budget`. Keep the lists short, or make the slide larger",
 				strings.Join(sc.fanFrom, " and "), st.Kind, n, what, fanText(total), limit)
@@ -981,12 +981,12 @@ func fanOutAfter(r *Route, sc *scope) {
 		return // a step was refused: the route does not run
 	}
 	for i, f := range sc.fanSteps {
-		if f.kind != "explode" {
-			continue
+		if f.n <= 1 || f.exact {
+			continue // only a fan-out that depends on the record is told
 		}
 		after := int64(1)
 		for _, g := range sc.fanSteps[i+1:] {
-			if g.kind == "window" && g.n > 1 {
+			if g.exact && g.n > 1 {
 				if after > (1<<62)/g.n {
 					after = 1 << 62
 				} else {
