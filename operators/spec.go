@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/rtproxy/rtproxy/state"
 )
 
 // A step kind is declared once, by a Spec in the kind's own file. Every
@@ -227,7 +225,7 @@ const (
 
 // BuildEnv is what a step instance is built with.
 type BuildEnv struct {
-	KV     state.KV         // the step's state namespace (Keyed steps)
+	KV     KV               // the step's state namespace (Keyed steps)
 	Tables map[string]Table // every table of the route, by name
 }
 

@@ -36,8 +36,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/rtproxy/rtproxy/state"
 )
 
 func init() {
@@ -614,7 +612,7 @@ func (w *window) Resume(watermark int64, applied map[int32]int64) {
 }
 
 // Snapshot implements Stateful; the layout is at the top of this file.
-func (w *window) Snapshot(sw state.Writer) error {
+func (w *window) Snapshot(sw Writer) error {
 	meta := []byte{1, 0}
 	if w.hasWM {
 		meta[1] = 1
@@ -658,7 +656,7 @@ var errSnapshot = errors.New("window snapshot is corrupt")
 
 // Restore implements Stateful: it replaces the state with the snapshot.
 // On error the state is left empty.
-func (w *window) Restore(sr state.Reader) error {
+func (w *window) Restore(sr Reader) error {
 	w.byEnd = make(map[int64]map[string]*winState)
 	w.open = 0
 	w.ends = w.ends[:0]
