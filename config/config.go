@@ -76,8 +76,9 @@ type Config struct {
 	// gather at the brokers while records flow, and its outputs in its
 	// producer until the poll that made them is run: fewer fetch and
 	// produce requests, and less CPU per record, for up to about this much
-	// added latency (pipeline.Config.BatchWindow). 0: poll at once and
-	// write at once. Default 5ms.
+	// added latency (pipeline.Config.BatchWindow). 0, the default: off,
+	// poll at once and write at once (the one meaning of "off", here and
+	// in the pipeline).
 	BatchWindow time.Duration `yaml:"batch_window"`
 	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on
 	// admin_listen. Default false: a profile costs CPU while it is taken,
@@ -133,6 +134,13 @@ type SchemaRegistry struct {
 	BearerTokenEnv  string        `yaml:"bearer_token_env"`  // an environment variable holding one
 	CAFile          string        `yaml:"ca_file"`           // CA for the registry's certificate; empty: system roots
 	Timeout         time.Duration `yaml:"timeout"`           // one request; default 10s
+	// Bounds on what a registry may send (internal/serde, docs/SECURITY.md):
+	// a schema over one is refused and its records are dead letters. They
+	// apply to rule files' own registries too, which cannot raise them.
+	MaxResponseBytes int64 `yaml:"max_response_bytes"` // one answer; default 8 MiB
+	MaxSchemaBytes   int   `yaml:"max_schema_bytes"`   // a schema and its references, together; default 1 MiB
+	MaxSchemaDepth   int   `yaml:"max_schema_depth"`   // nesting of its text; default 64
+	MaxReferences    int   `yaml:"max_references"`     // references through the whole tree; default 64
 }
 
 // Admin tunes what the status page on admin_listen shows.
@@ -146,11 +154,17 @@ type Admin struct {
 	// dead letters; a matching header's value is never kept nor shown.
 	// Default DefaultRedactHeaders. An empty pattern matches every name.
 	RedactHeaders string `yaml:"redact_headers"`
+	// AllowedHosts are the names the admin listener answers under besides
+	// its own address, IP literals and localhost: a request whose Host
+	// header names another is refused (421), so a DNS-rebinding page
+	// cannot read it. Exact names, or "*.example.com" for any name under
+	// example.com. Default none.
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // DefaultRedactHeaders names the headers whose values the status page
 // never shows: credentials and session identifiers.
-const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|session|credential|signature|private`
+const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|access[-_]?key|jwt|bearer|session|credential|signature|private`
 
 // RedactPattern compiles RedactHeaders as it is matched: case-insensitive,
 // unanchored.
@@ -170,6 +184,18 @@ type ProxyLimits struct {
 	// memory to rewrite them (large Fetch responses), all connections
 	// together; a frame waits while they are used up. 0: no bound.
 	MaxHeldBytes int64 `yaml:"max_held_bytes"`
+	// MaxDecodedBytes bounds what one guarded or tapped Produce request's
+	// records may cost once decompressed and decoded (their bytes, plus 80
+	// bytes per record and 40 per header); decompression stops there and
+	// the partition is refused with MESSAGE_TOO_LARGE. Default 32 MiB.
+	MaxDecodedBytes int64 `yaml:"max_decoded_bytes"`
+	// MaxRecordsPerRequest bounds the records of one guarded or tapped
+	// Produce request (MESSAGE_TOO_LARGE past it). Default 200000.
+	MaxRecordsPerRequest int `yaml:"max_records_per_request"`
+	// MaxDecodedBytesTotal bounds what all decodes in progress hold at
+	// once; a decode waits for room. At least max_decoded_bytes. Default
+	// 128 MiB.
+	MaxDecodedBytesTotal int64 `yaml:"max_decoded_bytes_total"`
 	// ClientIdleTimeout closes a client connection with no request and no
 	// response for this long while nothing is in flight (Kafka's
 	// connections.max.idle.ms). 0: never. Default 10m.
@@ -252,12 +278,16 @@ func Default() *Config {
 		GroupProtocol:       "auto",
 		GroupSessionTimeout: 10 * time.Second,
 		Admin:               Admin{RedactHeaders: DefaultRedactHeaders},
-		SchemaRegistry:      SchemaRegistry{Timeout: 10 * time.Second},
+		SchemaRegistry: SchemaRegistry{Timeout: 10 * time.Second, MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20,
+			MaxSchemaDepth: 64, MaxReferences: 64},
 		Proxy: ProxyLimits{
-			MaxConnections:     10000,
-			MaxHeldBytes:       256 << 20,
-			ClientIdleTimeout:  10 * time.Minute,
-			RequestReadTimeout: 60 * time.Second,
+			MaxConnections:       10000,
+			MaxHeldBytes:         256 << 20,
+			MaxDecodedBytes:      32 << 20,
+			MaxRecordsPerRequest: 200_000,
+			MaxDecodedBytesTotal: 128 << 20,
+			ClientIdleTimeout:    10 * time.Minute,
+			RequestReadTimeout:   60 * time.Second,
 		},
 	}
 }
@@ -359,6 +389,15 @@ func (c *Config) Validate() error {
 	if c.Proxy.MaxHeldBytes < 0 {
 		bad("proxy.max_held_bytes", "must be 0 (no bound) or positive, got %d", c.Proxy.MaxHeldBytes)
 	}
+	if c.Proxy.MaxDecodedBytes < 1<<10 {
+		bad("proxy.max_decoded_bytes", "must be at least 1024, got %d", c.Proxy.MaxDecodedBytes)
+	}
+	if c.Proxy.MaxRecordsPerRequest < 1 {
+		bad("proxy.max_records_per_request", "must be positive, got %d", c.Proxy.MaxRecordsPerRequest)
+	}
+	if c.Proxy.MaxDecodedBytesTotal < c.Proxy.MaxDecodedBytes {
+		bad("proxy.max_decoded_bytes_total", "must be at least proxy.max_decoded_bytes (%d), got %d", c.Proxy.MaxDecodedBytes, c.Proxy.MaxDecodedBytesTotal)
+	}
 	if c.Proxy.MaxConnections < 0 {
 		bad("proxy.max_connections", "must be 0 (no cap) or positive, got %d", c.Proxy.MaxConnections)
 	}
@@ -455,6 +494,19 @@ func (s SchemaRegistry) validate(bad func(key, format string, args ...any)) {
 	}
 	if s.Timeout <= 0 {
 		bad("schema_registry.timeout", "must be positive (e.g. 10s), got %s", s.Timeout)
+	}
+	// The bounds: 0 takes the default; none can be switched off.
+	if s.MaxResponseBytes < 0 {
+		bad("schema_registry.max_response_bytes", "must be positive, got %d", s.MaxResponseBytes)
+	}
+	if s.MaxSchemaBytes < 0 {
+		bad("schema_registry.max_schema_bytes", "must be positive, got %d", s.MaxSchemaBytes)
+	}
+	if s.MaxSchemaDepth < 0 || s.MaxSchemaDepth > 10000 {
+		bad("schema_registry.max_schema_depth", "must be between 1 and 10000, got %d", s.MaxSchemaDepth)
+	}
+	if s.MaxReferences < 0 {
+		bad("schema_registry.max_references", "must be positive, got %d", s.MaxReferences)
 	}
 }
 

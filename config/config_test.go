@@ -38,14 +38,15 @@ func TestParseFullFile(t *testing.T) {
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
 		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second, BatchWindow: 20 * time.Millisecond,
 		Admin: Admin{ShowRecords: true, RedactHeaders: "authorization|x-tenant-key"},
-		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
+		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, MaxDecodedBytes: 32 << 20, MaxRecordsPerRequest: 200_000, MaxDecodedBytesTotal: 128 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
 		TLS: TLS{
 			Client:   ClientTLS{CertFile: "/tls/server.crt", KeyFile: "/tls/server.key", ClientCAFile: "/tls/clients-ca.crt", RequireClientCert: true},
 			Upstream: UpstreamTLS{Enabled: true, CAFile: "/tls/kafka-ca.crt", CertFile: "/tls/proxy.crt", KeyFile: "/tls/proxy.key", ServerName: "kafka.example"},
 		},
 		SASL: SASL{Mechanism: "SCRAM-SHA-512", Username: "rtproxy", Password: "s3cret"},
 		SchemaRegistry: SchemaRegistry{URL: "https://registry.example:8081", BearerTokenFile: "/secrets/registry-token",
-			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second},
+			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second,
+			MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20, MaxSchemaDepth: 64, MaxReferences: 64},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("parsed\n%+v\nwant\n%+v", c, want)
@@ -131,8 +132,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 49 {
-		t.Errorf("%d keys, want 49 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 57 {
+		t.Errorf("%d keys, want 57 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -222,6 +223,8 @@ func TestValidate(t *testing.T) {
 		{"schema registry two auths", func(c *Config) {
 			c.SchemaRegistry = SchemaRegistry{URL: "http://r", BasicAuthFile: "a", BearerTokenEnv: "T", Timeout: time.Second}
 		}, "schema_registry: basic auth and a bearer token are both set; use one"},
+		{"schema registry negative bound", func(c *Config) { c.SchemaRegistry.MaxResponseBytes = -1 }, "schema_registry.max_response_bytes: must be positive"},
+		{"schema registry depth", func(c *Config) { c.SchemaRegistry.MaxSchemaDepth = 20000 }, "schema_registry.max_schema_depth: must be between 1 and 10000"},
 		{"schema registry auth without url", func(c *Config) { c.SchemaRegistry.BearerTokenFile = "t" }, "schema_registry.url: required"},
 		{"listen not host:port", func(c *Config) { c.Listen = "9092" }, `listen: "9092" is not host:port`},
 		{"listen any interface", func(c *Config) { c.Listen = ":9092" }, ""},

@@ -223,7 +223,7 @@ func (w *txnWriter) retry(got *kgo.Record, _ func(*kgo.Record, error), err error
 
 // flush: the transaction's writes do not linger (its commit flushes).
 func (w *txnWriter) flush() {
-	if w.r.m.cfg.BatchWindow >= 0 {
+	if w.r.m.cfg.BatchWindow > 0 {
 		_ = w.cl.Flush(flushed)
 	}
 }

@@ -87,7 +87,7 @@ func (a *Allow) File(p string) error {
 	}
 	allowed := false
 	if a != nil {
-		if a.RulesDir != "" && within(a.RulesDir, real) {
+		if a.RulesDir != "" && withinDir(a.RulesDir, real) {
 			allowed = true
 		}
 		for _, f := range a.Files {
@@ -118,15 +118,15 @@ func fileEntryAllows(entry, real string) bool {
 	}
 	entry = filepath.Clean(entry)
 	if !strings.ContainsAny(entry, "*?[") {
-		return within(entry, real) // the file itself, or anything beneath the directory
+		return withinDir(entry, real) // the file itself, or anything beneath the directory
 	}
 	ok, err := filepath.Match(entry, real)
 	return err == nil && ok
 }
 
-// within reports whether the resolved path real is dir or beneath it
+// withinDir reports whether the resolved path real is dir or beneath it
 // (dir's symlinks resolved too).
-func within(dir, real string) bool {
+func withinDir(dir, real string) bool {
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
