@@ -53,7 +53,9 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	}...)
 	hs = append(hs, schemaHeaders(err)...)
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
-	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp)) // for the status page; kr carries rec's headers
+	// For the status page: kr carries rec's headers; the error text is
+	// shown without rec's values unless admin.show_records.
+	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp), r.shownError(err, rec))
 	r.produce(kr, tk, false, rec.Timestamp)
 }
 
@@ -104,6 +106,6 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 		hs = append(hs, more.deadLetterHeaders()...) // what the sink said (writer.go)
 	}
 	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
-	r.noteDeadLetter(dl, nil, got.Timestamp) // for the status page
+	r.noteDeadLetter(dl, nil, got.Timestamp, r.shownText(msg, nil)) // for the status page
 	return dl
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rtproxy/rtproxy/operators"
 )
 
 // checkDir writes files into a fresh directory and runs CheckPaths on it.
@@ -231,5 +233,69 @@ func TestWatchGraphRefusesNewcomer(t *testing.T) {
 	a := h.next()
 	if len(a.routes) != 2 || a.routes[0].Sink.Topic != "pay.done" || len(a.errs) != 1 || !strings.Contains(a.errs[0].Error(), "cycle") {
 		t.Fatalf("an edit into a cycle: %s", a.summary())
+	}
+}
+
+// TestWatchGuardInvalidAtStartFailsClosed is finding 13 at the watcher: a
+// guard file that does not load and has no valid version is put in force
+// as a closed guard that refuses every record of its topic (every topic
+// when its YAML does not even parse to say which); once fixed, the real
+// guard replaces it. A guard whose edit is invalid keeps its valid version.
+func TestWatchGuardInvalidAtStartFailsClosed(t *testing.T) {
+	dir := t.TempDir()
+	bad := "guard: pay-shape\ntopic: payments\nchecks:\n  - check: value.amount >\n"
+	write(t, filepath.Join(dir, "g.yaml"), bad)
+	write(t, filepath.Join(dir, "broken.yaml"), "guard: broken\nchecks: [valid_json\n")
+	h := startWatch(t, dir)
+	a := h.next()
+	closed := map[string]*Guard{}
+	for _, r := range a.routes {
+		if r.Guard != nil {
+			closed[r.Name] = r.Guard
+		}
+	}
+	g := closed["pay-shape"]
+	if g == nil || g.Closed == "" || !g.Matches("payments") || g.Matches("orders") {
+		t.Fatalf("g.yaml: %+v (%s)", g, a.summary())
+	}
+	if check, msg, ok := g.Check(&operators.Record{Topic: "payments", Raw: []byte(`{"amount":5}`)}); ok || check != GuardInvalid || !strings.Contains(msg, "guard `pay-shape` does not load") {
+		t.Fatalf("closed guard check: %v %q %q", ok, check, msg)
+	}
+	if b := closed["broken"]; b == nil || !b.Matches("anything.at.all") || !strings.Contains(b.Closed, "every topic") {
+		t.Fatalf("broken.yaml (YAML does not parse): %+v", b)
+	}
+	if len(a.errs) != 2 {
+		t.Fatalf("the files' errors are reported as before: %v", a.errs)
+	}
+	// Fixed: the real guard, open for good records.
+	write(t, filepath.Join(dir, "g.yaml"), "guard: pay-shape\ntopic: payments\nchecks:\n  - check: value.amount > 0\n")
+	a = h.next()
+	var real *Guard
+	for _, r := range a.routes {
+		if r.Name == "pay-shape" {
+			real = r.Guard
+		}
+	}
+	if real == nil || real.Closed != "" {
+		t.Fatalf("after the fix: %s", a.summary())
+	}
+	if _, _, ok := real.Check(&operators.Record{Topic: "payments", Raw: []byte(`{"amount":5}`)}); !ok {
+		t.Fatal("the fixed guard refuses a good record")
+	}
+	// Broken again: the valid version keeps running (a reload, not a start).
+	write(t, filepath.Join(dir, "g.yaml"), bad)
+	a = h.next()
+	for _, r := range a.routes {
+		if r.Name == "pay-shape" && (r.Guard.Closed != "" || r.Guard != real) {
+			t.Fatalf("an invalid edit replaced the running guard: %+v", r.Guard)
+		}
+	}
+	// A route file that does not load is no guard: nothing is closed for it.
+	write(t, filepath.Join(dir, "r.yaml"), "route: r\nsource: { topic: a\n")
+	a = h.next()
+	for _, r := range a.routes {
+		if r.Guard != nil && r.Guard.Closed != "" && r.Name != "broken" {
+			t.Fatalf("a closed guard for %s", r.File)
+		}
 	}
 }

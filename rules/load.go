@@ -103,6 +103,9 @@ type loadResult struct {
 	name       string   // the route (or guard) name as written, even when invalid
 	nameNode   position // where the name is written
 	guard      bool     // the file is a guard file
+	// guardTopic is a guard file's topic when it could be read, even if
+	// the file is refused (a closed guard blocks it: closedGuard).
+	guardTopic string
 }
 
 type position struct{ line, col int }
@@ -141,6 +144,9 @@ func loadBytes(path string, src []byte, o Options) *loadResult {
 		res:   res,
 	}
 	route := l.loadGuarded()
+	if len(l.errs) > 0 && !res.guard {
+		res.guard, res.guardTopic = guessGuard(l.lines) // YAML that does not parse
+	}
 	l.errs.sort()
 	res.errs = l.errs
 	if len(l.errs) == 0 {

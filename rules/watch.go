@@ -84,6 +84,8 @@ type Watcher struct {
 // watchedFile is what the watcher remembers of one rule file.
 type watchedFile struct {
 	contentHash string
+	guard       bool   // a guard file (or, not parsed, looks like one)
+	guardTopic  string // its topic when it could be read
 	tableFiles  []string
 	tableHash   string
 	name        string   // route name of the current content
@@ -357,6 +359,7 @@ func (w *Watcher) scan() {
 		wf.tableFiles = res.tableFiles
 		wf.tableHash = hashFiles(res.tableFiles)
 		wf.name, wf.namePos = res.name, res.nameNode
+		wf.guard, wf.guardTopic = res.guard, res.guardTopic
 		wf.cur, wf.errs = res.route, res.errs
 		for _, e := range res.warns {
 			w.log.Warn("rules: "+e.Msg, "at", fmt.Sprintf("%s:%d:%d", e.File, e.Line, e.Col))
@@ -438,8 +441,9 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 		at    string // "file:line:col"
 		guard bool
 	}
-	taken := map[string]claim{} // route or guard name -> who holds it
-	g := newGraph()             // groups, cycles and internal topics (graph.go)
+	taken := map[string]claim{}  // route or guard name -> who holds it
+	g := newGraph()              // groups, cycles and internal topics (graph.go)
+	inForce := map[string]bool{} // files with a route or guard in the set
 	var routes []*Route
 	var errs []error
 	for _, p := range paths {
@@ -493,6 +497,14 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 		g.add(cand)
 		taken[cand.Name] = claim{fmt.Sprintf("%s:%d:%d", p, wf.namePos.line, wf.namePos.col), cand.Guard != nil}
 		routes = append(routes, cand)
+		inForce[p] = true
+	}
+	// A guard file with nothing in force fails closed: a stand-in refuses
+	// what is produced to its topic until the file loads (closedGuard).
+	for _, p := range paths {
+		if wf := w.files[p]; wf.guard && !inForce[p] {
+			routes = append(routes, closedGuard(p, wf.name, wf.guardTopic, wf.contentHash))
+		}
 	}
 	sort.Slice(routes, func(i, j int) bool { return routes[i].File < routes[j].File })
 	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })
