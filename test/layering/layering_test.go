@@ -59,6 +59,7 @@ var allowed = map[string][]string{
 	"test/layering":              {},
 	"test/integration":           {},
 	"test/kfakebroker":           {},
+	"test/httpsinkserver":        {},
 	"test/srfakebroker":          {"internal/srembed"},
 	"test/bench/exactlyonce":     {"config", "internal/benchkit", "pipeline", "rules"},
 	"test/bench/guard":           {"internal/benchkit"},
