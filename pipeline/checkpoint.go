@@ -31,24 +31,53 @@ func (cp *checkpointer) checkpointLoop() {
 			return
 		case <-t.C:
 		}
-		if r.txn.on {
-			if !r.cp.checkpointTxn() {
-				return
-			}
-			continue
-		}
-		end, err := r.cp.checkpointOnce()
-		if end {
+		if !cp.mode.tick(cp) {
 			return
-		}
-		if errors.Is(err, state.ErrBroken) {
-			r.stateFailed(err)
-			return
-		}
-		if err != nil && !errors.Is(err, errStopping) {
-			r.noteError(fmt.Errorf("checkpoint: %w", err))
 		}
 	}
+}
+
+// checkpointMode is how a route's checkpoints commit, chosen with its
+// writer at setup (newWriter): at least once (the cut commits once its
+// writes are acknowledged, dispatch running meanwhile), or exactly once
+// (each cut is one transaction, dispatch paused throughout: txn.go).
+type checkpointMode interface {
+	// tick takes and commits one checkpoint; false ends the loop.
+	tick(cp *checkpointer) bool
+	// commit commits the pending cuts; cp.mu is held.
+	commit(cp *checkpointer, limit time.Duration, abort <-chan struct{}) error
+}
+
+// atLeastOnce is the checkpoint mode of an at-least-once route (and the
+// Driver's, which never checkpoints).
+type atLeastOnce struct{}
+
+func (atLeastOnce) tick(cp *checkpointer) bool {
+	r := cp.r
+	end, err := cp.checkpointOnce()
+	if end {
+		return false
+	}
+	if errors.Is(err, state.ErrBroken) {
+		r.stateFailed(err)
+		return false
+	}
+	if err != nil && !errors.Is(err, errStopping) {
+		r.noteError(fmt.Errorf("checkpoint: %w", err))
+	}
+	return true
+}
+
+func (atLeastOnce) commit(cp *checkpointer, limit time.Duration, abort <-chan struct{}) error {
+	return cp.commitAcked(limit, abort)
+}
+
+// exactlyOnce is the checkpoint mode of an exactly-once route (txn.go).
+type exactlyOnce struct{}
+
+func (exactlyOnce) tick(cp *checkpointer) bool { return cp.checkpointTxn() }
+func (exactlyOnce) commit(cp *checkpointer, limit time.Duration, abort <-chan struct{}) error {
+	return cp.commitTxnCuts(limit, abort)
 }
 
 // checkpointOnce takes a cut of an at-least-once route and commits it;
@@ -220,10 +249,12 @@ func (cp *checkpointer) takeCutLocked() (*cutPoint, error) {
 // acknowledged: changelog, then pebble, then the group. limit bounds the
 // wait (0: none); abort ends it early.
 func (cp *checkpointer) commitCuts(limit time.Duration, abort <-chan struct{}) error {
+	return cp.mode.commit(cp, limit, abort)
+}
+
+// commitAcked commits the pending cuts of an at-least-once route.
+func (cp *checkpointer) commitAcked(limit time.Duration, abort <-chan struct{}) error {
 	r := cp.r
-	if r.txn.on {
-		return r.cp.commitTxnCuts(limit, abort)
-	}
 	for len(r.cp.pending) > 0 {
 		c := r.cp.pending[0]
 		if err := r.waitEpoch(c.epoch, limit, abort); err != nil {

@@ -143,6 +143,7 @@ type taskManager struct {
 // Lock order: cp.mu, then cut.
 type checkpointer struct {
 	r       *route
+	mode    checkpointMode // at least once, or exactly once (set with the writer)
 	mu      sync.Mutex
 	pending []*cutPoint // under mu: cuts taken, not yet committed
 	seq     atomic.Int64
@@ -182,7 +183,7 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r := &route{m: m, def: d, name: d.Name, log: m.log.With("route", d.Name),
 		life: routeLife{done: make(chan struct{}), halt: make(chan struct{}), stopping: make(chan struct{})}}
 	r.out = newOutbox()
-	r.cp.r = r
+	r.cp.r, r.cp.mode = r, atLeastOnce{}
 	r.mx.out = m.met.recordsOut.WithLabelValues(d.Name)
 	r.mx.e2e = m.met.endToEnd.WithLabelValues(d.Name)
 	r.mx.proc = m.met.processing.WithLabelValues(d.Name)

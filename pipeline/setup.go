@@ -399,6 +399,7 @@ func (r *route) newWriter() error {
 			return r.txnRefused(err)
 		}
 		r.wr = &txnWriter{r: r, cl: r.cl, logCl: r.logCl, ctx: r.out.ctx, txn: &r.txn}
+		r.cp.mode = exactlyOnce{}
 	} else {
 		r.wr = &kafkaWriter{r: r, cl: r.cl, logCl: r.logCl, ctx: r.out.ctx, batched: r.m.cfg.BatchWindow > 0}
 	}
