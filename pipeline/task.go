@@ -130,20 +130,32 @@ type resetPoint struct {
 
 // keyedState is what a keyed task (segment > 0) holds beyond a source
 // task: its watermark, its inbox of writers' origins, its state's names,
-// its changelog position and its close journal (journal.go). Only the
-// task's goroutine touches it, but for the journal (under jmu).
+// its changelog position and its close journal (journal.go). Its dispatch
+// goroutine and the idle loop use it under steps; the journal under jmu.
 type keyedState struct {
-	wm        watermark
-	inbox     map[int32]origin // highest origin applied per writer; checkpointed
-	stepName  string           // namespace of the keyed step
-	inboxName string           // namespace holding the inbox snapshot
-	clEnd     int64            // changelog end offset as of the last logged cut
-	prevSnap  map[string]uint64
-	journal   string // "" when the task keeps no close journal
-	closer    operators.Closer
-	applied   map[int32]int64 // highest source offset applied, per source partition
-	jmu       sync.Mutex      // serialises journal writes
-	jwm       int64           // under jmu
+	wm watermark
+	// steps is held while a goroutine runs the task's chain: its dispatch
+	// goroutine for a record, or the idle loop for a watermark move. Both
+	// hold cut.RLock, which does not keep them apart (lock order: cut,
+	// then steps).
+	steps sync.Mutex
+	// passed is the last watermark handed to the steps (advanceTask), and
+	// passing is set while they emit what it closed: those rows carry
+	// the frontier from before (passedBefore), and the new one follows
+	// them in a marker (repartition). Only the goroutine running
+	// advanceTask touches them.
+	passed, passedBefore int64
+	hasPassed, passing   bool
+	inbox                map[int32]origin // highest origin applied per writer; checkpointed
+	stepName             string           // namespace of the keyed step
+	inboxName            string           // namespace holding the inbox snapshot
+	clEnd                int64            // changelog end offset as of the last logged cut
+	prevSnap             map[string]uint64
+	journal              string // "" when the task keeps no close journal
+	closer               operators.Closer
+	applied              map[int32]int64 // highest source offset applied, per source partition
+	jmu                  sync.Mutex      // serialises journal writes
+	jwm                  int64           // under jmu
 }
 
 // frontier is the event-time frontier this task hands to the next segment:
@@ -335,7 +347,9 @@ func (t *task) dispatch(recs []*kgo.Record, tapped bool) bool {
 			if t.seg.idx == 0 {
 				t.processSource(rec)
 			} else {
+				t.steps.Lock()
 				t.processRepartitioned(rec)
+				t.steps.Unlock()
 			}
 			t.pos = rec.Offset + 1
 			n++
@@ -476,7 +490,15 @@ func (t *task) processRepartitioned(kr *kgo.Record) {
 func (t *task) advanceTask(wm int64, tk *ticket) {
 	r := t.r
 	closing := t.closer != nil && t.closer.ClosesAt(wm)
+	// The rows this move closes carry the frontier from before it: had
+	// the first carried wm, the next segment would move past the event
+	// time of the others (window_end − 1) before they arrived.
+	t.passing, t.passedBefore = true, t.passed
+	if !t.hasPassed {
+		t.passedBefore = minWatermark
+	}
 	t.chain.advance(wm, tk)
+	t.passing, t.passed, t.hasPassed = false, wm, true
 	if closing {
 		t.journalAfterAck(wm)
 	}
