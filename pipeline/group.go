@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -43,10 +44,20 @@ import (
 	"github.com/rtproxy/rtproxy/state"
 )
 
+// proto is the group protocol the route chose at its last setup ("" before).
+func (g *groupState) proto() string {
+	if p := g.protocol.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 // groupState is what the route knows of its group.
 type groupState struct {
-	adm      *kadm.Client
-	protocol string            // "consumer" (KIP-848) or "classic"
+	adm *kadm.Client
+	// protocol is "consumer" (KIP-848) or "classic"; set by setup while
+	// the status page may read it (groupState.proto).
+	protocol atomic.Pointer[string]
 	local    *state.Checkpoint // the checkpoint found at setup
 	// sourceChanged: the route last ran on another source topic, so the
 	// local checkpoint's source offsets do not apply.

@@ -35,7 +35,7 @@ func (r *route) describeOwners() {
 				Owner: ownerName(host, member), Self: member == self})
 		}
 	}
-	if r.grp.protocol == "consumer" {
+	if r.grp.proto() == "consumer" {
 		err = r.describeConsumerGroup(ctx, group, add)
 	} else {
 		var ds kadm.DescribedGroups

@@ -233,7 +233,7 @@ func (r *route) groupOpts(s *setupEnv, parts map[string]int) ([]kgo.Opt, topicLi
 	if err != nil {
 		return nil, nil, fmt.Errorf("route %q: %w", d.Name, err)
 	}
-	r.grp.protocol = proto
+	r.grp.protocol.Store(&proto)
 	opts := append(append([]kgo.Opt(nil), s.base...), groupOpts...)
 	opts = append(opts,
 		kgo.ConsumerGroup(d.GroupID()),

@@ -68,7 +68,7 @@ func (r *route) status() RouteStatus {
 	if in := r.mx.in.Load(); in > 0 {
 		s.TappedShare = float64(s.TappedRecords) / float64(in)
 	}
-	s.Protocol = r.grp.protocol
+	s.Protocol = r.grp.proto()
 	s.Owned = []OwnedPartition{}
 	r.grp.mu.Lock()
 	s.Restore = RestoreStatus{State: "idle", Records: r.grp.mu.restored, Seconds: r.grp.mu.restoreS}
