@@ -49,6 +49,11 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	}...)
 	hs = append(hs, schemaHeaders(err)...)
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
+	if rec.Timestamp > 0 {
+		// The source record's time, as an output carries it (docs/RULES.md,
+		// Dead letters): not the time the dead letter was written.
+		kr.Timestamp = time.UnixMilli(rec.Timestamp)
+	}
 	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp)) // for the status page; kr carries rec's headers
 	r.produce(kr, tk, false, rec.Timestamp)
 }
@@ -75,7 +80,7 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 			hs = append(hs, h)
 		}
 		msg = fmt.Sprintf("%sthe dead letter was refused too, so it is written without its %d-byte value: %s", prev, len(got.Value), msg)
-		return &kgo.Record{Topic: got.Topic, Key: got.Key, Headers: append(hs, kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)})}
+		return &kgo.Record{Topic: got.Topic, Key: got.Key, Timestamp: got.Timestamp, Headers: append(hs, kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)})}
 	}
 	for _, h := range got.Headers {
 		if h.Key == headerEnvelope {
@@ -94,7 +99,7 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 		kgo.RecordHeader{Key: HeaderStep, Value: []byte("sink")},
 		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(got.Topic)},
 	)
-	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
+	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs, Timestamp: got.Timestamp}
 	r.noteDeadLetter(dl, nil, got.Timestamp) // for the status page
 	return dl
 }
