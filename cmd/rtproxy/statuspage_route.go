@@ -29,8 +29,8 @@ const maxRuleFileBytes = 256 << 10
 
 type routePageView struct {
 	Version, Now, NotReady, TrendWindow string
-	Ready                  bool
-	Route                  routeView
+	Ready                               bool
+	Route                               routeView
 	// The rule file, line by line; FileNote says why it is not shown, or
 	// that it is cut short.
 	Lines    []srcLine
