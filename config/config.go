@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -75,8 +76,9 @@ type Config struct {
 	// gather at the brokers while records flow, and its outputs in its
 	// producer until the poll that made them is run: fewer fetch and
 	// produce requests, and less CPU per record, for up to about this much
-	// added latency (pipeline.Config.BatchWindow). 0: poll at once and
-	// write at once. Default 5ms.
+	// added latency (pipeline.Config.BatchWindow). 0, the default: off,
+	// poll at once and write at once (the one meaning of "off", here and
+	// in the pipeline).
 	BatchWindow time.Duration `yaml:"batch_window"`
 	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on
 	// admin_listen. Default false: a profile costs CPU while it is taken,
@@ -89,6 +91,35 @@ type Config struct {
 	SASL  SASL        `yaml:"sasl"`
 
 	SchemaRegistry SchemaRegistry `yaml:"schema_registry"`
+
+	Rules Rules `yaml:"rules"`
+}
+
+// Rules is what the proxy lets rule files name. A rule file is written by
+// whoever may edit the rules directory, the config by whoever runs the
+// proxy: a rule file may make the proxy read only these secrets and send
+// them only to these URLs (rules.Allow; docs/OPERATIONS.md, "What rule
+// files may name").
+type Rules struct {
+	Allow RulesAllow `yaml:"allow"`
+}
+
+// RulesAllow is the allow-list. Empty lists (the default) allow no
+// environment variable, token and CA files inside the rules directory
+// only, and only the proxy's own schema_registry.url.
+type RulesAllow struct {
+	// Env lists environment variable names rule files may name
+	// (schema_registry.basic_auth_env, bearer_token_env), exact or with
+	// `*` (SR_*).
+	Env []string `yaml:"env"`
+	// Files lists absolute paths rule files may name as token, password
+	// or CA files besides the rules directory: a directory allows every
+	// file beneath it; otherwise a file or a glob (/etc/rtproxy/*.token),
+	// matched against the resolved path.
+	Files []string `yaml:"files"`
+	// URLs lists URL prefixes rule files may send requests to besides the
+	// proxy's own schema_registry.url, e.g. https://registry.internal:8081.
+	URLs []string `yaml:"urls"`
 }
 
 // SchemaRegistry is the Confluent-API schema registry routes with
@@ -103,6 +134,13 @@ type SchemaRegistry struct {
 	BearerTokenEnv  string        `yaml:"bearer_token_env"`  // an environment variable holding one
 	CAFile          string        `yaml:"ca_file"`           // CA for the registry's certificate; empty: system roots
 	Timeout         time.Duration `yaml:"timeout"`           // one request; default 10s
+	// Bounds on what a registry may send (internal/serde, docs/SECURITY.md):
+	// a schema over one is refused and its records are dead letters. They
+	// apply to rule files' own registries too, which cannot raise them.
+	MaxResponseBytes int64 `yaml:"max_response_bytes"` // one answer; default 8 MiB
+	MaxSchemaBytes   int   `yaml:"max_schema_bytes"`   // a schema and its references, together; default 1 MiB
+	MaxSchemaDepth   int   `yaml:"max_schema_depth"`   // nesting of its text; default 64
+	MaxReferences    int   `yaml:"max_references"`     // references through the whole tree; default 64
 }
 
 // Admin tunes what the status page on admin_listen shows.
@@ -116,11 +154,17 @@ type Admin struct {
 	// dead letters; a matching header's value is never kept nor shown.
 	// Default DefaultRedactHeaders. An empty pattern matches every name.
 	RedactHeaders string `yaml:"redact_headers"`
+	// AllowedHosts are the names the admin listener answers under besides
+	// its own address, IP literals and localhost: a request whose Host
+	// header names another is refused (421), so a DNS-rebinding page
+	// cannot read it. Exact names, or "*.example.com" for any name under
+	// example.com. Default none.
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // DefaultRedactHeaders names the headers whose values the status page
 // never shows: credentials and session identifiers.
-const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|session|credential|signature|private`
+const DefaultRedactHeaders = `auth|token|secret|passw|cookie|api[-_]?key|access[-_]?key|jwt|bearer|session|credential|signature|private`
 
 // RedactPattern compiles RedactHeaders as it is matched: case-insensitive,
 // unanchored.
@@ -140,6 +184,18 @@ type ProxyLimits struct {
 	// memory to rewrite them (large Fetch responses), all connections
 	// together; a frame waits while they are used up. 0: no bound.
 	MaxHeldBytes int64 `yaml:"max_held_bytes"`
+	// MaxDecodedBytes bounds what one guarded or tapped Produce request's
+	// records may cost once decompressed and decoded (their bytes, plus 80
+	// bytes per record and 40 per header); decompression stops there and
+	// the partition is refused with MESSAGE_TOO_LARGE. Default 32 MiB.
+	MaxDecodedBytes int64 `yaml:"max_decoded_bytes"`
+	// MaxRecordsPerRequest bounds the records of one guarded or tapped
+	// Produce request (MESSAGE_TOO_LARGE past it). Default 200000.
+	MaxRecordsPerRequest int `yaml:"max_records_per_request"`
+	// MaxDecodedBytesTotal bounds what all decodes in progress hold at
+	// once; a decode waits for room. At least max_decoded_bytes. Default
+	// 128 MiB.
+	MaxDecodedBytesTotal int64 `yaml:"max_decoded_bytes_total"`
 	// ClientIdleTimeout closes a client connection with no request and no
 	// response for this long while nothing is in flight (Kafka's
 	// connections.max.idle.ms). 0: never. Default 10m.
@@ -222,12 +278,16 @@ func Default() *Config {
 		GroupProtocol:       "auto",
 		GroupSessionTimeout: 10 * time.Second,
 		Admin:               Admin{RedactHeaders: DefaultRedactHeaders},
-		SchemaRegistry:      SchemaRegistry{Timeout: 10 * time.Second},
+		SchemaRegistry: SchemaRegistry{Timeout: 10 * time.Second, MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20,
+			MaxSchemaDepth: 64, MaxReferences: 64},
 		Proxy: ProxyLimits{
-			MaxConnections:     10000,
-			MaxHeldBytes:       256 << 20,
-			ClientIdleTimeout:  10 * time.Minute,
-			RequestReadTimeout: 60 * time.Second,
+			MaxConnections:       10000,
+			MaxHeldBytes:         256 << 20,
+			MaxDecodedBytes:      32 << 20,
+			MaxRecordsPerRequest: 200_000,
+			MaxDecodedBytesTotal: 128 << 20,
+			ClientIdleTimeout:    10 * time.Minute,
+			RequestReadTimeout:   60 * time.Second,
 		},
 	}
 }
@@ -329,6 +389,15 @@ func (c *Config) Validate() error {
 	if c.Proxy.MaxHeldBytes < 0 {
 		bad("proxy.max_held_bytes", "must be 0 (no bound) or positive, got %d", c.Proxy.MaxHeldBytes)
 	}
+	if c.Proxy.MaxDecodedBytes < 1<<10 {
+		bad("proxy.max_decoded_bytes", "must be at least 1024, got %d", c.Proxy.MaxDecodedBytes)
+	}
+	if c.Proxy.MaxRecordsPerRequest < 1 {
+		bad("proxy.max_records_per_request", "must be positive, got %d", c.Proxy.MaxRecordsPerRequest)
+	}
+	if c.Proxy.MaxDecodedBytesTotal < c.Proxy.MaxDecodedBytes {
+		bad("proxy.max_decoded_bytes_total", "must be at least proxy.max_decoded_bytes (%d), got %d", c.Proxy.MaxDecodedBytes, c.Proxy.MaxDecodedBytesTotal)
+	}
 	if c.Proxy.MaxConnections < 0 {
 		bad("proxy.max_connections", "must be 0 (no cap) or positive, got %d", c.Proxy.MaxConnections)
 	}
@@ -391,6 +460,7 @@ func (c *Config) Validate() error {
 	}
 
 	c.SchemaRegistry.validate(bad)
+	c.Rules.Allow.validate(bad)
 
 	return errors.Join(errs...)
 }
@@ -424,6 +494,50 @@ func (s SchemaRegistry) validate(bad func(key, format string, args ...any)) {
 	}
 	if s.Timeout <= 0 {
 		bad("schema_registry.timeout", "must be positive (e.g. 10s), got %s", s.Timeout)
+	}
+	// The bounds: 0 takes the default; none can be switched off.
+	if s.MaxResponseBytes < 0 {
+		bad("schema_registry.max_response_bytes", "must be positive, got %d", s.MaxResponseBytes)
+	}
+	if s.MaxSchemaBytes < 0 {
+		bad("schema_registry.max_schema_bytes", "must be positive, got %d", s.MaxSchemaBytes)
+	}
+	if s.MaxSchemaDepth < 0 || s.MaxSchemaDepth > 10000 {
+		bad("schema_registry.max_schema_depth", "must be between 1 and 10000, got %d", s.MaxSchemaDepth)
+	}
+	if s.MaxReferences < 0 {
+		bad("schema_registry.max_references", "must be positive, got %d", s.MaxReferences)
+	}
+}
+
+var envNameRe = regexp.MustCompile(`^[A-Za-z_*][A-Za-z0-9_*]*$`)
+
+func (a RulesAllow) validate(bad func(key, format string, args ...any)) {
+	for i, e := range a.Env {
+		if !envNameRe.MatchString(e) {
+			bad(fmt.Sprintf("rules.allow.env[%d]", i), "%q is not an environment variable name (letters, digits, _; `*` matches any run)", e)
+		} else if strings.Trim(e, "*") == "" {
+			bad(fmt.Sprintf("rules.allow.env[%d]", i), "%q would let rule files read every environment variable of the proxy; list the names", e)
+		}
+	}
+	for i, f := range a.Files {
+		switch {
+		case !strings.HasPrefix(f, "/"):
+			bad(fmt.Sprintf("rules.allow.files[%d]", i), "%q must be an absolute path", f)
+		case strings.Trim(f, "/*") == "":
+			bad(fmt.Sprintf("rules.allow.files[%d]", i), "%q would let rule files read every file the proxy can; name a directory of secrets for rules", f)
+		}
+	}
+	for i, u := range a.URLs {
+		p, err := url.Parse(u)
+		switch {
+		case err != nil || (p.Scheme != "http" && p.Scheme != "https"):
+			bad(fmt.Sprintf("rules.allow.urls[%d]", i), "%q must start with http:// or https://", u)
+		case p.Host == "":
+			bad(fmt.Sprintf("rules.allow.urls[%d]", i), "%q has no host", u)
+		case p.User != nil:
+			bad(fmt.Sprintf("rules.allow.urls[%d]", i), "%q holds credentials", u)
+		}
 	}
 }
 

@@ -38,14 +38,15 @@ func TestParseFullFile(t *testing.T) {
 		MaxFrameBytes: 2097152, ShutdownGrace: 30 * time.Second,
 		GroupProtocol: "auto", GroupSessionTimeout: 10 * time.Second, BatchWindow: 20 * time.Millisecond,
 		Admin: Admin{ShowRecords: true, RedactHeaders: "authorization|x-tenant-key"},
-		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
+		Proxy: ProxyLimits{MaxConnections: 10000, MaxHeldBytes: 256 << 20, MaxDecodedBytes: 32 << 20, MaxRecordsPerRequest: 200_000, MaxDecodedBytesTotal: 128 << 20, ClientIdleTimeout: 10 * time.Minute, RequestReadTimeout: 60 * time.Second},
 		TLS: TLS{
 			Client:   ClientTLS{CertFile: "/tls/server.crt", KeyFile: "/tls/server.key", ClientCAFile: "/tls/clients-ca.crt", RequireClientCert: true},
 			Upstream: UpstreamTLS{Enabled: true, CAFile: "/tls/kafka-ca.crt", CertFile: "/tls/proxy.crt", KeyFile: "/tls/proxy.key", ServerName: "kafka.example"},
 		},
 		SASL: SASL{Mechanism: "SCRAM-SHA-512", Username: "rtproxy", Password: "s3cret"},
 		SchemaRegistry: SchemaRegistry{URL: "https://registry.example:8081", BearerTokenFile: "/secrets/registry-token",
-			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second},
+			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second,
+			MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20, MaxSchemaDepth: 64, MaxReferences: 64},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("parsed\n%+v\nwant\n%+v", c, want)
@@ -118,6 +119,9 @@ func TestEnvNames(t *testing.T) {
 		"batch_window": "RTPROXY_BATCH_WINDOW", "pprof": "RTPROXY_PPROF", "admin.show_records": "RTPROXY_ADMIN_SHOW_RECORDS", "admin.redact_headers": "RTPROXY_ADMIN_REDACT_HEADERS",
 		"schema_registry.url":               "RTPROXY_SCHEMA_REGISTRY_URL",
 		"schema_registry.bearer_token_file": "RTPROXY_SCHEMA_REGISTRY_BEARER_TOKEN_FILE",
+		"rules.allow.env":                   "RTPROXY_RULES_ALLOW_ENV",
+		"rules.allow.files":                 "RTPROXY_RULES_ALLOW_FILES",
+		"rules.allow.urls":                  "RTPROXY_RULES_ALLOW_URLS",
 	}
 	got := map[string]string{}
 	for _, k := range Keys() {
@@ -128,8 +132,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 46 {
-		t.Errorf("%d keys, want 46 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 57 {
+		t.Errorf("%d keys, want 57 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -219,6 +223,8 @@ func TestValidate(t *testing.T) {
 		{"schema registry two auths", func(c *Config) {
 			c.SchemaRegistry = SchemaRegistry{URL: "http://r", BasicAuthFile: "a", BearerTokenEnv: "T", Timeout: time.Second}
 		}, "schema_registry: basic auth and a bearer token are both set; use one"},
+		{"schema registry negative bound", func(c *Config) { c.SchemaRegistry.MaxResponseBytes = -1 }, "schema_registry.max_response_bytes: must be positive"},
+		{"schema registry depth", func(c *Config) { c.SchemaRegistry.MaxSchemaDepth = 20000 }, "schema_registry.max_schema_depth: must be between 1 and 10000"},
 		{"schema registry auth without url", func(c *Config) { c.SchemaRegistry.BearerTokenFile = "t" }, "schema_registry.url: required"},
 		{"listen not host:port", func(c *Config) { c.Listen = "9092" }, `listen: "9092" is not host:port`},
 		{"listen any interface", func(c *Config) { c.Listen = ":9092" }, ""},
@@ -350,5 +356,34 @@ func TestRedactPattern(t *testing.T) {
 	re, err = c.Admin.RedactPattern()
 	if err != nil || !c.Admin.ShowRecords || !re.MatchString("X-Secret") || re.MatchString("authorization") {
 		t.Fatalf("from the environment: show_records %v, pattern %v %v", c.Admin.ShowRecords, re, err)
+	}
+}
+
+func TestRulesAllowValidate(t *testing.T) {
+	c := Default()
+	if err := c.Parse("ok", []byte("rules:\n  allow:\n    env: [SR_TOKEN, SR_*]\n    files: [/etc/rtproxy/secrets, /run/*.token]\n    urls: [https://registry.internal:8081, http://sr/v1]\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a good allow-list is refused: %v", err)
+	}
+	if !reflect.DeepEqual(c.Rules.Allow.Env, []string{"SR_TOKEN", "SR_*"}) {
+		t.Fatalf("env %q", c.Rules.Allow.Env)
+	}
+	for body, want := range map[string]string{
+		"rules: {allow: {env: [\"*\"]}}":             "rules.allow.env[0]: \"*\" would let rule files read every environment variable",
+		"rules: {allow: {env: [\"A-B\"]}}":           "is not an environment variable name",
+		"rules: {allow: {files: [secrets]}}":         "rules.allow.files[0]: \"secrets\" must be an absolute path",
+		"rules: {allow: {files: [/]}}":               "would let rule files read every file",
+		"rules: {allow: {urls: [registry:8081]}}":    "rules.allow.urls[0]: \"registry:8081\" must start with http:// or https://",
+		"rules: {allow: {urls: [\"http://u:p@r\"]}}": "holds credentials",
+	} {
+		c := Default()
+		if err := c.Parse("bad", []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want %q", body, err, want)
+		}
 	}
 }

@@ -158,7 +158,7 @@ type cutPoint struct {
 	snaps  map[string]*memSnapshot
 	tasks  []*task
 	epoch  int64
-	// wms: each timed keyed task's watermark as of the cut (exactly-once
+	// wms: the watermark of each keyed task that keeps time as of the cut (exactly-once
 	// routes go back to it after an abort).
 	wms map[int32]*watermark
 }
@@ -193,7 +193,7 @@ func (r *route) takeCutLocked() (*cutPoint, error) {
 			return nil, err
 		}
 		c.snaps[t.inboxName] = t.inboxSnapshot()
-		if r.txn.on && t.seg.timed {
+		if r.txn.on && t.seg.keepsTime() {
 			if c.wms == nil {
 				c.wms = map[int32]*watermark{}
 			}
@@ -207,10 +207,7 @@ func (r *route) takeCutLocked() (*cutPoint, error) {
 		return nil, err
 	}
 	c.frozen = f
-	r.inflight.Lock()
-	c.epoch = r.inflight.epoch
-	r.inflight.epoch++
-	r.inflight.Unlock()
+	c.epoch = r.out.nextEpoch()
 	return c, nil
 }
 
@@ -226,7 +223,7 @@ func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 		if err := r.waitEpoch(c.epoch, limit, abort); err != nil {
 			return err
 		}
-		if r.abandoned.Load() {
+		if r.out.abandoned.Load() {
 			// Outputs were dropped unacknowledged: committing would skip them.
 			return errors.New("outputs abandoned at stop")
 		}

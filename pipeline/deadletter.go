@@ -4,6 +4,7 @@ package pipeline
 // route's dead-letter topic, with headers saying why.
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -25,6 +26,9 @@ func deadLetterTopic(d *rules.Route) string {
 // key, value and headers (those not named rtproxy-*), and headers saying
 // why.
 func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err error, step string, tk *ticket) {
+	if reason == operators.ReasonError && operators.IsBudget(err) {
+		reason = operators.ReasonBudget // an expression over its budget (event_time, a sink key)
+	}
 	r.m.met.deadLetters.WithLabelValues(r.name, string(reason)).Inc()
 	val := rec.Raw
 	if val == nil && rec.Value != nil {
@@ -51,17 +55,20 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
 	if rec.Timestamp > 0 {
 		// The source record's time, as an output carries it (docs/RULES.md,
-		// Dead letters): not the time the dead letter was written.
+		// dead_letter): not the time the dead letter was written.
 		kr.Timestamp = time.UnixMilli(rec.Timestamp)
 	}
-	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp)) // for the status page; kr carries rec's headers
+	// For the status page: kr carries rec's headers; the error text is
+	// shown without rec's values unless admin.show_records.
+	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp), r.shownError(err, rec))
 	r.produce(kr, tk, false, rec.Timestamp)
 }
 
 // reasonSink is the dead-letter reason of an output the brokers refused.
 const reasonSink = "sink"
 
-// sinkDeadLetter is the dead letter for a record the brokers refused. An
+// sinkDeadLetter is the dead letter for a record the brokers (or the sink)
+// refused. An
 // output becomes one with reason "sink": its key, value and headers (window
 // and source headers stay, so it says where it came from) plus the reason
 // headers and the topic it was meant for. A dead letter refused in turn
@@ -99,7 +106,11 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 		kgo.RecordHeader{Key: HeaderStep, Value: []byte("sink")},
 		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(got.Topic)},
 	)
+	var more deadLetterHeaders
+	if errors.As(err, &more) {
+		hs = append(hs, more.deadLetterHeaders()...) // what the sink said (writer.go)
+	}
 	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs, Timestamp: got.Timestamp}
-	r.noteDeadLetter(dl, nil, got.Timestamp) // for the status page
+	r.noteDeadLetter(dl, nil, got.Timestamp, r.shownText(msg, nil)) // for the status page
 	return dl
 }

@@ -19,7 +19,7 @@ func checkDefinition(d *rules.Route) error {
 		bad("source.topic is empty")
 	}
 	switch s.Format {
-	case "json", "raw", rules.FormatAvro, rules.FormatProtobuf:
+	case rules.FormatJSON, rules.FormatRaw, rules.FormatAvro, rules.FormatProtobuf:
 	default:
 		bad("source.format %q is none of json, raw, avro, protobuf", s.Format)
 	}
@@ -32,8 +32,8 @@ func checkDefinition(d *rules.Route) error {
 	if s.Watermark < 0 {
 		bad("source.watermark %v must not be negative", s.Watermark)
 	}
-	if d.Sink.Topic == "" {
-		bad("sink.topic is empty")
+	if d.Sink.Target() == "" {
+		bad("sink has no target (sink.topic is empty)")
 	}
 	if d.Sink.Delivery != rules.DeliveryAtLeastOnce && d.Sink.Delivery != rules.DeliveryExactlyOnce {
 		bad("sink.delivery %q is neither %s nor %s", d.Sink.Delivery, rules.DeliveryAtLeastOnce, rules.DeliveryExactlyOnce)

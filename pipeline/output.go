@@ -31,8 +31,8 @@ const (
 	HeaderTarget = "rtproxy-target"
 )
 
-// output writes a record that left the last step to the sink.
-func (r *route) output(rec *operators.Record, tk *ticket) {
+// output writes a record that left task t's last step to the sink.
+func (r *route) output(t *task, rec *operators.Record, tk *ticket) {
 	key := rec.Key
 	if k := r.def.Sink.Key; k != nil {
 		v, err := k.Eval(rec)
@@ -62,9 +62,14 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 	}
 	// The source record's timestamp (a window row's is window_end − 1):
 	// consumers and time-based retention see event time, not our write.
-	o.kr = kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
-	o.w = write{tk: tk, isOutput: true, srcMillis: rec.Timestamp}
-	r.write(&o.w, &o.kr)
+	o.kr = kgo.Record{Topic: r.snk.target(), Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
+	// Where it comes from: the task, the offset of the record it was
+	// processing and its place among that record's outputs (a sink that
+	// is not a topic names an output by them: outputID).
+	o.t, o.off, o.idx = t, t.curOff, t.seq
+	t.seq++
+	o.w = write{via: r.snk, tk: tk, isOutput: true, srcMillis: rec.Timestamp}
+	r.writeOutput(o)
 }
 
 // outRecord is an output with its write state, its first headers and its
@@ -74,8 +79,32 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 type outRecord struct {
 	kr  kgo.Record
 	w   write
+	t   *task  // the task that wrote it
+	off int64  // the offset (in t's topic) of the record t was processing
+	idx uint32 // its place among that record's outputs
 	hs  [1]kgo.RecordHeader
 	ref [40]byte
+}
+
+// outputID names an output for a receiver that drops repeats: the route,
+// the topic, partition and offset of the record its task was processing
+// (the source record, or a keyed step's repartition record) and its index
+// among that record's outputs. A replay from a checkpoint processes the
+// same records at the same offsets into the same outputs, so a repeat
+// carries the id its first write carried. Window rows closed by idleness
+// (no record processed) take the last record's offset and count on.
+func (o *outRecord) outputID(route string) string {
+	b := make([]byte, 0, len(route)+len(o.t.seg.topic)+32)
+	b = append(b, route...)
+	b = append(b, '/')
+	b = append(b, o.t.seg.topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(o.t.part), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, o.off, 10)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, uint64(o.idx), 10)
+	return string(b)
 }
 
 // repartition writes a record that left task t's segment to the next
@@ -86,21 +115,7 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 		r.deadLetter(rec, operators.ReasonError, err, stepLabel(t.seg.next.keyStep), tk)
 		return
 	}
-	raw := false
-	var val []byte
-	switch v := rec.Value.(type) {
-	case string:
-		if r.def.Source.Format == "raw" && rec.Window == nil {
-			raw, val = true, []byte(v)
-		}
-	case nil:
-		if rec.Raw == nil {
-			break
-		}
-		if rec.Window == nil && r.def.Source.Format == "raw" {
-			raw, val = true, rec.Raw
-		}
-	}
+	val, raw := r.format.sourceBytes(rec)
 	if !raw && !(rec.Value == nil && rec.Raw == nil) {
 		if val, err = r.encodeValue(rec); err != nil {
 			r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)
@@ -124,7 +139,7 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 	hs = append(hs, kgo.RecordHeader{Key: headerEnvelope, Value: env})
 	kr := &kgo.Record{Topic: t.seg.next.topic, Key: []byte(key), Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
 	r.produceTo(kr, tk, false, rec.Timestamp, func(got *kgo.Record) {
-		t.noteDelivered(got.Partition, f, time.Now())
+		t.noteDelivered(got.Partition, f, r.clock())
 	})
 }
 
@@ -155,17 +170,11 @@ func (r *route) encodeValue(rec *operators.Record) ([]byte, error) {
 			return rec.EncodeValue(nil)
 		}
 	}
-	switch v := rec.Value.(type) {
-	case string:
-		if r.def.Source.Format == "raw" && rec.Window == nil {
-			return []byte(v), nil
-		}
-	case []byte:
+	if b, ok := r.format.sourceBytes(rec); ok {
+		return b, nil
+	}
+	if v, ok := rec.Value.([]byte); ok {
 		return v, nil
-	case nil:
-		if rec.Window == nil && rec.Raw != nil && r.def.Source.Format == "raw" {
-			return rec.Raw, nil
-		}
 	}
 	return jsoncodec.Append(nil, rec.Value)
 }

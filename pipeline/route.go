@@ -25,10 +25,9 @@ import (
 // route is one running version of a rules.Route. A swap stops one route
 // value and starts another for the same name.
 //
-// Concurrency. Partition goroutines hold cut.RLock while they process one
-// record, so cut.Lock is held only at record boundaries: that is how a
-// checkpoint or a stop pauses dispatch. Workers never take cut; they are
-// drained by barrier messages sent while cut is held.
+// Concurrency. Task goroutines hold cut.RLock while they process one
+// record (or one watermark move), so cut.Lock is held only at record
+// boundaries: that is how a checkpoint or a stop pauses dispatch.
 type route struct {
 	// logCl is the route's non-group client: admin requests (grp.adm) and
 	// changelog records (changelog.go, journal.go).
@@ -87,13 +86,6 @@ type route struct {
 	pendingCuts []*cutPoint // under cpMu
 	stopping    chan struct{}
 
-	inflight struct {
-		sync.Mutex
-		epoch   int64         // outputs produced now belong to this epoch
-		byEpoch map[int64]int // unacknowledged outputs per epoch
-		zero    *sync.Cond
-	}
-
 	st struct {
 		sync.Mutex
 		state          string
@@ -107,14 +99,13 @@ type route struct {
 
 	cpSeq atomic.Int64
 
-	// prodCtx is what outputs are produced with; cancelled only when a stop
-	// gives up on unacknowledged outputs (abandoned), so no later cut may
-	// commit.
-	prodCtx    context.Context
-	prodCancel context.CancelFunc
-	abandoned  atomic.Bool
-	retries    retryQueue // writes kgo gave up on, retried in order (produce.go)
-	txn        txnState   // exactly-once routes (txn.go)
+	// out counts writes in flight per checkpoint epoch (writer.go); wr
+	// carries every write but outputs, snk the outputs: both are chosen at
+	// setup (the Driver's: at NewDriver).
+	out *outbox
+	wr  writer
+	snk sink
+	txn txnState // exactly-once routes (txn.go)
 
 	// Metric children resolved once: a label lookup per record would cost
 	// more than the rest of a filter step.
@@ -129,34 +120,26 @@ type route struct {
 	// clock is what watermarks and markers read as now: time.Now, or a
 	// Driver's clock (driver.go).
 	clock func() time.Time
-	// local, when set, takes every write instead of the brokers: the
-	// Driver of `rtproxy test` (driver.go).
-	local *Driver
 	// members are the only top-level members of a source value the route
 	// reads (rules.Source.Members): source records decode just those. nil:
 	// decode whole.
 	members jsoncodec.Fields
-	codec   *codec // source.format avro | protobuf (format.go); nil otherwise
+	format  valueFormat // of the source, chosen once (valueformat.go)
+	codec   *codec      // source.format or sink.format avro | protobuf (format.go); nil otherwise
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
 	r := &route{m: m, def: d, name: d.Name, log: m.log.With("route", d.Name),
 		done: make(chan struct{}), halt: make(chan struct{}), stopping: make(chan struct{})}
-	r.inflight.byEpoch = map[int64]int{}
-	r.prodCtx, r.prodCancel = context.WithCancel(context.Background())
+	r.out = newOutbox()
 	r.mOut = m.met.recordsOut.WithLabelValues(d.Name)
 	r.mE2E = m.met.endToEnd.WithLabelValues(d.Name)
 	r.mProc = m.met.processing.WithLabelValues(d.Name)
 	r.mTapped = m.met.tapped.WithLabelValues(d.Name)
-	r.inflight.zero = sync.NewCond(&r.inflight.Mutex)
 	r.st.state = "starting"
 	r.clock = time.Now
-	if d.Source.DecodeMembers && d.Source.Format == "json" {
-		r.members = jsoncodec.Fields{}
-		for _, m := range d.Source.Members {
-			r.members[m] = struct{}{}
-		}
-	}
+	r.format = sourceFormatOf(d)
+	r.members = r.format.members()
 	r.codec = newCodec(m.cfg.SchemaRegistry, d)
 	return r
 }
@@ -263,13 +246,14 @@ func (r *route) run() {
 	if r.logCl != nil {
 		r.logCl.Close()
 	}
-	r.prodCancel()
+	r.snk.close()
+	r.out.cancel()
 	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(0)
 	r.setState("stopped", "")
 }
 
-// stop pauses dispatch at a record boundary, drains the workers, waits for
-// every output to be acknowledged, writes the final checkpoint and closes.
+// stop pauses dispatch at a record boundary of every task, waits for every
+// output to be acknowledged, writes the final checkpoint and closes.
 // It may be called more than once, also concurrently (a route that stops
 // itself, then the manager): each call returns once the route is done.
 func (r *route) stop() {
@@ -288,11 +272,10 @@ func (r *route) stopNow() {
 	}
 	close(r.stopping)
 	// With the sink unreachable a producer buffer can fill and block a
-	// worker, and with it dispatch; after StopTimeout the route gives up
+	// task, and with it dispatch; after StopTimeout the route gives up
 	// its outputs (and so any checkpoint past the last one) to stop.
 	abandon := time.AfterFunc(r.m.cfg.StopTimeout, func() {
-		r.abandoned.Store(true)
-		r.prodCancel()
+		r.out.abandon()
 	})
 	defer abandon.Stop()
 	// cpMu is let go before waiting for the route to end: the checkpoint

@@ -40,17 +40,9 @@ func taskStepName(s *rules.StepSpec, part int32) string {
 func inboxName(s *rules.StepSpec, part int32) string { return taskStepName(s, part) + "/in" }
 
 // isBoundary reports whether step s opens a segment of its own: a keyed
-// step (operators.Keyed) reads through a repartition topic. The step says
-// so by its type, not its kind name: a throwaway instance is built (Build
-// never touches state; tables are not needed to build).
-func isBoundary(s *rules.StepSpec) bool {
-	st, err := s.Build(rules.BuildEnv{})
-	if err != nil {
-		return false
-	}
-	_, keyed := st.(operators.Keyed)
-	return keyed
-}
+// step reads through a repartition topic. Its spec's traits say so, never
+// its kind name.
+func isBoundary(s *rules.StepSpec) bool { return s.Traits.Keyed }
 
 func (r *route) setup() error {
 	d := r.def
@@ -158,7 +150,7 @@ func (r *route) setup() error {
 	// refuses as too large would take its well-sized records down with the
 	// one that is too large, and a single record over the limit is then
 	// refused alone, as a poison (produceTo).
-	limits := batchLimits(ctx, adm, append([]string{d.Sink.Topic, deadLetterTopic(d)}, slices.Collect(maps.Keys(parts))...))
+	limits := batchLimits(ctx, adm, slices.Collect(maps.Keys(parts)))
 	// A broker unreachable for a minute of setup retries no longer holds
 	// the protocol choice (groupProtocolOpts).
 	if r.setupSince.IsZero() {
@@ -234,10 +226,8 @@ func (r *route) setup() error {
 	// open, so they wait on cut until it is.
 	r.cut.Lock()
 	r.cl, err = kgo.NewClient(opts...)
-	if err == nil && r.txn.on {
-		if err = r.cl.BeginTransaction(); err != nil {
-			err = r.txnRefused(err)
-		}
+	if err == nil {
+		err = r.newWriter()
 	}
 	r.cut.Unlock()
 	if err != nil {
@@ -257,10 +247,10 @@ func (r *route) buildSegments(parts map[string]int) error {
 	d := r.def
 	seg := &segment{idx: 0, topic: d.Source.Topic, from: 0, nparts: parts[d.Source.Topic], sourceShaped: true}
 	r.segs = []*segment{seg}
-	shaped := true // no map or window yet
+	shaped := true // no step has replaced the value yet
 	for i := range d.Steps {
 		s := &d.Steps[i]
-		reshapes := s.Kind == "map" || s.Kind == "window"
+		reshapes := !s.Traits.SourceShaped()
 		if !isBoundary(s) {
 			shaped = shaped && !reshapes
 			continue
@@ -278,15 +268,10 @@ func (r *route) buildSegments(parts map[string]int) error {
 		r.segs = append(r.segs, seg)
 	}
 	seg.to = len(d.Steps)
-	// Which segments react to the watermark: ask a throwaway instance of
-	// each step (state is never touched by Build).
+	// Which segments react to the watermark: their steps' traits say.
 	for _, sg := range r.segs {
 		for i := sg.from; i < sg.to; i++ {
-			st, err := d.Steps[i].Build(rules.BuildEnv{Tables: r.tableOf})
-			if err != nil {
-				return fmt.Errorf("route %q step %d (%s): %w", d.Name, d.Steps[i].Index, d.Steps[i].Kind, err)
-			}
-			if _, ok := st.(operators.Timed); ok {
+			if d.Steps[i].Traits.Timed {
 				sg.timed, r.timed = true, true
 			}
 		}
@@ -315,7 +300,30 @@ func (r *route) teardown() {
 		r.logCl.Close()
 		r.logCl = nil
 	}
-	r.segs, r.tasks = nil, nil
+	if r.snk != nil {
+		r.snk.close()
+	}
+	r.segs, r.tasks, r.wr, r.snk = nil, nil, nil, nil
+}
+
+// newWriter picks the route's writer and sink for its delivery
+// (writer.go); cut is held. An exactly-once route's first transaction
+// begins here.
+func (r *route) newWriter() error {
+	if r.txn.on {
+		if err := r.cl.BeginTransaction(); err != nil {
+			return r.txnRefused(err)
+		}
+		r.wr = &txnWriter{r: r, cl: r.cl, logCl: r.logCl, ctx: r.out.ctx, txn: &r.txn}
+	} else {
+		r.wr = &kafkaWriter{r: r, cl: r.cl, logCl: r.logCl, ctx: r.out.ctx, batched: r.m.cfg.BatchWindow > 0}
+	}
+	snk, err := r.newSink()
+	if err != nil {
+		return err
+	}
+	r.snk = snk
+	return nil
 }
 
 var kerrTopicExists = kerr.TopicAlreadyExists
@@ -333,7 +341,10 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 // created.
 func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, map[string]bool, error) {
 	dlq := deadLetterTopic(d)
-	want := []string{d.Sink.Topic, dlq}
+	want := []string{dlq}
+	if d.Sink.Topic != "" {
+		want = append(want, d.Sink.Topic) // a sink of another kind has no topic
+	}
 	compact := map[string]bool{}
 	for i := range d.Steps {
 		if s := &d.Steps[i]; isBoundary(s) {

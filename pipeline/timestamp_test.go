@@ -23,7 +23,7 @@ func TestOutputTimestamps(t *testing.T) {
 		dedupStep(t, 0, "value.id"),
 		windowStep(t, 1, operators.WindowSpec{Kind: "tumbling", Size: time.Second, Key: expr(t, "value.k"), Aggregates: agg}))
 	win.Source.IdleTimeout = time.Second
-	_, _ = runManager(t, b, t.TempDir(), 1, newRouteDef("ts", "v1", "ts", "ts.out", filterStep(t, 0, "true")), win)
+	_, _ = runManager(t, b, t.TempDir(), newRouteDef("ts", "v1", "ts", "ts.out", filterStep(t, 0, "true")), win)
 
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	for i := range 4 {
@@ -66,7 +66,7 @@ func TestDeadLetterTimestamps(t *testing.T) {
 
 	t.Run("live", func(t *testing.T) {
 		b := startBroker(t, map[string]int{"dlts": 1})
-		_, _ = runManager(t, b, t.TempDir(), 1, def)
+		_, _ = runManager(t, b, t.TempDir(), def)
 		for i := range 3 {
 			r := &kgo.Record{Topic: "dlts", Key: []byte(fmt.Sprint(i)), Value: []byte("not json"), Timestamp: base.Add(time.Duration(i) * time.Minute)}
 			b.produce(t, r)

@@ -346,7 +346,7 @@ func (pr *pair) clientLoop() {
 		var refused []refusedPart
 		var taps []tapPart
 		var keep []byte // the request buffer taps alias, released with the response
-		var heldReq int64
+		var held *hold  // a produce read whole (max_held_bytes)
 		if h.APIKey == int16(kmsg.Produce) {
 			var gs Guards
 			if g := p.guards.Load(); g != nil {
@@ -360,15 +360,21 @@ func (pr *pair) clientLoop() {
 				// Read whole, checked and its tapped partitions picked
 				// (guard.go); its bytes count against max_held_bytes
 				// while held.
-				var ok bool
-				if heldReq, ok = p.held.acquire(int64(len(frame)+rest), pr.done); !ok {
+				// The reservation grows as the bytes arrive (held.go).
+				held = p.held.begin(int64(len(frame) + rest))
+				if !held.grow(int64(len(frame)), pr.done) {
 					ReleaseFrame(frame)
+					held.release()
 					return
 				}
-				frame, refused, taps, keep, err = pr.inspectProduce(gs, tap, acks, h, frame, rest)
+				frame, refused, taps, keep, err = pr.inspectProduce(gs, tap, acks, h, frame, rest, held)
 				rest = 0
 				if err != nil {
-					p.held.release(heldReq)
+					held.release()
+					if errors.Is(err, net.ErrClosed) { // closed while it waited for a budget
+						pr.close()
+						return
+					}
 					reason := "truncated"
 					if errors.Is(err, ErrBadHeader) {
 						reason = "bad_produce"
@@ -390,7 +396,9 @@ func (pr *pair) clientLoop() {
 			case pr.queue <- inflight{key: h.APIKey, version: h.APIVersion, corr: h.CorrelationID, sent: time.Now(), refused: refused, taps: taps, keep: keep}:
 			case <-pr.done:
 				ReleaseFrame(frame)
-				p.held.release(heldReq)
+				if held != nil {
+					held.release()
+				}
 				return
 			}
 		}
@@ -398,7 +406,9 @@ func (pr *pair) clientLoop() {
 		if keep == nil || &frame[0] != &keep[0] {
 			ReleaseFrame(frame) // else released with the response (brokerLoop)
 		}
-		p.held.release(heldReq)
+		if held != nil {
+			held.release()
+		}
 		if err == nil && rest > 0 {
 			err = copyBody(pr.upstream, pr.client, rest)
 		}

@@ -216,6 +216,34 @@ func completeFrame(r io.Reader, head []byte, rest int) ([]byte, error) {
 	return full, err
 }
 
+// readHeld reads the rest of a frame whose head readFrameHead returned,
+// growing h as the bytes arrive: ahead of them, it reserves at most the
+// larger of 64 KiB and what arrived so far, so a client that announces a
+// large frame and sends little holds little (held.go).
+func readHeld(r io.Reader, head []byte, rest int, h *hold, done <-chan struct{}) ([]byte, error) {
+	buf := head
+	for rest > 0 {
+		chunk := min(rest, max(len(buf), streamAbove))
+		if !h.grow(int64(chunk), done) {
+			putBuf(buf)
+			return nil, net.ErrClosed
+		}
+		nb := getBuf(len(buf) + chunk)
+		copy(nb, buf)
+		putBuf(buf)
+		if _, err := io.ReadFull(r, nb[len(buf):]); err != nil {
+			putBuf(nb)
+			if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+				return nil, ErrFrameTruncated
+			}
+			return nil, err
+		}
+		buf = nb
+		rest -= chunk
+	}
+	return buf, nil
+}
+
 // writerOnly hides a destination's ReadFrom so that io.CopyBuffer uses
 // the pooled buffer it is given.
 type writerOnly struct{ io.Writer }

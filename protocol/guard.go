@@ -14,17 +14,19 @@ package protocol
 // Without guards the Produce path is untouched: the request streams to the
 // broker as it arrives. With guards a Produce request is read whole (its
 // bytes count against max_held_bytes), decoded, and only the partitions of
-// guarded topics have their batches decoded (decompressed with franz-go's
-// decompressor, bounded by max_frame_bytes).
+// guarded topics have their batches decoded, within the decode budgets
+// (decode.go): proxy.max_decoded_bytes and proxy.max_records_per_request
+// per request, proxy.max_decoded_bytes_total across the process.
 
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
+	"slices"
 	"sync"
 
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -126,7 +128,8 @@ type refusedPart struct {
 }
 
 // inspectProduce reads a Produce request whole (frame holds its head, rest
-// bytes of it are still in the client's socket), checks it against the
+// bytes of it are still in the client's socket; held grows as they
+// arrive), checks it against the
 // guards (gs, may be nil) and picks the partitions to tap (tap, may be nil:
 // acks=all, not transactional). It returns the frame to forward (the
 // request read whole, or a new request without the refused partitions),
@@ -134,10 +137,10 @@ type refusedPart struct {
 // they alias (keep), which the caller releases once they are delivered. A
 // request that does not decode is an error: its topics cannot be known, so
 // it cannot pass.
-func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, frame []byte, rest int) (out []byte, refused []refusedPart, taps []tapPart, keep []byte, err error) {
+func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, frame []byte, rest int, held *hold) (out []byte, refused []refusedPart, taps []tapPart, keep []byte, err error) {
 	full := frame
 	if rest > 0 {
-		if full, err = completeFrame(pr.client, frame, rest); err != nil {
+		if full, err = readHeld(pr.client, frame, rest, held, pr.done); err != nil {
 			return nil, nil, nil, nil, err
 		}
 	}
@@ -148,6 +151,7 @@ func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, 
 		return nil, nil, nil, nil, fmt.Errorf("%w: produce request does not decode: %v", ErrBadHeader, err)
 	}
 	tapping := tap != nil && acks == -1 && req.TransactionID == nil
+	m := pr.p.newMeter(pr.done, pr.p.guardBufs)
 	for ti := range req.Topics {
 		t := &req.Topics[ti]
 		name := t.Topic
@@ -179,7 +183,11 @@ func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, 
 		}
 		kept := t.Partitions[:0]
 		for _, pp := range t.Partitions {
-			rf := pr.p.checkPartition(g, name, pp.Partition, pp.Records)
+			rf, cerr := pr.p.checkPartition(g, name, pp.Partition, pp.Records, m)
+			if cerr != nil {
+				ReleaseFrame(full)
+				return nil, nil, nil, nil, cerr
+			}
 			if rf == nil {
 				kept = append(kept, pp)
 				if tapped {
@@ -190,6 +198,7 @@ func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, 
 			g.Refused(*rf)
 			refused = append(refused, refusedOf(name, t.TopicID, rf))
 			pr.p.guardBufs.putAll(rf.bufs)
+			m.endPart()
 		}
 		t.Partitions = kept
 	}
@@ -216,9 +225,19 @@ func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, 
 	return out, refused, taps, keep, nil
 }
 
+// refusedOf is a refused partition's answer: INVALID_RECORD for records a
+// guard refused or batches that do not decode, MESSAGE_TOO_LARGE for a
+// request over a decode budget (decode.go). At most maxRecordErrors record
+// errors are listed; the message counts them all.
 func refusedOf(topic string, id [16]byte, rf *Refusal) refusedPart {
 	rp := refusedPart{topic: topic, topicID: id, partition: rf.Partition, code: kerr.InvalidRecord.Code, records: rf.Failures}
+	if len(rp.records) > maxRecordErrors {
+		rp.records = rp.records[:maxRecordErrors:maxRecordErrors]
+	}
 	switch {
+	case errors.Is(rf.Err, ErrDecodeLimit):
+		rp.code = kerr.MessageTooLarge.Code
+		rp.message = "rtproxy: " + rf.Err.Error()
 	case rf.Err != nil:
 		rp.message = "rtproxy guard: " + rf.Err.Error()
 	case len(rf.Failures) > 0:
@@ -233,48 +252,76 @@ func refusedOf(topic string, id [16]byte, rf *Refusal) refusedPart {
 
 // checkPartition checks one partition's batches; nil when they pass.
 // Compressed batches are decompressed into buffers of p.guardBufs: given
-// back here when the records pass, by the caller after Refused otherwise.
-func (p *Proxy) checkPartition(g Guard, topic string, partition int32, batches []byte) *Refusal {
-	recs, bufs, err := decodeBatches(batches, p.guardDecompressor)
-	if err != nil {
-		p.guardBufs.putAll(bufs)
-		return &Refusal{Topic: topic, Partition: partition, Err: err}
+// back here when the records pass, by the caller after Refused otherwise
+// (then the caller also ends the meter's partition). A partition over a
+// decode budget is refused (Refusal.Err wraps ErrDecodeLimit), and so is
+// every guarded partition of the request after it, undecoded. The error is
+// set only when the connection closed while the decode waited for the
+// global budget.
+func (p *Proxy) checkPartition(g Guard, topic string, partition int32, batches []byte, m *decodeMeter) (*Refusal, error) {
+	if m.over != nil {
+		return &Refusal{Topic: topic, Partition: partition, Err: m.over}, nil
 	}
-	var fails []RecordFailure
-	for i := range recs {
-		if check, msg, ok := g.Check(topic, partition, &recs[i]); !ok {
-			fails = append(fails, RecordFailure{Index: i, Check: check, Message: msg})
+	for {
+		mk := m.mark()
+		recs, bufs, err := decodeBatches(batches, m)
+		if errors.Is(err, errLeaseShort) {
+			p.guardBufs.putAll(bufs)
+			if !m.retry(mk) {
+				return nil, fmt.Errorf("waiting for proxy.max_decoded_bytes_total: %w", net.ErrClosed)
+			}
+			continue
 		}
+		if err != nil {
+			p.guardBufs.putAll(bufs)
+			m.endPart()
+			var le *decodeLimitError
+			if errors.As(err, &le) {
+				m.over = le
+				p.m.decodeLimited.WithLabelValues("guard", le.bound()).Inc()
+			}
+			return &Refusal{Topic: topic, Partition: partition, Err: err}, nil
+		}
+		var fails []RecordFailure
+		for i := range recs {
+			if check, msg, ok := g.Check(topic, partition, &recs[i]); !ok {
+				fails = append(fails, RecordFailure{Index: i, Check: check, Message: msg})
+			}
+		}
+		if len(fails) == 0 {
+			p.guardBufs.putAll(bufs)
+			m.endPart()
+			return nil, nil
+		}
+		return &Refusal{Topic: topic, Partition: partition, Records: recs, Failures: fails, bufs: bufs}, nil
 	}
-	if len(fails) == 0 {
-		p.guardBufs.putAll(bufs)
-		return nil
-	}
-	return &Refusal{Topic: topic, Partition: partition, Records: recs, Failures: fails, bufs: bufs}
 }
 
-// decompressBufs is the pool of buffers guarded batches are decompressed
-// into (kgo.PoolDecompressBytes): a guarded topic decompresses every batch
-// produced to it, and a fresh buffer each time was a tenth of the guarded
-// proxy's CPU in allocating and zeroing it. The buffers are the guard's
-// alone: the tap's records outlive the request and are decompressed
-// apart.
+// decompressBufs is the pool of buffers batches are decompressed into: a
+// guarded topic decompresses every batch produced to it, and a fresh
+// buffer each time was a tenth of the guarded proxy's CPU in allocating
+// and zeroing it.
 type decompressBufs struct{ pool sync.Pool }
 
 // maxPooledDecompress bounds the buffers kept: a rare huge batch is left
 // to the GC rather than held.
 const maxPooledDecompress = 4 << 20
 
-// GetDecompressBytes implements kgo.PoolDecompressBytes.
-func (d *decompressBufs) GetDecompressBytes(compressed []byte, _ kgo.CompressionCodecType) []byte {
-	if b, ok := d.pool.Get().(*[]byte); ok {
-		return *b
+// take returns an empty buffer of capacity at least n.
+func (d *decompressBufs) take(n int) []byte {
+	if n <= maxPooledDecompress {
+		if b, ok := d.pool.Get().(*[]byte); ok {
+			if cap(*b) >= n {
+				return (*b)[:0]
+			}
+			d.pool.Put(b)
+		}
 	}
-	return make([]byte, 0, max(64<<10, 4*len(compressed)))
+	return make([]byte, 0, n)
 }
 
-// PutDecompressBytes implements kgo.PoolDecompressBytes.
-func (d *decompressBufs) PutDecompressBytes(b []byte) {
+// give hands a buffer back (nil and oversized ones are dropped).
+func (d *decompressBufs) give(b []byte) {
 	if cap(b) == 0 || cap(b) > maxPooledDecompress {
 		return
 	}
@@ -284,36 +331,19 @@ func (d *decompressBufs) PutDecompressBytes(b []byte) {
 
 func (d *decompressBufs) putAll(bufs [][]byte) {
 	for _, b := range bufs {
-		d.PutDecompressBytes(b)
+		d.give(b)
 	}
-}
-
-// boundedDecompressor is franz-go's decompressor with a bound on what one
-// batch may decompress to (a small compressed batch must not grow into
-// gigabytes in the proxy). franz-go bounds the decompressor of a client by
-// its MaxDecompressBatchBytes; a client that is never used builds it.
-// With pools (kgo.PoolDecompressBytes) it decompresses into their
-// buffers.
-func boundedDecompressor(max int, pools ...kgo.Pool) kgo.Decompressor {
-	cl, err := kgo.NewClient(kgo.MaxDecompressBatchBytes(max), kgo.WithDecompressor(kgo.DefaultDecompressor(pools...)))
-	if err != nil {
-		return kgo.DefaultDecompressor(pools...)
-	}
-	defer cl.Close()
-	if d, ok := cl.OptValue(kgo.WithDecompressor).(kgo.Decompressor); ok && d != nil {
-		return d
-	}
-	return kgo.DefaultDecompressor(pools...)
 }
 
 var errNotV2 = errors.New("only record batches (magic 2, Kafka 0.11+ clients) can be checked")
 
-// decodeBatches decodes the records of a partition's record batches. The
-// bytes are the request's own: the records alias them, or the buffers
-// compressed batches were decompressed into (bufs, also on error).
-func decodeBatches(b []byte, d kgo.Decompressor) (out []ProducedRecord, bufs [][]byte, err error) {
+// decodeBatches decodes the records of a partition's record batches,
+// charged to m. The bytes are the request's own: the records alias them,
+// or the buffers compressed batches were decompressed into (bufs, also
+// on error).
+func decodeBatches(b []byte, m *decodeMeter) (out []ProducedRecord, bufs [][]byte, err error) {
 	for len(b) > 0 {
-		batch, recs, rest, _, dec, err := readBatch(b, d, out)
+		batch, recs, rest, _, dec, err := readBatch(b, m, out)
 		if dec != nil {
 			bufs = append(bufs, dec)
 		}
@@ -330,20 +360,22 @@ func decodeBatches(b []byte, d kgo.Decompressor) (out []ProducedRecord, bufs [][
 
 // tapRecords decodes a partition's batches for the tap: exactly one batch,
 // not transactional, its records at offset deltas 0, 1, ... (so that the
-// acknowledgement's base offset gives each its offset); ok false otherwise.
-func tapRecords(b []byte, d kgo.Decompressor) ([]ProducedRecord, bool) {
-	batch, recs, rest, contiguous, _, err := readBatch(b, d, nil)
-	if err != nil || len(rest) != 0 || !contiguous || batch.Attributes&0x30 != 0 || len(recs) == 0 {
-		return nil, false
+// acknowledgement's base offset gives each its offset); err is nil and
+// recs empty otherwise. dec is the buffer to give back after.
+func tapRecords(b []byte, m *decodeMeter) (recs []ProducedRecord, dec []byte, err error) {
+	batch, recs, rest, contiguous, dec, err := readBatch(b, m, nil)
+	if err != nil || len(rest) != 0 || !contiguous || batch.Attributes&0x30 != 0 {
+		return nil, dec, err
 	}
-	return recs, true
+	return recs, dec, nil
 }
 
 // readBatch decodes the first record batch of b, appending its records to
-// out; it returns the batch header, the records, the bytes after the
-// batch, whether the records sit at offset deltas 0, 1, ... in order, and
-// the buffer d decompressed the batch into (nil when not compressed).
-func readBatch(b []byte, d kgo.Decompressor, out []ProducedRecord) (batch kmsg.RecordBatch, _ []ProducedRecord, rest []byte, contiguous bool, dec []byte, err error) {
+// out, charged to m; it returns the batch header, the records, the bytes
+// after the batch, whether the records sit at offset deltas 0, 1, ... in
+// order, and the buffer the batch was decompressed into (nil when not
+// compressed).
+func readBatch(b []byte, m *decodeMeter, out []ProducedRecord) (batch kmsg.RecordBatch, _ []ProducedRecord, rest []byte, contiguous bool, dec []byte, err error) {
 	fail := func(e error) (kmsg.RecordBatch, []ProducedRecord, []byte, bool, []byte, error) {
 		return batch, nil, nil, false, dec, e
 	}
@@ -364,21 +396,41 @@ func readBatch(b []byte, d kgo.Decompressor, out []ProducedRecord) (batch kmsg.R
 	if batch.Attributes&0x20 != 0 {
 		return batch, out, rest, false, nil, nil
 	}
+	if batch.NumRecords < 0 {
+		return fail(fmt.Errorf("record batch claims %d records", batch.NumRecords))
+	}
+	// The records are charged from the header, before anything is
+	// decompressed: a batch claiming too many costs nothing.
+	if err := m.charge(int64(batch.NumRecords)*recordCost, int64(batch.NumRecords)); err != nil {
+		return fail(err)
+	}
 	data := batch.Records
 	if codec := batch.Attributes & 0x07; codec != 0 {
-		if data, err = d.Decompress(data, kgo.CompressionCodecType(codec)); err != nil {
+		if data, err = m.decompress(data, codec); err != nil {
+			if errors.Is(err, ErrDecodeLimit) || errors.Is(err, errLeaseShort) {
+				return fail(err)
+			}
 			return fail(fmt.Errorf("record batch: decompress: %w", err))
 		}
 		dec = data
 	}
-	if batch.NumRecords < 0 || int(batch.NumRecords) > len(data) {
+	if int(batch.NumRecords) > len(data) {
 		return fail(fmt.Errorf("record batch claims %d records in %d bytes", batch.NumRecords, len(data)))
 	}
+	out = slices.Grow(out, int(batch.NumRecords))
 	contiguous = batch.LastOffsetDelta == batch.NumRecords-1
 	for i := range batch.NumRecords {
 		l, n := binary.Varint(data)
 		if n <= 0 || l < 0 || int64(n)+l > int64(len(data)) {
 			return fail(errors.New("record length does not fit its batch"))
+		}
+		// Headers are charged before ReadFrom allocates them (40 bytes
+		// each, however short on the wire), with the record's length
+		// for the header keys it copies.
+		if hc, ok := recordHeaderCount(data[n : int64(n)+l]); ok && hc > 0 {
+			if err := m.charge(hc*headerCost+l, 0); err != nil {
+				return fail(err)
+			}
 		}
 		var r kmsg.Record
 		if err := r.ReadFrom(data[:int64(n)+l]); err != nil {
@@ -403,6 +455,7 @@ func (p *Proxy) deliverTaps(tap Tap, version int16, body []byte, taps []tapPart)
 		return // the client gets the response as it is; the fetch brings the records
 	}
 	resp := r.(*kmsg.ProduceResponse)
+	m := p.newMeter(nil, p.guardBufs)
 	for _, tp := range taps {
 		for _, rt := range resp.Topics {
 			if (version >= 13 && rt.TopicID != tp.topicID) || (version < 13 && rt.Topic != tp.topic) {
@@ -412,8 +465,23 @@ func (p *Proxy) deliverTaps(tap Tap, version int16, body []byte, taps []tapPart)
 				if rp.Partition != tp.partition || rp.ErrorCode != 0 || rp.BaseOffset < 0 {
 					continue
 				}
-				recs, ok := tapRecords(tp.batches, p.decompressor)
-				if !ok {
+				if m.over != nil {
+					continue
+				}
+				recs, dec, err := tapRecords(tp.batches, m)
+				if err != nil || len(recs) == 0 {
+					// Left to the fetch: over a decode budget (counted), or
+					// not a batch the tap takes.
+					var le *decodeLimitError
+					switch {
+					case errors.As(err, &le):
+						m.over = le
+						p.m.decodeLimited.WithLabelValues("tap", le.bound()).Inc()
+					case errors.Is(err, errLeaseShort):
+						p.m.decodeLimited.WithLabelValues("tap", "total").Inc()
+					}
+					p.guardBufs.give(dec)
+					m.endPart()
 					continue
 				}
 				if rp.LogAppendTime >= 0 { // the topic stamps records with the broker's time
@@ -422,6 +490,8 @@ func (p *Proxy) deliverTaps(tap Tap, version int16, body []byte, taps []tapPart)
 					}
 				}
 				tap.Acked(tp.topic, tp.partition, rp.BaseOffset, recs)
+				p.guardBufs.give(dec)
+				m.endPart()
 			}
 		}
 	}

@@ -201,13 +201,16 @@ func deref(s *string) string {
 // decodes re-encodes to records franz-go reads back the same (seeds in
 // testdata/fuzz/FuzzDecodeBatches: plain and compressed batches).
 func FuzzDecodeBatches(f *testing.F) {
-	d := boundedDecompressor(1 << 20)
 	for _, codec := range []kgo.CompressionCodec{kgo.NoCompression(), kgo.GzipCompression(), kgo.SnappyCompression(), kgo.ZstdCompression()} {
 		f.Add(seedBatch(f, codec))
 	}
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		recs, _, err := decodeBatches(b, d)
+		m := testMeter(1<<20, 1000)
+		recs, _, err := decodeBatches(b, m)
+		if m.cost > m.maxCost || m.recs > m.maxRecs {
+			t.Fatalf("the decode cost %d bytes and %d records, over its bounds", m.cost, m.recs)
+		}
 		if err != nil {
 			return
 		}
@@ -238,21 +241,37 @@ func seedBatch(tb testing.TB, codec kgo.CompressionCodec) []byte {
 	return fixBatch(rb.AppendTo(nil))
 }
 
-// A batch that decompresses to more than the bound (max_frame_bytes) is an
-// error, not gigabytes in the proxy.
-func TestBoundedDecompressor(t *testing.T) {
-	comp, err := kgo.DefaultCompressor(kgo.ZstdCompression())
-	if err != nil {
-		t.Fatal(err)
-	}
+// testMeter is a decode meter with no global budget.
+func testMeter(maxCost, maxRecs int64) *decodeMeter {
+	return &decodeMeter{maxCost: maxCost, maxRecs: maxRecs, bufs: &decompressBufs{}}
+}
+
+// A batch that decompresses to more than the bound is an error, not
+// gigabytes in the proxy, with every codec; under the bound it decodes to
+// what was compressed.
+func TestBoundedDecompress(t *testing.T) {
 	big := make([]byte, 4<<20)
-	packed, codec := comp.Compress(bytes.NewBuffer(nil), big)
-	d := boundedDecompressor(1 << 20)
-	if _, err := d.Decompress(packed, codec); err == nil {
-		t.Fatalf("%d compressed bytes of 4 MiB decompressed under a 1 MiB bound", len(packed))
+	for i := range big {
+		big[i] = byte(i / 4096)
 	}
-	if out, err := boundedDecompressor(8<<20).Decompress(packed, codec); err != nil || len(out) != len(big) {
-		t.Fatalf("under an 8 MiB bound: %d bytes, %v", len(out), err)
+	for _, codec := range []kgo.CompressionCodec{kgo.GzipCompression(), kgo.SnappyCompression(), kgo.Lz4Compression(), kgo.ZstdCompression()} {
+		comp, err := kgo.DefaultCompressor(codec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		packed, c := comp.Compress(bytes.NewBuffer(nil), big)
+		packed = append([]byte(nil), packed...)
+		m := testMeter(1<<20, 10)
+		if _, err := m.decompress(packed, int16(c)); !errors.Is(err, ErrDecodeLimit) {
+			t.Errorf("codec %d: %d compressed bytes of 4 MiB under a 1 MiB bound: %v", c, len(packed), err)
+		}
+		if m.cost > 1<<20 {
+			t.Errorf("codec %d: charged %d bytes past the 1 MiB bound", c, m.cost)
+		}
+		m = testMeter(8<<20, 10)
+		if out, err := m.decompress(packed, int16(c)); err != nil || !bytes.Equal(out, big) {
+			t.Errorf("codec %d under an 8 MiB bound: %d bytes, %v", c, len(out), err)
+		}
 	}
 }
 
@@ -330,8 +349,6 @@ func TestTapHandsAcknowledgedRecords(t *testing.T) {
 // buffer handed back is reused by the next batch.
 func TestGuardDecompressBuffersReused(t *testing.T) {
 	bufs := &decompressBufs{}
-	pooled := boundedDecompressor(1<<20, bufs)
-	plain := boundedDecompressor(1 << 20)
 	var seeds [][]byte
 	for _, codec := range []kgo.CompressionCodec{kgo.GzipCompression(), kgo.SnappyCompression(), kgo.Lz4Compression(), kgo.ZstdCompression(), kgo.NoCompression()} {
 		seeds = append(seeds, seedBatch(t, codec))
@@ -340,10 +357,12 @@ func TestGuardDecompressBuffersReused(t *testing.T) {
 	var last []byte
 	for round := range 20 {
 		for _, b := range seeds {
-			want, _, err := decodeBatches(b, plain)
+			want, _, err := decodeBatches(b, testMeter(1<<20, 10))
 			if err != nil {
 				t.Fatal(err)
 			}
+			pooled := testMeter(1<<20, 10)
+			pooled.bufs = bufs
 			got, used, err := decodeBatches(b, pooled)
 			if err != nil {
 				t.Fatal(err)

@@ -223,3 +223,142 @@ func TestHeldBudgetWaits(t *testing.T) {
 		t.Errorf("held_bytes = %v, peak %d; want 30 and 100", h, b.peakBytes())
 	}
 }
+
+// slowProduce opens a raw connection to addr and sends the first send
+// bytes of a Produce request to topic that announces announce bytes: a
+// slow (or hostile) sender that never finishes its request.
+func slowProduce(t *testing.T, addr, topic string, announce, send int) net.Conn {
+	t.Helper()
+	frame := produceFrame(topic, announce)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Write(frame[:send]); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// produceFrame is a Produce v7 request frame to topic whose records are n
+// zero bytes.
+func produceFrame(topic string, n int) []byte {
+	req := kmsg.NewPtrProduceRequest()
+	req.SetVersion(7)
+	req.Acks, req.TimeoutMillis = -1, 5000
+	rt := kmsg.NewProduceRequestTopic()
+	rt.Topic = topic
+	rp := kmsg.NewProduceRequestTopicPartition()
+	rp.Records = make([]byte, n)
+	rt.Partitions = append(rt.Partitions, rp)
+	req.Topics = append(req.Topics, rt)
+	return rawRequest(req, 1)
+}
+
+// TestSlowSendersDoNotStarveHeldBytes is finding 8 of issue 25: with a
+// guard loaded, four connections that each announce a large Produce and
+// send 5 KB of it must not hold proxy.max_held_bytes for bytes that never
+// came: a produce to an unguarded topic, and a small one to a guarded
+// topic, go through at once (before, they waited for the senders'
+// request_read_timeout).
+func TestSlowSendersDoNotStarveHeldBytes(t *testing.T) {
+	upstream := startKfake(t, "-topics", "gslow:1,plain:1")
+	const budget = 8 << 20
+	tp := startProxy(t, upstream, func(c *Config) {
+		c.MaxHeldBytes = budget
+		c.RequestReadTimeout = time.Minute
+	})
+	tp.SetGuards(&testGuards{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "plain", Value: []byte("warm")}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	leader := leaderAddr(t, tp.Addr(), "gslow")
+	// Four frames of exactly a quarter of the budget each.
+	over := len(produceFrame("gslow", 0))
+	for range 4 {
+		slowProduce(t, leader, "gslow", budget/4-over, 5<<10)
+	}
+	time.Sleep(200 * time.Millisecond) // the four are read and waiting
+	for _, topic := range []string{"plain", "gslow"} {
+		start := time.Now()
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		err := cl.ProduceSync(pctx, &kgo.Record{Topic: topic, Value: []byte("small")}).FirstErr()
+		pcancel()
+		if err != nil {
+			t.Errorf("produce to %s beside four slow senders: %v after %v", topic, err, time.Since(start).Round(time.Millisecond))
+		}
+	}
+	if h := metricValue(t, tp.m.heldBytes); h > 4*(128<<10) {
+		t.Errorf("four senders of 5 KB each hold %v bytes", h)
+	}
+}
+
+// TestHeldHoldsGrowSafely: the growing reservations of requests still
+// arriving never deadlock. A grant that would leave no order in which
+// every such request can complete waits; one that completes its request
+// is made whenever the bytes are free; a small request is never kept
+// waiting by large ones that have sent little.
+func TestHeldHoldsGrowSafely(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &heldBudget{max: 100, gauge: m.heldBytes, waits: m.heldWaits}
+	a := b.begin(80)
+	if !a.grow(50, nil) {
+		t.Fatal("a")
+	}
+	c := b.begin(80)
+	granted := make(chan bool)
+	go func() { granted <- c.grow(40, nil) }()
+	select {
+	case <-granted:
+		t.Fatal("c took 40 while a needs 30 more and only 10 would be left: a deadlock")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if !c.grow(5, nil) { // c may still take what leaves a room to finish
+		t.Fatal("c could not take 5")
+	}
+	small := b.begin(10)
+	if !small.grow(10, nil) { // completes its request: never waits for a and c
+		t.Fatal("small")
+	}
+	small.release()
+	if !a.grow(30, nil) { // completes a
+		t.Fatal("a could not complete")
+	}
+	a.release()
+	if !<-granted {
+		t.Fatal("c's wait ended without its bytes")
+	}
+	if !c.grow(35, nil) {
+		t.Fatal("c could not complete")
+	}
+	c.release()
+	if h := metricValue(t, m.heldBytes); h != 0 || b.peakBytes() > 100 {
+		t.Errorf("held_bytes %v, peak %d", h, b.peakBytes())
+	}
+	// A closed connection ends a wait, and its hold gives everything back.
+	d := b.begin(100)
+	d.grow(60, nil)
+	e := b.begin(100)
+	done := make(chan struct{})
+	close(done)
+	if e.grow(60, done) {
+		t.Error("e took 60 of the 40 free")
+	}
+	e.release()
+	d.release()
+	if h := metricValue(t, m.heldBytes); h != 0 {
+		t.Errorf("held_bytes %v after every release", h)
+	}
+}

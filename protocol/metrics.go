@@ -21,6 +21,10 @@ type metrics struct {
 	panics       prometheus.Counter
 	heldBytes    prometheus.Gauge
 	heldWaits    prometheus.Counter
+	// Decode budgets (decode.go).
+	decodedBytes  prometheus.Gauge
+	decodedWaits  prometheus.Counter
+	decodeLimited *prometheus.CounterVec
 	// endpointsPadded counts node endpoints of streamed Fetch responses
 	// rewritten in place with padding (stream.go).
 	endpointsPadded prometheus.Counter
@@ -90,6 +94,16 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		heldWaits: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_held_waits_total", Help: "Frames that waited for proxy.max_held_bytes to be read whole.",
 		}),
+		decodedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rtproxy_proxy_decoded_bytes", Help: "What the decodes of guarded and tapped produce requests in progress hold, decompressed and decoded, all connections together (bounded by proxy.max_decoded_bytes_total).",
+		}),
+		decodedWaits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_decoded_waits_total", Help: "Partitions of guarded produce requests whose decode waited for room under proxy.max_decoded_bytes_total.",
+		}),
+		decodeLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_decode_limited_total",
+			Help: "Produce requests over a decode budget, by path (guard: refused with MESSAGE_TOO_LARGE; tap: left to the fetch) and bound (bytes: proxy.max_decoded_bytes, records: proxy.max_records_per_request, total: no room under proxy.max_decoded_bytes_total, tap only).",
+		}, []string{"path", "bound"}),
 	}
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rtproxy_proxy_bytes_total", Help: "Bytes forwarded, by direction.",
@@ -109,7 +123,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2.5, 14),
 	}, []string{"api"})
 	m.reqs, m.errs, m.lat = reqs, errs, lat
-	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, m.panics, m.heldBytes, m.heldWaits, m.endpointsPadded, bytes, reqs, errs, lat} {
+	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, m.panics, m.heldBytes, m.heldWaits, m.decodedBytes, m.decodedWaits, m.decodeLimited, m.endpointsPadded, bytes, reqs, errs, lat} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

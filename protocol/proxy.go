@@ -24,21 +24,23 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // Config configures a Proxy. Zero values take the defaults listed.
+//
+// The proxy keeps no defaults of its own: they live in config.Default, and
+// New refuses a Config that lacks a value it needs.
 type Config struct {
 	Listen          string        // bootstrap listener, e.g. "127.0.0.1:9092" (required)
-	AdvertiseHost   string        // host clients are told; default 127.0.0.1
-	BrokerPortFirst int           // first per-broker port; default 9093
-	BrokerPortCount int           // size of the per-broker port range; default 100
+	AdvertiseHost   string        // host clients are told (required)
+	BrokerPortFirst int           // first per-broker port (required)
+	BrokerPortCount int           // size of the per-broker port range (required)
 	Upstream        []string      // seed brokers host:port (required)
-	MaxFrameBytes   int32         // default 100 MiB
+	MaxFrameBytes   int32         // at least 64 (required)
 	ClientTLS       *tls.Config   // nil: plaintext toward clients
 	UpstreamTLS     *tls.Config   // nil: plaintext toward brokers
-	ShutdownGrace   time.Duration // default 10s
+	ShutdownGrace   time.Duration // positive (required)
 	// MaxConnections caps the client connections open at once (all
 	// listeners together); one over it is closed at accept and counted in
 	// rtproxy_proxy_connections_refused_total. 0: no cap.
@@ -54,8 +56,19 @@ type Config struct {
 	// rewritten) across every connection; a frame waits while they are
 	// used up. 0: no bound.
 	MaxHeldBytes int64
-	Logger       *slog.Logger // default: discard
-	Registerer   prometheus.Registerer
+	// MaxDecodedBytes bounds what one guarded or tapped Produce request's
+	// records may cost once decompressed and decoded (decode.go); a
+	// partition over it is refused with MESSAGE_TOO_LARGE. Default 32 MiB.
+	MaxDecodedBytes int64
+	// MaxRecordsPerRequest bounds the records one guarded or tapped
+	// Produce request may hold. Default 200000.
+	MaxRecordsPerRequest int
+	// MaxDecodedBytesTotal bounds what the decodes in progress hold, all
+	// connections together; a decode waits for room (at least
+	// MaxDecodedBytes). Default 128 MiB.
+	MaxDecodedBytesTotal int64
+	Logger               *slog.Logger // default: discard
+	Registerer           prometheus.Registerer
 	// FetchMetadata, when set, is how the proxy reads cluster metadata on
 	// its own (at start, for readiness, and at every refresh) instead of
 	// dialing a seed itself. cmd/rtproxy sets it to a franz-go client that
@@ -66,12 +79,6 @@ type Config struct {
 }
 
 const (
-	defaultAdvertiseHost   = "127.0.0.1"
-	defaultBrokerPortFirst = 9093
-	defaultBrokerPortCount = 100
-	defaultMaxFrameBytes   = 100 << 20
-	defaultShutdownGrace   = 10 * time.Second
-
 	// dialTimeout bounds how long a client waits before its connection is
 	// closed because the upstream broker is unreachable.
 	dialTimeout = 5 * time.Second
@@ -82,22 +89,10 @@ const (
 	metadataRetry   = time.Second
 )
 
-func (c *Config) applyDefaults() {
-	if c.AdvertiseHost == "" {
-		c.AdvertiseHost = defaultAdvertiseHost
-	}
-	if c.BrokerPortFirst == 0 {
-		c.BrokerPortFirst = defaultBrokerPortFirst
-	}
-	if c.BrokerPortCount == 0 {
-		c.BrokerPortCount = defaultBrokerPortCount
-	}
-	if c.MaxFrameBytes == 0 {
-		c.MaxFrameBytes = defaultMaxFrameBytes
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = defaultShutdownGrace
-	}
+// plumb gives the logger and the registry their stand-ins: a discarding
+// logger, a private registry. (These are not settings; every setting is
+// required, see validate.)
+func (c *Config) plumb() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -109,6 +104,9 @@ func (c *Config) applyDefaults() {
 func (c *Config) validate() error {
 	if c.Listen == "" {
 		return errors.New("protocol: Listen is required")
+	}
+	if c.AdvertiseHost == "" {
+		return errors.New("protocol: AdvertiseHost is required")
 	}
 	if len(c.Upstream) == 0 {
 		return errors.New("protocol: at least one Upstream seed broker is required")
@@ -123,10 +121,14 @@ func (c *Config) validate() error {
 			c.BrokerPortFirst, c.BrokerPortFirst+c.BrokerPortCount)
 	}
 	if c.MaxFrameBytes < 64 {
-		return fmt.Errorf("protocol: MaxFrameBytes %d is too small", c.MaxFrameBytes)
+		return fmt.Errorf("protocol: MaxFrameBytes %d is too small (at least 64)", c.MaxFrameBytes)
 	}
-	if c.ShutdownGrace < 0 {
-		return fmt.Errorf("protocol: ShutdownGrace %v is negative", c.ShutdownGrace)
+	if c.ShutdownGrace <= 0 {
+		return fmt.Errorf("protocol: ShutdownGrace %v must be positive", c.ShutdownGrace)
+	}
+	if c.MaxDecodedBytes <= 0 || c.MaxRecordsPerRequest <= 0 || c.MaxDecodedBytesTotal < c.MaxDecodedBytes {
+		return fmt.Errorf("protocol: decode budgets: MaxDecodedBytes %d and MaxRecordsPerRequest %d must be positive, MaxDecodedBytesTotal %d at least MaxDecodedBytes",
+			c.MaxDecodedBytes, c.MaxRecordsPerRequest, c.MaxDecodedBytesTotal)
 	}
 	return nil
 }
@@ -137,19 +139,19 @@ type Proxy struct {
 	guards atomic.Pointer[Guards]
 	// tap receives acknowledged produced records (guard.go); nil: none.
 	tap atomic.Pointer[Tap]
-	// decompressor decompresses tapped batches, bounded by MaxFrameBytes;
-	// guardDecompressor guarded ones, into the buffers of guardBufs.
-	decompressor      kgo.Decompressor
-	guardDecompressor kgo.Decompressor
-	guardBufs         *decompressBufs
-	cfg               Config
-	log               *slog.Logger
-	m                 *metrics
-	bootstrap         net.Listener
-	listenHost        string
-	ports             *PortMap
-	ready             atomic.Bool
-	seedNext          atomic.Uint32
+	// guardBufs are the buffers guarded and tapped batches are
+	// decompressed into; decoded bounds what the decodes in progress
+	// hold (MaxDecodedBytesTotal).
+	guardBufs  *decompressBufs
+	decoded    *heldBudget
+	cfg        Config
+	log        *slog.Logger
+	m          *metrics
+	bootstrap  net.Listener
+	listenHost string
+	ports      *PortMap
+	ready      atomic.Bool
+	seedNext   atomic.Uint32
 	// active counts client connections accepted and not yet finished
 	// (MaxConnections); refusedLogAt rate-limits the refusal log line.
 	active       atomic.Int64
@@ -190,7 +192,7 @@ type brokerEntry struct {
 // New validates cfg and opens the bootstrap listener, so port errors
 // surface here rather than in Run.
 func New(cfg Config) (*Proxy, error) {
-	cfg.applyDefaults()
+	cfg.plumb()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -216,9 +218,8 @@ func New(cfg Config) (*Proxy, error) {
 		held:       &heldBudget{max: cfg.MaxHeldBytes, gauge: m.heldBytes, waits: m.heldWaits},
 	}
 	p.stopCtx, p.stop = context.WithCancel(context.Background())
-	p.decompressor = boundedDecompressor(int(cfg.MaxFrameBytes))
 	p.guardBufs = &decompressBufs{}
-	p.guardDecompressor = boundedDecompressor(int(cfg.MaxFrameBytes), p.guardBufs)
+	p.decoded = &heldBudget{max: cfg.MaxDecodedBytesTotal, gauge: m.decodedBytes, waits: m.decodedWaits}
 	p.topics.byID = make(map[[16]byte]string)
 	p.mu.brokers = make(map[int32]*brokerEntry)
 	p.mu.conns = make(map[*pair]struct{})

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,9 @@ type admin struct {
 	ln       net.Listener
 	stopping atomic.Bool
 	trends   *trends // the status page's sparklines, sampled while serving
+	// guard checks every request's Host, and writes' origin
+	// (adminguard.go).
+	guard *adminGuard
 
 	// The server answers from the moment it listens; the parts behind
 	// these are wired in later, while requests may be running.
@@ -121,13 +125,21 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger, profiles 
 		log.Info("serving Go profiles under /debug/pprof/ (pprof: true)", "admin_listen", addr)
 	}
 	a.mux = mux
+	a.guard = newAdminGuard(ln.Addr().String(), nil, reg, mux)
+	if h, _, err := net.SplitHostPort(addr); err == nil && net.ParseIP(h) == nil && h != "" {
+		a.guard.own = strings.ToLower(h) // admin_listen names a host: its own name is allowed
+	}
 	a.srv = &http.Server{
-		Handler:           mux,
+		Handler:           a.guard,
 		ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	return a, nil
 }
+
+// allowHosts sets the Host names the listener answers besides its own
+// address and localhost (admin.allowed_hosts).
+func (a *admin) allowHosts(hosts []string) { a.guard.setAllowed(hosts) }
 
 // handle serves h under pattern too (the embedded schema registry).
 func (a *admin) handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h) }

@@ -30,21 +30,24 @@ func (p *proxyWithClient) Run(ctx context.Context) error {
 // (upstream TLS and SASL, as the pipelines use).
 func newProxy(cfg *config.Config, upstream []string, clientTLS, upstreamTLS *tls.Config, ownOpts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer) (proxyServer, error) {
 	pc := protocol.Config{
-		Listen:             cfg.Listen,
-		AdvertiseHost:      cfg.AdvertiseHost,
-		BrokerPortFirst:    cfg.BrokerPorts,
-		BrokerPortCount:    cfg.BrokerPortCount,
-		Upstream:           upstream,
-		MaxFrameBytes:      int32(cfg.MaxFrameBytes), // Validate caps it at MaxInt32
-		ClientTLS:          clientTLS,
-		UpstreamTLS:        proxiedTLS(upstreamTLS, cfg.TLS.Upstream.ForwardIdentity),
-		ShutdownGrace:      cfg.ShutdownGrace,
-		MaxConnections:     cfg.Proxy.MaxConnections,
-		MaxHeldBytes:       cfg.Proxy.MaxHeldBytes,
-		ClientIdleTimeout:  cfg.Proxy.ClientIdleTimeout,
-		RequestReadTimeout: cfg.Proxy.RequestReadTimeout,
-		Logger:             log,
-		Registerer:         reg,
+		Listen:               cfg.Listen,
+		AdvertiseHost:        cfg.AdvertiseHost,
+		BrokerPortFirst:      cfg.BrokerPorts,
+		BrokerPortCount:      cfg.BrokerPortCount,
+		Upstream:             upstream,
+		MaxFrameBytes:        int32(cfg.MaxFrameBytes), // Validate caps it at MaxInt32
+		ClientTLS:            clientTLS,
+		UpstreamTLS:          proxiedTLS(upstreamTLS, cfg.TLS.Upstream.ForwardIdentity),
+		ShutdownGrace:        cfg.ShutdownGrace,
+		MaxConnections:       cfg.Proxy.MaxConnections,
+		MaxHeldBytes:         cfg.Proxy.MaxHeldBytes,
+		MaxDecodedBytes:      cfg.Proxy.MaxDecodedBytes,
+		MaxRecordsPerRequest: cfg.Proxy.MaxRecordsPerRequest,
+		MaxDecodedBytesTotal: cfg.Proxy.MaxDecodedBytesTotal,
+		ClientIdleTimeout:    cfg.Proxy.ClientIdleTimeout,
+		RequestReadTimeout:   cfg.Proxy.RequestReadTimeout,
+		Logger:               log,
+		Registerer:           reg,
 	}
 	ownCert := upstreamTLS != nil && len(upstreamTLS.Certificates) > 0
 	if cfg.SASL.Mechanism == "" && (!ownCert || cfg.TLS.Upstream.ForwardIdentity) {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -55,24 +56,26 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		Registerer: reg,
 		// A stopping route waits this long for its outputs to be
 		// acknowledged before its final checkpoint: the same budget
-		// SIGTERM gives everything else. Zero keeps the pipeline default.
+		// SIGTERM gives everything else.
 		StopTimeout:    cfg.ShutdownGrace,
 		StateRetention: cfg.StateRetention,
 		GroupProtocol:  cfg.GroupProtocol,
 		SessionTimeout: cfg.GroupSessionTimeout,
-		BatchWindow:    batchWindow(cfg.BatchWindow),
+		BatchWindow:    cfg.BatchWindow,
 		// The last dead letters of each route, for the status page.
 		RecentValues: cfg.Admin.ShowRecords,
 		RedactHeader: redact.MatchString,
 		SchemaRegistry: serde.Config{URL: cfg.SchemaRegistry.URL,
 			BasicAuthFile: cfg.SchemaRegistry.BasicAuthFile, BasicAuthEnv: cfg.SchemaRegistry.BasicAuthEnv,
 			BearerTokenFile: cfg.SchemaRegistry.BearerTokenFile, BearerTokenEnv: cfg.SchemaRegistry.BearerTokenEnv,
-			CAFile: cfg.SchemaRegistry.CAFile, Timeout: cfg.SchemaRegistry.Timeout},
+			CAFile: cfg.SchemaRegistry.CAFile, Timeout: cfg.SchemaRegistry.Timeout,
+			Limits: serde.Limits{MaxResponseBytes: cfg.SchemaRegistry.MaxResponseBytes, MaxSchemaBytes: cfg.SchemaRegistry.MaxSchemaBytes,
+				MaxSchemaDepth: cfg.SchemaRegistry.MaxSchemaDepth, MaxReferences: cfg.SchemaRegistry.MaxReferences}},
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &routes{m: m, dir: cfg.RulesDir, opts: rules.Options{TablesDir: cfg.TablesDir}, log: log, reg: reg, guards: guards}, nil
+	return &routes{m: m, dir: cfg.RulesDir, opts: rulesOptions(cfg), log: log, reg: reg, guards: guards}, nil
 }
 
 // apply hands the watcher's rule set to the pipelines. The watcher keeps a
@@ -145,11 +148,19 @@ func (r *routes) Run(ctx context.Context) error {
 	return err
 }
 
-// batchWindow is batch_window for pipeline.Config, where zero means the
-// default and a negative window turns batching off.
-func batchWindow(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
+// rulesOptions is what the proxy's config tells the rules loader: where
+// tables may be, and what rule files may name (rules.allow). The proxy's
+// own schema_registry.url is always allowed: the proxy trusts it already.
+func rulesOptions(cfg *config.Config) rules.Options {
+	a := &rules.Allow{
+		EnvNames: append([]string(nil), cfg.Rules.Allow.Env...),
+		Files:    append([]string(nil), cfg.Rules.Allow.Files...),
+		URLs:     append([]string(nil), cfg.Rules.Allow.URLs...),
 	}
-	return d
+	for _, u := range strings.Split(cfg.SchemaRegistry.URL, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			a.URLs = append(a.URLs, u)
+		}
+	}
+	return rules.Options{TablesDir: cfg.TablesDir, Allow: a}
 }

@@ -164,6 +164,9 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	syscall.Umask(0o077)
 	log.Info("rtproxy starting", "version", version, "listen", cfg.Listen, "admin_listen", cfg.AdminListen,
 		"rules_dir", cfg.RulesDir, "state_dir", cfg.StateDir, "upstream", cfg.Upstream)
+	if soft := setMemLimit("/", os.LookupEnv); soft > 0 {
+		log.Info("Go memory limit set from the container's (GOMEMLIMIT unset)", "bytes", soft, "share", memLimitShare)
+	}
 
 	// Signals are caught from the start, so a SIGTERM during startup is a
 	// clean stop rather than the default abrupt exit.
@@ -176,6 +179,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	adm.allowHosts(cfg.Admin.AllowedHosts)
 	go adm.serve()
 	log.Info("admin endpoints listening", "addr", adm.Addr())
 	defer func() {
@@ -249,6 +253,9 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	adm.setReady(func() (bool, string) {
 		if !px.Ready() {
 			return false, "upstream metadata not fetched yet"
+		}
+		if why := gd.notReady(); why != "" {
+			return false, why // a guard fails closed (guards.go)
 		}
 		return true, ""
 	})
