@@ -165,7 +165,7 @@ func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() 
 	m := indexMetrics(fams)
 	v.Proxy = s.proxyView(m, now)
 	v.ProxyTrends = s.trends.proxyTrends(now)
-	v.TrendWindow = shortDuration(trendWindow)
+	v.TrendWindow = s.trends.spanText(now)
 	if routes != nil {
 		if rs, ok := routes().([]pipeline.RouteStatus); ok {
 			for _, rs := range rs {

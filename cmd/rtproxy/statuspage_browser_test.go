@@ -233,7 +233,7 @@ func checkTrends(t *testing.T, ctx context.Context, cl *kgo.Client, p *proc, sho
 	checkAccessible(t, "/ with trends", home)
 	labels := map[string]sparkFacts{}
 	for _, sp := range home.Sparks {
-		name, _, _ := strings.Cut(sp.Label, " over the last 15 minutes: ")
+		name, _, _ := strings.Cut(sp.Label, " over the last ")
 		labels[name] = sp
 		if sp.Role != "img" || sp.Width < 100 || sp.Height < 20 {
 			t.Errorf("sparkline %q: role %q, laid out %.0fx%.0f", sp.Label, sp.Role, sp.Width, sp.Height)
@@ -254,7 +254,7 @@ func checkTrends(t *testing.T, ctx context.Context, cl *kgo.Client, p *proc, sho
 		t.Errorf("no line for requests per second: %+v", sp)
 	}
 	// The values are text beside the graphic too (readable without it).
-	for _, want := range []string{"last 15 minutes", "lowest", "highest", "records in per second", "/s"} {
+	for _, want := range []string{"since the start", "lowest", "highest", "records in per second", "/s"} {
 		if !strings.Contains(home.Text, want) {
 			t.Errorf("/ does not write %q beside the sparklines", want)
 		}

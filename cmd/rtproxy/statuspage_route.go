@@ -104,7 +104,7 @@ func (s *statusPage) serveRoute(w http.ResponseWriter, r *http.Request, ready fu
 	}
 	v.Route = routeViewOf(*rs, indexMetrics(fams), now)
 	v.Route.Trends = s.trends.routeTrends(rs.Name, now)
-	v.TrendWindow = shortDuration(trendWindow)
+	v.TrendWindow = s.trends.spanText(now)
 	v.ErrorRefs = errorRefs(rs.File, rs.RuleError+"\n"+rs.LastError)
 	v.Lines, v.FileNote = ruleFileLines(rs.File, v.ErrorRefs)
 	if deadLetters != nil && rs.Name != "" {

@@ -83,12 +83,13 @@ type trends struct {
 	window   time.Duration
 	size     int
 
-	mu     sync.Mutex
-	proxy  map[string]*ring // requests, bytes_in, bytes_out
-	routes map[string]*routeTrend
-	prevAt time.Time
-	prev   map[string]float64 // counters at the previous sample
-	prevH  map[string][]uint64
+	mu      sync.Mutex
+	started time.Time        // the first sample
+	proxy   map[string]*ring // requests, bytes_in, bytes_out
+	routes  map[string]*routeTrend
+	prevAt  time.Time
+	prev    map[string]float64 // counters at the previous sample
+	prevH   map[string][]uint64
 }
 
 func newTrends(reg prometheus.Gatherer, interval, window time.Duration) *trends {
@@ -173,6 +174,9 @@ func (tr *trends) sample(now time.Time, m metricIndex, rs []pipeline.RouteStatus
 
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	if tr.started.IsZero() {
+		tr.started = now
+	}
 	dt := now.Sub(tr.prevAt).Seconds()
 	rate := func(k string) float64 {
 		p, ok := tr.prev[k]
@@ -308,14 +312,15 @@ const (
 	sparkP = 3 // padding, so the line and the last point's dot are not cut
 )
 
-// trendOf renders a series: its sparkline over [now − window, now] and its
-// last, lowest and highest value.
-func trendOf(label string, pts []point, k trendKind, now time.Time, window time.Duration) trendView {
+// trendOf renders a series: its sparkline over [now − span, now] and its
+// last, lowest and highest value there; window is what the sampler keeps
+// (span is shorter while the proxy is younger than it).
+func trendOf(label string, pts []point, k trendKind, now time.Time, span, window time.Duration) trendView {
 	tv := trendView{Label: label, Last: "–", Min: "–", Max: "–"}
 	lo, hi := math.Inf(1), math.Inf(-1)
 	last := math.NaN()
 	for _, p := range pts {
-		if math.IsNaN(p.v) {
+		if math.IsNaN(p.v) || p.at.Before(now.Add(-span)) {
 			continue
 		}
 		lo, hi, last = math.Min(lo, p.v), math.Max(hi, p.v), p.v
@@ -324,13 +329,13 @@ func trendOf(label string, pts []point, k trendKind, now time.Time, window time.
 	if tv.Samples > 0 {
 		tv.Last, tv.Min, tv.Max = formatTrend(last, k), formatTrend(lo, k), formatTrend(hi, k)
 	}
-	desc := fmt.Sprintf("%s over the last %s: ", label, shortDuration(window))
+	desc := fmt.Sprintf("%s over the last %s: ", label, spanLabel(span, window))
 	if tv.Samples == 0 {
 		desc += "no samples yet"
 	} else {
 		desc += fmt.Sprintf("last %s, lowest %s, highest %s (%d samples)", tv.Last, tv.Min, tv.Max, tv.Samples)
 	}
-	tv.SVG = sparkline(desc, pts, lo, hi, now, window)
+	tv.SVG = sparkline(desc, pts, lo, hi, now, span)
 	return tv
 }
 
@@ -392,6 +397,33 @@ func sparkline(desc string, pts []point, lo, hi float64, now time.Time, window t
 	return template.HTML(b.String())
 }
 
+// span is the time the sparklines cover at now: the window, or, while the
+// proxy has been up for less, the time since the first sample (at least
+// one interval), so a young proxy's lines use the whole width. Must hold mu.
+func (tr *trends) span(now time.Time) time.Duration {
+	if tr.started.IsZero() {
+		return tr.window
+	}
+	return min(tr.window, max(now.Sub(tr.started), tr.interval))
+}
+
+// spanText says what span covers, for the pages' column heading.
+func (tr *trends) spanText(now time.Time) string {
+	if tr == nil {
+		return shortDuration(trendWindow)
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return spanLabel(tr.span(now), tr.window)
+}
+
+func spanLabel(span, window time.Duration) string {
+	if span >= window {
+		return shortDuration(window)
+	}
+	return span.Round(time.Second).String() + ", since the start"
+}
+
 // proxyTrends is the proxy's series for the page.
 func (tr *trends) proxyTrends(now time.Time) []trendView {
 	if tr == nil {
@@ -399,10 +431,11 @@ func (tr *trends) proxyTrends(now time.Time) []trendView {
 	}
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
+	sp := tr.span(now)
 	return []trendView{
-		trendOf("requests per second", tr.proxy["requests"].points(), kindRate, now, tr.window),
-		trendOf("bytes per second client → broker", tr.proxy["bytes_in"].points(), kindBytes, now, tr.window),
-		trendOf("bytes per second broker → client", tr.proxy["bytes_out"].points(), kindBytes, now, tr.window),
+		trendOf("requests per second", tr.proxy["requests"].points(), kindRate, now, sp, tr.window),
+		trendOf("bytes per second client → broker", tr.proxy["bytes_in"].points(), kindBytes, now, sp, tr.window),
+		trendOf("bytes per second broker → client", tr.proxy["bytes_out"].points(), kindBytes, now, sp, tr.window),
 	}
 }
 
@@ -417,10 +450,11 @@ func (tr *trends) routeTrends(name string, now time.Time) []trendView {
 	if rt == nil {
 		return nil
 	}
+	sp := tr.span(now)
 	return []trendView{
-		trendOf("records in per second", rt.in.points(), kindRate, now, tr.window),
-		trendOf("records out per second", rt.out.points(), kindRate, now, tr.window),
-		trendOf("lag (records)", rt.lag.points(), kindCount, now, tr.window),
-		trendOf("processing p99", rt.p99.points(), kindSeconds, now, tr.window),
+		trendOf("records in per second", rt.in.points(), kindRate, now, sp, tr.window),
+		trendOf("records out per second", rt.out.points(), kindRate, now, sp, tr.window),
+		trendOf("lag (records)", rt.lag.points(), kindCount, now, sp, tr.window),
+		trendOf("processing p99", rt.p99.points(), kindSeconds, now, sp, tr.window),
 	}
 }

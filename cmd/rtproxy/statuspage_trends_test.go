@@ -89,8 +89,8 @@ func TestSparkline(t *testing.T) {
 		{now.Add(-2 * time.Second), 5},
 		{now, 4},
 	}
-	tv := trendOf("lag <x>", pts, kindCount, now, win)
-	if tv.Last != "4" || tv.Min != "0" || tv.Max != "99" || tv.Samples != 5 {
+	tv := trendOf("lag <x>", pts, kindCount, now, win, win)
+	if tv.Last != "4" || tv.Min != "0" || tv.Max != "10" || tv.Samples != 4 {
 		t.Fatalf("last %s min %s max %s samples %d", tv.Last, tv.Min, tv.Max, tv.Samples)
 	}
 	var svg struct {
@@ -110,7 +110,7 @@ func TestSparkline(t *testing.T) {
 	if err := xml.Unmarshal([]byte(tv.SVG), &svg); err != nil {
 		t.Fatalf("not well-formed: %v\n%s", err, tv.SVG)
 	}
-	want := "lag <x> over the last 10s: last 4, lowest 0, highest 99 (5 samples)"
+	want := "lag <x> over the last 10s: last 4, lowest 0, highest 10 (4 samples)"
 	if svg.Role != "img" || svg.Label != want || svg.Title != want {
 		t.Fatalf("role %q label %q title %q", svg.Role, svg.Label, svg.Title)
 	}
@@ -118,8 +118,8 @@ func TestSparkline(t *testing.T) {
 		t.Fatal("the label is not escaped")
 	}
 	// Two segments: [-10s, -5s] and [-2s, now]; the point before the window
-	// and the missing one are not drawn. The scale is 0..99 over the
-	// samples (99 included), so -10s (0) sits at the bottom.
+	// and the missing one are neither drawn nor counted. The scale is 0..10,
+	// so -10s (0) sits at the bottom.
 	if len(svg.Lines) != 2 {
 		t.Fatalf("%d polylines, want 2: %s", len(svg.Lines), tv.SVG)
 	}
@@ -132,11 +132,11 @@ func TestSparkline(t *testing.T) {
 		t.Fatalf("the last point's dot %+v", last)
 	}
 
-	empty := trendOf("records in per second", nil, kindRate, now, win)
+	empty := trendOf("records in per second", nil, kindRate, now, win, win)
 	if empty.Last != "–" || !strings.Contains(string(empty.SVG), "no samples yet") || strings.Contains(string(empty.SVG), "polyline") {
 		t.Fatalf("empty series: %+v", empty)
 	}
-	flat := trendOf("x", []point{{now.Add(-time.Second), 3}, {now, 3}}, kindRate, now, win)
+	flat := trendOf("x", []point{{now.Add(-time.Second), 3}, {now, 3}}, kindRate, now, win, win)
 	if !strings.Contains(string(flat.SVG), ","+"18.0") || flat.Last != "3.0/s" {
 		t.Fatalf("a flat series is not drawn in the middle: %s", flat.SVG)
 	}
@@ -177,6 +177,13 @@ func TestTrendsSample(t *testing.T) {
 	if pt[0].Last != "2.0/s" || pt[1].Last != "1000 B/s" || pt[0].Samples != 1 {
 		t.Fatalf("proxy trends %+v", pt)
 	}
+	// A young proxy: the lines span the time since the first sample.
+	if got := tr.spanText(t0.Add(5 * time.Second)); got != "5s, since the start" {
+		t.Fatalf("span at 5s: %q", got)
+	}
+	if !strings.Contains(string(pt[0].SVG), `aria-label="requests per second over the last 5s, since the start: last 2.0/s`) {
+		t.Fatalf("young proxy's label: %s", pt[0].SVG)
+	}
 	// Many samples: bounded.
 	at := t0.Add(5 * time.Second)
 	for range 3 * trendPoints {
@@ -185,6 +192,9 @@ func TestTrendsSample(t *testing.T) {
 	}
 	if n := len(tr.routes["r"].in.points()); n != trendPoints {
 		t.Fatalf("%d points held, want %d", n, trendPoints)
+	}
+	if got := tr.spanText(at); got != "15 minutes" {
+		t.Fatalf("span after an hour: %q", got)
 	}
 	// The route is gone: kept for a window, then forgotten.
 	take(at.Add(trendInterval), nil)
