@@ -262,7 +262,7 @@ func (r *route) checkpointed(c *cutPoint) {
 	met.checkpointDur.WithLabelValues(r.name).Observe(now.Sub(c.t0).Seconds())
 	met.checkpointLast.WithLabelValues(r.name).Set(float64(now.UnixNano()) / 1e9)
 	// Sizes as committed: keyed state (KV) plus snapshots, per step summed
-	// over its workers.
+	// over its partitions (one namespace per task: "<step>/p<q>").
 	steps, err := r.m.db.StepStats(r.name)
 	if err != nil {
 		r.noteError(fmt.Errorf("state stats: %w", err))
@@ -275,7 +275,7 @@ func (r *route) checkpointed(c *cutPoint) {
 			bytes += si.KVBytes + si.SnapBytes
 			continue // a task's inbox: bookkeeping, not the step's keys
 		}
-		keysByStep[stepOfWorkerName(si.Step)] += si.KVKeys + si.SnapKeys
+		keysByStep[stepOfTaskName(si.Step)] += si.KVKeys + si.SnapKeys
 		bytes += si.KVBytes + si.SnapBytes
 	}
 	for step, k := range keysByStep {
@@ -284,7 +284,8 @@ func (r *route) checkpointed(c *cutPoint) {
 	met.stateBytes.WithLabelValues(r.name).Set(float64(bytes))
 }
 
-func stepOfWorkerName(n string) string {
+// stepOfTaskName is the step of a task's state namespace (taskStepName).
+func stepOfTaskName(n string) string {
 	for i := 0; i < len(n); i++ {
 		if n[i] == '/' {
 			return n[:i]

@@ -30,9 +30,14 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 		reason = operators.ReasonBudget // an expression over its budget (event_time, a sink key)
 	}
 	r.m.met.deadLetters.WithLabelValues(r.name, string(reason)).Inc()
+	// The value as it was when the record failed: the bytes it came with,
+	// or, once a step changed what they decoded to (set, map), the value
+	// encoded anew, as it would be across a repartition.
 	val := rec.Raw
-	if val == nil && rec.Value != nil {
-		val, _ = rec.EncodeValue(nil)
+	if rec.Value != nil && (val == nil || rec.Rewritten()) {
+		if b, err := rec.EncodeValue(nil); err == nil {
+			val = b
+		}
 	}
 	msg := ""
 	if err != nil {

@@ -123,6 +123,11 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 		}
 	}
 	f, _ := t.frontier()
+	if t.passing {
+		// Emitted by a watermark move (advanceTask): the frontier from
+		// before it; a marker brings the new one after these rows.
+		f = t.passedBefore
+	}
 	env, err := encodeEnvelope(nil, rec, t.part, t.curOff, t.seq, f, raw)
 	if err != nil {
 		r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)

@@ -119,11 +119,14 @@ func (r *route) idleTickTask(t *task, now time.Time) {
 		return
 	}
 	if t.seg.keepsTime() {
+		// The task's dispatch goroutine may be running its chain.
+		t.steps.Lock()
 		if wm, moved := t.wm.tick(now); moved {
 			// An idle advance emits without a source record; its origin
 			// follows the last one.
 			r.advanceTask(t, wm, nil)
 		}
+		t.steps.Unlock()
 	}
 	t.sendMarkers(now, true)
 }

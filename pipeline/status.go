@@ -94,6 +94,7 @@ func (r *route) status() RouteStatus {
 	slices.SortFunc(ts, func(a, b *task) int { return int(a.id) - int(b.id) })
 	var low int64
 	hasWM := false
+	now := r.clock()
 	for _, t := range ts {
 		done := tr.DoneOffset(t.id)
 		hwm := t.hwm.Load()
@@ -103,6 +104,16 @@ func (r *route) status() RouteStatus {
 			if f, ok := t.frontier(); ok {
 				w := time.UnixMilli(f).UTC()
 				op.Watermark = &w
+			}
+		}
+		if t.seg.keepsTime() {
+			if wp, f, last, seen, ok := t.wm.holder(now); ok {
+				h := &WatermarkHolder{Writer: wp}
+				if seen {
+					ft, lt := time.UnixMilli(f).UTC(), last.UTC()
+					h.Frontier, h.LastHeard = &ft, &lt
+				}
+				op.HeldBy = h
 			}
 		}
 		s.Owned = append(s.Owned, op)

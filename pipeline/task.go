@@ -120,17 +120,29 @@ type task struct {
 	}
 
 	// Keyed tasks (segment > 0).
-	wm        watermark
-	inbox     map[int32]origin // highest origin applied per writer; checkpointed
-	stepName  string           // namespace of the keyed step
-	inboxName string           // namespace holding the inbox snapshot
-	clEnd     int64            // changelog end offset as of the last logged cut
-	prevSnap  map[string]uint64
-	journal   string // "" when the task keeps no close journal
-	closer    operators.Closer
-	applied   map[int32]int64 // highest source offset applied, per source partition
-	jmu       sync.Mutex      // serialises journal writes
-	jwm       int64           // under jmu
+	wm watermark
+	// steps is held while a goroutine runs the task's chain: its dispatch
+	// goroutine for a record, or the idle loop for a watermark move. Both
+	// hold cut.RLock, which does not keep them apart (lock order: cut,
+	// then steps).
+	steps sync.Mutex
+	// passed is the last watermark handed to the steps (advanceTask), and
+	// passing is set while they emit what it closed: those rows carry
+	// the frontier from before (passedBefore), and the new one follows
+	// them in a marker (repartition). Only the goroutine running
+	// advanceTask touches them.
+	passed, passedBefore int64
+	hasPassed, passing   bool
+	inbox                map[int32]origin // highest origin applied per writer; checkpointed
+	stepName             string           // namespace of the keyed step
+	inboxName            string           // namespace holding the inbox snapshot
+	clEnd                int64            // changelog end offset as of the last logged cut
+	prevSnap             map[string]uint64
+	journal              string // "" when the task keeps no close journal
+	closer               operators.Closer
+	applied              map[int32]int64 // highest source offset applied, per source partition
+	jmu                  sync.Mutex      // serialises journal writes
+	jwm                  int64           // under jmu
 }
 
 // frontier is the event-time frontier this task hands to the next segment:
@@ -319,7 +331,9 @@ func (r *route) dispatch(t *task, recs []*kgo.Record, tapped bool) bool {
 			if t.seg.idx == 0 {
 				r.processSource(t, rec)
 			} else {
+				t.steps.Lock()
 				r.processRepartitioned(t, rec)
+				t.steps.Unlock()
 			}
 			t.pos = rec.Offset + 1
 			n++
@@ -458,7 +472,15 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 // closed windows, and passes the watermark on to the next segment.
 func (r *route) advanceTask(t *task, wm int64, tk *ticket) {
 	closing := t.closer != nil && t.closer.ClosesAt(wm)
+	// The rows this move closes carry the frontier from before it: had
+	// the first carried wm, the next segment would move past the event
+	// time of the others (window_end − 1) before they arrived.
+	t.passing, t.passedBefore = true, t.passed
+	if !t.hasPassed {
+		t.passedBefore = minWatermark
+	}
 	t.chain.advance(wm, tk)
+	t.passing, t.passed, t.hasPassed = false, wm, true
 	if closing {
 		t.journalAfterAck(wm)
 	}

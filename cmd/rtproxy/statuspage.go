@@ -102,6 +102,9 @@ type partView struct {
 	Owner                string
 	Self                 bool
 	Done, Lag, Watermark string
+	// HeldBy names the upstream partition a keyed partition's watermark
+	// waits for (pipeline.OwnedPartition.HeldBy).
+	HeldBy string
 }
 
 // partViews lists the group's assignment with this instance's progress on
@@ -121,6 +124,12 @@ func partViews(rs pipeline.RouteStatus) []partView {
 			v.Done, v.Lag = strconv.FormatInt(o.DoneOffset, 10), strconv.FormatInt(o.Lag, 10)
 			if o.Watermark != nil {
 				v.Watermark = o.Watermark.UTC().Format(time.RFC3339Nano)
+			}
+			if h := o.HeldBy; h != nil {
+				v.HeldBy = fmt.Sprintf("writer %d, not heard from yet", h.Writer)
+				if h.Frontier != nil {
+					v.HeldBy = fmt.Sprintf("writer %d at %s", h.Writer, h.Frontier.UTC().Format(time.RFC3339Nano))
+				}
 			}
 			delete(owned, tp{v.Topic, v.Partition})
 		}

@@ -242,6 +242,16 @@ func avroWrite(w *avro.Writer, s avro.Schema, v any, path string, depth int) err
 				scale = 1000 // the tree holds milliseconds
 			}
 		}
+		if ls == nil && nanosLogical(s) {
+			f, ok := operators.ToFloat(v)
+			if !ok || math.IsNaN(f) || math.Abs(f) >= math.MaxInt64/1e6 {
+				return fmt.Errorf("%s: want milliseconds (a number in range), got %v", path, v)
+			}
+			// Whole milliseconds exact, the fraction to the nanosecond.
+			ms := math.Floor(f)
+			w.WriteLong(int64(ms)*1e6 + int64(math.Round((f-ms)*1e6)))
+			return nil
+		}
 		if scale != 1 {
 			f, ok := operators.ToFloat(v)
 			if !ok || math.Abs(f*scale) >= 1<<63 || math.IsNaN(f) {
