@@ -112,8 +112,13 @@ func compileWindow(a *Args) (*Plan, error) {
 			Value: ValueReplaced},
 		Fields:      fields,
 		ClearsNames: true,
+		FanOut:      1,
+		EndsFanOut:  !ws.EmitOnUpdate,
+		FanOutExact: true,
+		FanOutUnit:  "window updates",
 	}
 	if ws.Kind == "sliding" {
+		plan.FanOut = WindowsPerRecord(ws.Size, ws.Slide)
 		if n := WindowsPerRecord(ws.Size, ws.Slide); n > warnWindowsPerRecord {
 			plan.Warnings = append(plan.Warnings, &KeyError{Key: "slide",
 				Msg: fmt.Sprintf("every record updates %d windows (size / slide), and the open windows per key are as many: a larger slide costs less", n)})
@@ -456,11 +461,13 @@ func (w *window) Process(r *Record, out Emitter) {
 	// The record's windows count against the fan-out budget of the input
 	// record it came from, and the states it would open against the
 	// open-windows budget, before any window changes.
-	if err := chargeFanOut(r, "window", int64(len(w.wins))); err != nil {
-		if err != errFanOutSpent {
-			out.DeadLetter(r, ReasonBudget, fmt.Errorf("window: %w", err))
+	if !r.fanPaid {
+		if err := chargeFanOut(r, "window", int64(len(w.wins))); err != nil {
+			if err != errFanOutSpent {
+				out.DeadLetter(r, ReasonBudget, fmt.Errorf("window: %w", err))
+			}
+			return
 		}
-		return
 	}
 	if lim := limits.Load().OpenWindows; w.open+int64(len(w.wins)) > lim {
 		fresh := int64(0)

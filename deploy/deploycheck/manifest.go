@@ -16,6 +16,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/rtproxy/rtproxy/internal/yamlbudget"
+
 	"github.com/rtproxy/rtproxy/config"
 )
 
@@ -47,12 +49,19 @@ func ParseManifest(data []byte) (*Manifest, error) {
 	m := &Manifest{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	for i := 0; ; i++ {
-		var o obj
-		err := dec.Decode(&o)
+		var n yaml.Node
+		err := dec.Decode(&n)
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		if err := yamlbudget.Check(&n); err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		var o obj
+		if err := n.Decode(&o); err != nil {
 			return nil, fmt.Errorf("document %d: %w", i, err)
 		}
 		if o != nil {

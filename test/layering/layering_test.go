@@ -36,27 +36,28 @@ var allowed = map[string][]string{
 	// the binary: wiring
 	"cmd/rtproxy": {"config", "internal/ruletest", "internal/serde", "internal/srembed", "operators", "pipeline", "protocol", "rules", "state"},
 	// apps the binary runs
-	"internal/ruletest": {"internal/jsoncodec", "internal/yamlpos", "operators", "pipeline", "rules"},
+	"internal/ruletest": {"internal/jsoncodec", "internal/yamlbudget", "internal/yamlpos", "operators", "pipeline", "rules"},
 	"pipeline":          {"internal/jsoncodec", "internal/serde", "offsets", "operators", "rules", "state"},
 	"protocol":          {},
-	"config":            {},
+	"config":            {"internal/yamlbudget"},
 	// rule files and the steps they compile to
-	"rules":          {"internal/jsoncodec", "internal/serde", "internal/yamlpos", "operators"},
+	"rules":          {"internal/jsoncodec", "internal/serde", "internal/yamlbudget", "internal/yamlpos", "operators"},
 	"internal/serde": {"internal/jsoncodec", "operators"},
 	"operators":      {"internal/jsoncodec", "state"},
 	"state":          {"offsets"},
 	// leaves
-	"offsets":            {},
-	"internal/jsoncodec": {},
-	"internal/yamlpos":   {},
-	"internal/srembed":   {},
-	"internal/testkit":   {},
-	"internal/benchkit":  {},
+	"offsets":             {},
+	"internal/jsoncodec":  {},
+	"internal/yamlpos":    {},
+	"internal/yamlbudget": {},
+	"internal/srembed":    {},
+	"internal/testkit":    {},
+	"internal/benchkit":   {},
 
 	// tools and test harnesses
 	"rules/internal/refgen":      {"rules"},
 	"deploy":                     {"config"},
-	"deploy/deploycheck":         {"config"},
+	"deploy/deploycheck":         {"config", "internal/yamlbudget"},
 	"test/layering":              {"operators", "rules"},
 	"test/integration":           {"internal/srembed", "test/shapes"},
 	"test/kfakebroker":           {},
