@@ -462,6 +462,10 @@ func checkPod(p pod, exp expected, configCM, rulesCM string) []string {
 		"tls.upstream.ca_file":      cfg.TLS.Upstream.CAFile,
 		"tls.upstream.cert_file":    cfg.TLS.Upstream.CertFile,
 		"tls.upstream.key_file":     cfg.TLS.Upstream.KeyFile,
+		// The schema registry's credentials and CA come from Secrets too.
+		"schema_registry.basic_auth_file":   cfg.SchemaRegistry.BasicAuthFile,
+		"schema_registry.bearer_token_file": cfg.SchemaRegistry.BearerTokenFile,
+		"schema_registry.ca_file":           cfg.SchemaRegistry.CAFile,
 	}
 	for _, key := range slices.Sorted(maps.Keys(tlsFiles)) {
 		f := tlsFiles[key]

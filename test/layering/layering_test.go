@@ -56,7 +56,7 @@ var allowed = map[string][]string{
 
 	// tools and test harnesses
 	"rules/internal/refgen":      {"rules"},
-	"deploy":                     {},
+	"deploy":                     {"config"},
 	"deploy/deploycheck":         {"config", "internal/yamlbudget"},
 	"test/layering":              {"operators", "rules"},
 	"test/integration":           {"internal/srembed", "test/shapes"},
