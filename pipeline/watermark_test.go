@@ -60,3 +60,48 @@ func TestWatermarkSilentPartitionIdlesOut(t *testing.T) {
 		t.Fatalf("after idle_timeout without records the silent partitions must not hold it: got %d moved=%v", wm, moved)
 	}
 }
+
+// TestWatermarkDormantUntilFirstPartition: before any partition is seen
+// the watermark is dormant (the idle loop rests: no tick can move it, even
+// past idle_timeout); the first partition seen wakes the idle loop once,
+// and from then on it is not dormant (ticks move it with the clock).
+func TestWatermarkDormantUntilFirstPartition(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var w watermark
+	w.init(rules.Source{IdleTimeout: time.Second}, 2, t0)
+	wake := make(chan struct{}, 1)
+	w.wake = wake
+	for _, d := range []time.Duration{0, 2 * time.Second, time.Hour} {
+		if _, moved := w.tick(t0.Add(d)); moved || !w.dormant() {
+			t.Fatalf("at +%v: moved %t, dormant %t; want a dormant watermark that does not move", d, moved, w.dormant())
+		}
+	}
+	select {
+	case <-wake:
+		t.Fatal("woken before any partition was seen")
+	default:
+	}
+	w.observe(1, 5000, t0.Add(time.Hour))
+	select {
+	case <-wake:
+	default:
+		t.Fatal("the first partition seen did not wake the idle loop")
+	}
+	if w.dormant() {
+		t.Fatal("dormant after a partition was seen")
+	}
+	w.observe(1, 6000, t0.Add(time.Hour+time.Second))
+	select {
+	case <-wake:
+		t.Fatal("woken again by a partition already seen")
+	default:
+	}
+	// Every partition idle: the watermark moves with the clock on ticks.
+	w.tick(t0.Add(time.Hour + 5*time.Second))
+	if _, moved := w.tick(t0.Add(time.Hour + 6*time.Second)); !moved {
+		t.Fatal("an idle watermark did not move on a tick")
+	}
+	if w.dormant() {
+		t.Fatal("dormant once it exists")
+	}
+}
