@@ -10,7 +10,8 @@
 //
 // Each run settles for -settle (20 s), then samples for -sample (30 s): CPU
 // is the process's user+system time over the sample (millicores), RSS the
-// median of one reading per second (VmRSS), threads the last reading.
+// median of one reading per second (VmRSS), threads the last reading. The
+// broker's KIP-848 heartbeat interval is Kafka's default, 5s (-heartbeat).
 package main
 
 import (
