@@ -42,9 +42,15 @@ type inflight struct {
 // its write when the other side is slow, which is the backpressure: at
 // most one frame per direction is buffered in the proxy.
 type pair struct {
-	p          *Proxy
-	client     net.Conn
+	p      *Proxy
+	client net.Conn
+	// upstream is dialed at the client's first request (connectUpstream),
+	// not at accept: an idle client holds one descriptor, not two. Set
+	// once by clientLoop, under upMu, which close also takes.
 	upstream   net.Conn
+	upMu       sync.Mutex
+	node       int32           // the broker this listener stands for; -1: bootstrap
+	loops      *sync.WaitGroup // brokerLoop, once started
 	clientAddr string
 
 	queue    chan inflight // FIFO of requests awaiting responses
@@ -82,16 +88,10 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 		c.SetDeadline(time.Time{})
 		c = tc
 	}
-	up, target, err := p.dialFor(node)
-	if err != nil {
-		p.log.Warn("closing client connection: upstream unreachable", "client", addr, "upstream", target, "err", err)
-		c.Close()
-		return
-	}
 	pr := &pair{
 		p:          p,
 		client:     c,
-		upstream:   up,
+		node:       node,
 		clientAddr: addr,
 		queue:      make(chan inflight, maxInFlight),
 		done:       make(chan struct{}),
@@ -101,7 +101,6 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 	if p.mu.closed {
 		p.mu.Unlock()
 		c.Close()
-		up.Close()
 		return
 	}
 	pr.lastActive.Store(time.Now().UnixNano())
@@ -111,10 +110,34 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 	p.m.connsTotal.Inc()
 
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); pr.survive("broker", pr.brokerLoop) }()
+	pr.loops = &wg
 	pr.survive("client", pr.clientLoop)
 	wg.Wait()
+}
+
+// connectUpstream dials the pair's upstream and starts brokerLoop; false
+// (the pair closed) when the upstream is unreachable or the pair closed
+// meanwhile.
+func (pr *pair) connectUpstream() bool {
+	up, target, err := pr.p.dialFor(pr.node)
+	if err != nil {
+		pr.p.log.Warn("closing client connection: upstream unreachable", "client", pr.clientAddr, "upstream", target, "err", err)
+		pr.close()
+		return false
+	}
+	pr.upMu.Lock()
+	select {
+	case <-pr.done:
+		pr.upMu.Unlock()
+		up.Close()
+		return false
+	default:
+	}
+	pr.upstream = up
+	pr.upMu.Unlock()
+	pr.loops.Add(1)
+	go func() { defer pr.loops.Done(); pr.survive("broker", pr.brokerLoop) }()
+	return true
 }
 
 // survive runs one of the pair's loops. A panic in it is a bug in the
@@ -215,9 +238,14 @@ func (pr *pair) report(msg string, args ...any) {
 
 func (pr *pair) close() {
 	pr.once.Do(func() {
+		pr.upMu.Lock()
 		close(pr.done)
+		up := pr.upstream
+		pr.upMu.Unlock()
 		pr.client.Close()
-		pr.upstream.Close()
+		if up != nil {
+			up.Close()
+		}
 		// Whatever is still queued will never be answered.
 	drained:
 		for {
@@ -385,6 +413,16 @@ func (pr *pair) clientLoop() {
 					return
 				}
 			}
+		}
+		if pr.upstream == nil && !pr.connectUpstream() {
+			ReleaseFrame(frame)
+			if keep != nil && &keep[0] != &frame[0] {
+				ReleaseFrame(keep)
+			}
+			if held != nil {
+				held.release()
+			}
+			return
 		}
 		am := p.m.api(h.APIKey)
 		am.requests.Inc()

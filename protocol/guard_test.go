@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -272,6 +273,20 @@ func TestBoundedDecompress(t *testing.T) {
 		if out, err := m.decompress(packed, int16(c)); err != nil || !bytes.Equal(out, big) {
 			t.Errorf("codec %d under an 8 MiB bound: %d bytes, %v", c, len(out), err)
 		}
+	}
+	// A streamed zstd frame does not declare its size: decompression
+	// itself stops at the bound.
+	var buf bytes.Buffer
+	zw, _ := zstd.NewWriter(&buf)
+	zw.Write(big)
+	zw.Close()
+	var h zstd.Header
+	if err := h.Decode(buf.Bytes()); err != nil || h.HasFCS {
+		t.Fatalf("the streamed frame declares its size (%v)", err)
+	}
+	m := testMeter(1<<20, 10)
+	if _, err := m.decompress(buf.Bytes(), 4); !errors.Is(err, ErrDecodeLimit) || m.cost > 1<<20 {
+		t.Errorf("streamed zstd under a 1 MiB bound: %v, charged %d", err, m.cost)
 	}
 }
 
