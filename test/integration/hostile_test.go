@@ -172,9 +172,10 @@ func TestHostileRecordBombsBounded(t *testing.T) {
 
 func adminMetrics(t testing.TB, p *Proxy) string {
 	t.Helper()
-	resp, err := http.Get(p.AdminURL + "/metrics")
+	hc := &http.Client{Timeout: 5 * time.Second}
+	resp, err := hc.Get(p.AdminURL + "/metrics")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the admin listener does not answer: %v", err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
