@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-scale soak fuzz clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-scale bench-footprint soak fuzz clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -80,6 +80,11 @@ bench-reload:
 ## bench-scale: 1-3 rtproxy instances sharing routes, changelog restore, repartition hop (docs/BENCHMARKS.md)
 bench-scale:
 	$(GO) run ./test/bench/scale
+
+## bench-footprint: an idle sidecar's RSS, CPU and threads (pass-through, the quickstart's routes, more idle routes);
+## ARGS='-base REV' measures REV's binary alongside, alternated (docs/BENCHMARKS.md)
+bench-footprint:
+	$(GO) run ./test/bench/footprint $(ARGS)
 
 ## soak: 10-minute chaos soak of two routes; nothing lost, RSS bounded (docs/BENCHMARKS.md)
 soak:

@@ -21,6 +21,9 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 # Avro serializer there is @kafkajs/confluent-schema-registry (npm, below).
 /usr/bin/python3 -c 'import requests' >/dev/null 2>&1 || missing+=(python3-requests)
 /usr/bin/python3 -c 'import google.protobuf' >/dev/null 2>&1 || missing+=(python3-protobuf)
+# protoc generates the Python classes confluent-kafka's ProtobufSerializer is
+# given, as applications do (test/integration/protobuf_confluent_test.go).
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v file >/dev/null 2>&1 || missing+=(file)
 command -v curl >/dev/null 2>&1 || missing+=(curl)   # the README examples the docs tests run
 # Headless, for the status page's browser test (cmd/rtproxy); its fonts
@@ -55,7 +58,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 		"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 	fi
 else
-	echo "deps: kcat, python3-kafka, python3-snappy, python3-confluent-kafka, python3-requests, python3-protobuf, file, curl, chromium: present"
+	echo "deps: kcat, python3-kafka, python3-snappy, python3-confluent-kafka, python3-requests, python3-protobuf, protobuf-compiler, file, curl, chromium: present"
 fi
 
 # kafkajs for the client matrix, pinned by the committed lockfile. npm ci

@@ -75,8 +75,9 @@ type Config struct {
 	// gather at the brokers while records flow, and its outputs in its
 	// producer until the poll that made them is run: fewer fetch and
 	// produce requests, and less CPU per record, for up to about this much
-	// added latency (pipeline.Config.BatchWindow). 0: poll at once and
-	// write at once. Default 5ms.
+	// added latency (pipeline.Config.BatchWindow). 0, the default: off,
+	// poll at once and write at once (the one meaning of "off", here and
+	// in the pipeline).
 	BatchWindow time.Duration `yaml:"batch_window"`
 	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on
 	// admin_listen. Default false: a profile costs CPU while it is taken,
@@ -103,6 +104,13 @@ type SchemaRegistry struct {
 	BearerTokenEnv  string        `yaml:"bearer_token_env"`  // an environment variable holding one
 	CAFile          string        `yaml:"ca_file"`           // CA for the registry's certificate; empty: system roots
 	Timeout         time.Duration `yaml:"timeout"`           // one request; default 10s
+	// Bounds on what a registry may send (internal/serde, docs/SECURITY.md):
+	// a schema over one is refused and its records are dead letters. They
+	// apply to rule files' own registries too, which cannot raise them.
+	MaxResponseBytes int64 `yaml:"max_response_bytes"` // one answer; default 8 MiB
+	MaxSchemaBytes   int   `yaml:"max_schema_bytes"`   // a schema and its references, together; default 1 MiB
+	MaxSchemaDepth   int   `yaml:"max_schema_depth"`   // nesting of its text; default 64
+	MaxReferences    int   `yaml:"max_references"`     // references through the whole tree; default 64
 }
 
 // Admin tunes what the status page on admin_listen shows.
@@ -240,7 +248,8 @@ func Default() *Config {
 		GroupProtocol:       "auto",
 		GroupSessionTimeout: 10 * time.Second,
 		Admin:               Admin{RedactHeaders: DefaultRedactHeaders},
-		SchemaRegistry:      SchemaRegistry{Timeout: 10 * time.Second},
+		SchemaRegistry: SchemaRegistry{Timeout: 10 * time.Second, MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20,
+			MaxSchemaDepth: 64, MaxReferences: 64},
 		Proxy: ProxyLimits{
 			MaxConnections:       10000,
 			MaxHeldBytes:         256 << 20,
@@ -454,6 +463,19 @@ func (s SchemaRegistry) validate(bad func(key, format string, args ...any)) {
 	}
 	if s.Timeout <= 0 {
 		bad("schema_registry.timeout", "must be positive (e.g. 10s), got %s", s.Timeout)
+	}
+	// The bounds: 0 takes the default; none can be switched off.
+	if s.MaxResponseBytes < 0 {
+		bad("schema_registry.max_response_bytes", "must be positive, got %d", s.MaxResponseBytes)
+	}
+	if s.MaxSchemaBytes < 0 {
+		bad("schema_registry.max_schema_bytes", "must be positive, got %d", s.MaxSchemaBytes)
+	}
+	if s.MaxSchemaDepth < 0 || s.MaxSchemaDepth > 10000 {
+		bad("schema_registry.max_schema_depth", "must be between 1 and 10000, got %d", s.MaxSchemaDepth)
+	}
+	if s.MaxReferences < 0 {
+		bad("schema_registry.max_references", "must be positive, got %d", s.MaxReferences)
 	}
 }
 

@@ -45,7 +45,8 @@ func TestParseFullFile(t *testing.T) {
 		},
 		SASL: SASL{Mechanism: "SCRAM-SHA-512", Username: "rtproxy", Password: "s3cret"},
 		SchemaRegistry: SchemaRegistry{URL: "https://registry.example:8081", BearerTokenFile: "/secrets/registry-token",
-			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second},
+			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second,
+			MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20, MaxSchemaDepth: 64, MaxReferences: 64},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("parsed\n%+v\nwant\n%+v", c, want)
@@ -219,6 +220,8 @@ func TestValidate(t *testing.T) {
 		{"schema registry two auths", func(c *Config) {
 			c.SchemaRegistry = SchemaRegistry{URL: "http://r", BasicAuthFile: "a", BearerTokenEnv: "T", Timeout: time.Second}
 		}, "schema_registry: basic auth and a bearer token are both set; use one"},
+		{"schema registry negative bound", func(c *Config) { c.SchemaRegistry.MaxResponseBytes = -1 }, "schema_registry.max_response_bytes: must be positive"},
+		{"schema registry depth", func(c *Config) { c.SchemaRegistry.MaxSchemaDepth = 20000 }, "schema_registry.max_schema_depth: must be between 1 and 10000"},
 		{"schema registry auth without url", func(c *Config) { c.SchemaRegistry.BearerTokenFile = "t" }, "schema_registry.url: required"},
 		{"listen not host:port", func(c *Config) { c.Listen = "9092" }, `listen: "9092" is not host:port`},
 		{"listen any interface", func(c *Config) { c.Listen = ":9092" }, ""},

@@ -39,7 +39,7 @@ type dropDuplicates struct {
 	ttl int64 // millis; 0 = forever
 	kv  state.KV
 
-	// Scratch buffers: a Keyed step is driven by one worker, so they are
+	// Scratch buffers: a Keyed step instance is driven by one task, so they are
 	// reused instead of allocating two keys per record.
 	kbuf, tbuf []byte
 	vbuf       [8]byte
@@ -67,7 +67,12 @@ steps:
 `,
 		Compile: func(a *Args) (*Plan, error) {
 			key, ttl := a.Expr("key"), a.Duration("ttl")
-			plan := &Plan{New: func(env BuildEnv) (Step, error) { return NewDropDuplicates(key, ttl, env.KV), nil }}
+			// Its state lives in the KV, which the changelog follows: not
+			// Stateful. Only a ttl makes it follow the watermark.
+			plan := &Plan{
+				New:    func(env BuildEnv) (Step, error) { return NewDropDuplicates(key, ttl, env.KV), nil },
+				Traits: Traits{Keyed: true, Timed: ttl > 0},
+			}
 			if ttl == 0 {
 				plan.Warnings = KeyErrors{{Msg: "drop_duplicates without `ttl` remembers every key for good: its state grows with each new key and is never trimmed; give it a `ttl` (e.g. `ttl: 24h`) unless the keys are few"}}
 			}
@@ -136,7 +141,7 @@ func (d *dropDuplicates) Process(r *Record, out Emitter) {
 	defer recoverTo("drop_duplicates", r, out)
 	key, err := shuffleKey(d.key, r)
 	if err != nil {
-		out.DeadLetter(r, ReasonError, fmt.Errorf("drop_duplicates: %w", err))
+		out.DeadLetter(r, evalReason(err), fmt.Errorf("drop_duplicates: %w", err))
 		return
 	}
 	d.kbuf = append(append(d.kbuf[:0], 'k'), key...)

@@ -58,7 +58,7 @@ func (e *explode) Process(r *Record, out Emitter) {
 	defer recoverTo("explode", r, out)
 	v, err := e.each.Eval(r)
 	if err != nil {
-		out.DeadLetter(r, ReasonError, fmt.Errorf("explode %s: %w", e.as, err))
+		out.DeadLetter(r, evalReason(err), fmt.Errorf("explode %s: %w", e.as, err))
 		return
 	}
 	if v == nil {
@@ -72,6 +72,12 @@ func (e *explode) Process(r *Record, out Emitter) {
 	n := list.Len()
 	if n > MaxExplode {
 		out.DeadLetter(r, ReasonError, fmt.Errorf("explode %s: each (%s) gave %d elements, more than %d", e.as, e.each.Source, n, MaxExplode))
+		return
+	}
+	if err := chargeFanOut(r, "explode "+e.as, int64(n)); err != nil {
+		if err != errFanOutSpent {
+			out.DeadLetter(r, ReasonBudget, fmt.Errorf("explode %s: %w", e.as, err))
+		}
 		return
 	}
 	for i := range n {
@@ -88,6 +94,7 @@ func (e *explode) copyWith(r *Record, elem any) *Record {
 		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
 		Key: r.Key, Value: r.Value, Raw: r.Raw, Headers: r.Headers,
 		Timestamp: r.Timestamp, EventTime: r.EventTime, Window: r.Window,
+		fan: r.fan, // the copies share the input record's fan-out budget
 	}
 	if obj, ok := r.Value.(map[string]any); ok {
 		c.Value = maps.Clone(obj)

@@ -80,15 +80,30 @@ func (o *readsObserver) Visit(node *ast.Node) {
 // expr options (for example expr.AsBool() for a filter).
 func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error) {
 	var reads valueReads
-	all := []expr.Option{expr.Env(recordEnv{}), fetchFunc, expr.Patch(&readsObserver{r: &reads})}
-	if len(bound) > 0 {
-		all = append(all, expr.Patch(boundPatcher(bound)))
+	options := func(budget bool) []expr.Option {
+		reads = valueReads{}
+		all := []expr.Option{expr.Env(recordEnv{}), fetchFunc, expr.Patch(&readsObserver{r: &reads})}
+		if len(bound) > 0 {
+			all = append(all, expr.Patch(boundPatcher(bound)))
+		}
+		all = append(all, expr.Patch(fetchPatcher{}), addFunc, expr.Patch(addPatcher{}))
+		all = append(all, opts...)
+		if budget {
+			all = append(all, budgetFuncs...)
+			all = append(all, expr.Patch(budgetPatcher{}))
+		}
+		return all
 	}
-	all = append(all, expr.Patch(fetchPatcher{}), addFunc, expr.Patch(addPatcher{}))
-	all = append(all, opts...)
-	p, err := expr.Compile(src, all...)
-	if err != nil {
+	// Checked as written first, so that a type error names the built-ins
+	// as the rule wrote them; then compiled with the budget patcher, which
+	// routes the allocating built-ins and every predicate through the
+	// evaluation's meter (budget.go, exprfuncs.go).
+	if _, err := expr.Compile(src, options(false)...); err != nil {
 		return nil, err
+	}
+	p, err := expr.Compile(src, options(true)...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: compiling with the expression budget: %w", src, err)
 	}
 	e := &Expr{Source: src, program: p, reads: reads}
 	if len(opts) == 0 {
@@ -100,7 +115,7 @@ func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error)
 }
 
 // vms recycles expr VMs: expr.Run allocates a VM and its stack for every
-// evaluation, and an Expr is shared by the step instances of all workers,
+// evaluation, and an Expr is shared by the step instances of all tasks,
 // so it cannot own one.
 var vms = sync.Pool{New: func() any { return new(vm.VM) }}
 
@@ -120,6 +135,7 @@ func (e *Expr) Eval(r *Record) (any, error) {
 // evalVM is Eval on the expr VM.
 func (e *Expr) evalVM(r *Record) (any, error) {
 	m := vms.Get().(*vm.VM)
+	r.meter.reset()
 	out, err := m.Run(e.program, r.exprEnv())
 	vms.Put(m)
 	if err != nil {
@@ -143,6 +159,7 @@ type recordEnv struct {
 	Offset    int64             `expr:"offset"`
 	Size      int64             `expr:"size"` // len(Raw): bytes of the value as produced
 	Bound     map[string]any    `expr:"rtproxy_bound__"`
+	Meter     *meter            `expr:"rtproxy_meter__"` // the evaluation's budget (budget.go)
 	ready     bool              // Key and Headers are filled in
 }
 
@@ -266,6 +283,7 @@ func (r *Record) exprEnv() *recordEnv {
 	}
 	e.Value = r.Value
 	e.Bound = r.Bound
+	e.Meter = &r.meter
 	e.Timestamp = r.Timestamp
 	e.Topic = r.Topic
 	e.Partition = r.Partition
@@ -361,13 +379,17 @@ var addFunc = expr.Function(addName, func(args ...any) (any, error) {
 	if a, ok := args[0].(string); ok {
 		if b, ok := args[1].(string); ok {
 			if len(a)+len(b) > MaxStringBytes {
-				return nil, fmt.Errorf("string concatenation would build %d bytes, over the limit of %d bytes per string", len(a)+len(b), MaxStringBytes)
+				return nil, tripped(BudgetExprMemory, "expression budget exceeded: string concatenation would build %d bytes, over the limit of %d bytes per string", len(a)+len(b), MaxStringBytes)
+			}
+			m, _ := args[2].(*meter)
+			if err := m.alloc("string concatenation", int64(len(a)+len(b))); err != nil {
+				return nil, err
 			}
 			return a + b, nil
 		}
 	}
 	return runtime.Add(args[0], args[1]), nil
-}, new(func(any, any) any))
+}, new(func(any, any, any) any))
 
 // addPatcher rewrites `a + b` into rtproxy_add__(a, b) unless an operand
 // is statically a number: numbers keep expr's own (faster) `+`, and a
@@ -384,7 +406,7 @@ func (addPatcher) Visit(node *ast.Node) {
 	}
 	ast.Patch(node, &ast.CallNode{
 		Callee:    &ast.IdentifierNode{Value: addName},
-		Arguments: []ast.Node{b.Left, b.Right},
+		Arguments: []ast.Node{b.Left, b.Right, &ast.IdentifierNode{Value: meterName}},
 	})
 }
 

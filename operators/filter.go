@@ -41,7 +41,7 @@ func (f *filter) Process(r *Record, out Emitter) {
 	defer recoverTo("filter", r, out)
 	v, err := f.pred.Eval(r)
 	if err != nil {
-		out.DeadLetter(r, ReasonError, fmt.Errorf("filter: %w", err))
+		out.DeadLetter(r, evalReason(err), fmt.Errorf("filter: %w", err))
 		return
 	}
 	b, ok := v.(bool)

@@ -74,7 +74,7 @@ steps:
 }
 
 // join is a broadcast join: every record looks its key up in a table that
-// each worker sees whole. The row is bound under `as` in Record.Bound and
+// each task sees whole. The row is bound under `as` in Record.Bound and
 // never merged into the value, so a later map decides what to keep.
 type join struct {
 	table   Table
@@ -96,7 +96,7 @@ func (j *join) Process(r *Record, out Emitter) {
 	defer recoverTo("join", r, out)
 	v, err := j.on.Eval(r)
 	if err != nil {
-		out.DeadLetter(r, ReasonError, fmt.Errorf("join %s: %w", j.as, err))
+		out.DeadLetter(r, evalReason(err), fmt.Errorf("join %s: %w", j.as, err))
 		return
 	}
 	var (

@@ -10,7 +10,7 @@ import (
 
 // MemKV is an in-memory, ordered state.KV for tests and benchmarks, and
 // the state of a drop_duplicates step built without a KV. It is not safe
-// for concurrent use (a Keyed step is only ever driven by one worker) and
+// for concurrent use (a Keyed step instance is only ever driven by one task) and
 // it is not durable: only the pebble-backed KV of package state survives a
 // restart.
 //

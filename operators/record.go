@@ -44,6 +44,11 @@ type Record struct {
 	// no allocation; the key string and header map are built at the first
 	// Eval and reused by every later expression on this record (exprEnv).
 	env recordEnv
+	// meter is the budget of the evaluation in progress (budget.go), and
+	// fan the fan-out budget of the input record r came from, shared with
+	// every record a step made of it.
+	meter meter
+	fan   *fanout
 	// shuffleKey caches the key a Keyed step computed in ShuffleKey so
 	// Process does not evaluate the key expression a second time.
 	shuffleKey    string
@@ -69,6 +74,7 @@ type Record struct {
 // ValueBytes returns false until the next SetJSON.
 func (r *Record) ResetEnv() {
 	r.env = recordEnv{}
+	r.fan = nil
 	r.shuffleKeyFor = nil
 	r.rawValue, r.rawFrom, r.rawSet = nil, nil, false
 	r.partialOf, r.partialFrom = nil, nil

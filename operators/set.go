@@ -34,7 +34,7 @@ steps:
 			fields := a.Fields("set")
 			return &Plan{
 				New:    func(BuildEnv) (Step, error) { return NewSet(fields), nil },
-				Value:  ValueMerged,
+				Traits: Traits{Value: ValueMerged},
 				Fields: fieldNames(fields),
 			}, nil
 		},
@@ -56,7 +56,7 @@ steps:
 			fields := a.Fields("map")
 			return &Plan{
 				New:    func(BuildEnv) (Step, error) { return NewMap(fields), nil },
-				Value:  ValueReplaced,
+				Traits: Traits{Value: ValueReplaced},
 				Fields: fieldNames(fields),
 			}, nil
 		},
@@ -91,7 +91,7 @@ func (s *set) Process(r *Record, out Emitter) {
 	for _, f := range s.fields {
 		v, err := f.Expr.Eval(r)
 		if err != nil {
-			out.DeadLetter(r, ReasonError, fmt.Errorf("set %s: %w", f.Name, err))
+			out.DeadLetter(r, evalReason(err), fmt.Errorf("set %s: %w", f.Name, err))
 			return
 		}
 		vals = append(vals, v)
@@ -121,7 +121,7 @@ func (m *mapStep) Process(r *Record, out Emitter) {
 	for _, f := range m.fields {
 		v, err := f.Expr.Eval(r)
 		if err != nil {
-			out.DeadLetter(r, ReasonError, fmt.Errorf("map %s: %w", f.Name, err))
+			out.DeadLetter(r, evalReason(err), fmt.Errorf("map %s: %w", f.Name, err))
 			return
 		}
 		obj[f.Name] = v

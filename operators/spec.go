@@ -13,8 +13,10 @@ import (
 // part of rtproxy reads the kind from there: rules/ parses and analyzes a
 // step through its Spec (keys, types, defaults, validation, what later
 // steps see), the pipeline decides shuffles, watermarks and state by the
-// traits of the step a Plan builds (Keyed, Timed, Stateful, Absorbing),
-// and the reference table of docs/RULES.md is generated from the Specs.
+// Traits its Compile returns (keyed, timed, stateful, absorbing, closes,
+// what later steps see of the value), and the reference table of
+// docs/RULES.md is generated from the Specs. A step instance implements
+// the interface of each trait it declares and no other (CheckTraits).
 // Adding a step kind is one file here, its tests and `go generate ./...`.
 
 // Spec declares one step kind.
@@ -130,9 +132,10 @@ type Plan struct {
 	// New builds one instance of the step. The pipeline builds a Keyed
 	// step once per owned partition of its segment, each with its own KV.
 	New func(BuildEnv) (Step, error)
-	// Value is what later steps see of the value; Fields are its fields
+	// Traits are what the pipeline decides the step by; Traits.Value is
+	// what later steps see of the value. Fields are its fields
 	// (ValueReplaced) or the fields added (ValueMerged).
-	Value  ValueEffect
+	Traits
 	Fields []string
 	// Binds is a name later expressions see (join `as`); ClearsNames says
 	// later expressions see none of the names bound before (a window row
@@ -144,6 +147,60 @@ type Plan struct {
 	// step's state, its work per record); the rule runs, and `rtproxy
 	// check` shows them.
 	Warnings KeyErrors
+}
+
+// Traits are what the pipeline and the docs need to know of a step
+// without building it. Compile declares them; each instance Plan.New
+// builds implements exactly the interfaces its traits name (CheckTraits
+// says whether it does; the pipeline checks every instance it builds, and
+// a test every spec's).
+type Traits struct {
+	// Keyed: the step's state is partitioned by its key (Keyed): it opens
+	// a segment of its own, read through a repartition topic, its changes
+	// logged to a changelog topic.
+	Keyed bool
+	// Timed: the step reacts to the watermark (Timed): its segment
+	// receives watermarks, and writers before it send markers.
+	Timed bool
+	// Stateful: the step's state is snapshotted at checkpoints (Stateful).
+	Stateful bool
+	// Absorbing: the step takes records into its state and emits later
+	// (Absorbing): a Process that emits nothing is not a drop.
+	Absorbing bool
+	// Closes: the step closes what it holds as the watermark passes and
+	// emits it then (Closer): the close journal keeps closed state closed
+	// across a crash.
+	Closes bool
+	// Value is what later steps see of the value.
+	Value ValueEffect
+}
+
+// SourceShaped reports whether later steps still see the value in the
+// shape it had when it came in (a step that replaces the value ends it).
+func (t Traits) SourceShaped() bool { return t.Value != ValueReplaced }
+
+// CheckTraits reports how s differs from the traits its plan declared:
+// nil when s implements exactly the interfaces t names.
+func CheckTraits(t Traits, s Step) error {
+	_, keyed := s.(Keyed)
+	_, timed := s.(Timed)
+	_, stateful := s.(Stateful)
+	_, absorbing := s.(Absorbing)
+	_, closes := s.(Closer)
+	var bad []string
+	for _, c := range []struct {
+		name       string
+		decl, impl bool
+	}{{"keyed", t.Keyed, keyed}, {"timed", t.Timed, timed}, {"stateful", t.Stateful, stateful},
+		{"absorbing", t.Absorbing, absorbing}, {"closes", t.Closes, closes}} {
+		if c.decl != c.impl {
+			bad = append(bad, fmt.Sprintf("%s declared %v, built %v", c.name, c.decl, c.impl))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("step %s: its traits differ from its plan's: %s", s.Kind(), strings.Join(bad, "; "))
+	}
+	return nil
 }
 
 // ValueEffect is what a step does to the shape of the value.
@@ -180,12 +237,6 @@ func (l KeyErrors) Error() string {
 		parts[i] = e.Msg
 	}
 	return strings.Join(parts, "; ")
-}
-
-// Absorbing is a step that takes records into its state and emits later
-// (a window): a Process that emits nothing is not counted as a drop.
-type Absorbing interface {
-	Absorbs()
 }
 
 var specs []*Spec

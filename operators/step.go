@@ -12,9 +12,10 @@ type Step interface {
 }
 
 // Keyed is a stateful step whose state is partitioned by its own key
-// expression. The pipeline shuffles records to the worker owning
-// ShuffleKey(r) before calling Process, so one key is only ever seen by one
-// worker. A ShuffleKey error sends the record to the dead-letter topic.
+// expression. The pipeline writes each record to the step's repartition
+// topic keyed by ShuffleKey(r), and the task owning that partition calls
+// Process, so one key is only ever seen by one task in the deployment. A
+// ShuffleKey error sends the record to the dead-letter topic.
 type Keyed interface {
 	Step
 	ShuffleKey(r *Record) (string, error)
@@ -25,6 +26,28 @@ type Keyed interface {
 // moves; watermark is epoch millis.
 type Timed interface {
 	Advance(watermark int64, out Emitter)
+}
+
+// Absorbing is a step that takes records into its state and emits later
+// (a window): a Process that emits nothing is not counted as a drop.
+type Absorbing interface {
+	Absorbs()
+}
+
+// Closer is a Timed step that closes what it holds as the watermark passes
+// and emits it then (a window). The pipeline's close journal covers it:
+// before each Advance it asks ClosesAt, and when windows close it records,
+// durably, the watermark and the source offsets applied so far; after a
+// restore it hands that record back through Resume, so what closed before
+// a crash stays closed (pipeline/journal.go).
+type Closer interface {
+	Timed
+	// ClosesAt reports whether Advance(watermark) would close anything.
+	ClosesAt(watermark int64) bool
+	// Resume applies a close journal after Restore: the watermark becomes
+	// max(restored, watermark), and applied is the highest source offset
+	// per partition applied when it was written.
+	Resume(watermark int64, applied map[int32]int64)
 }
 
 // Stateful is a step whose state must be part of a checkpoint. Snapshot

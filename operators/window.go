@@ -107,8 +107,9 @@ func compileWindow(a *Args) (*Plan, error) {
 		return nil, errs
 	}
 	plan := &Plan{
-		New:         func(BuildEnv) (Step, error) { return NewWindow(ws), nil },
-		Value:       ValueReplaced,
+		New: func(BuildEnv) (Step, error) { return NewWindow(ws), nil },
+		Traits: Traits{Keyed: true, Timed: true, Stateful: true, Absorbing: true, Closes: true,
+			Value: ValueReplaced},
 		Fields:      fields,
 		ClearsNames: true,
 	}
@@ -202,6 +203,10 @@ type window struct {
 
 	args []any // scratch: aggregate arguments of the current record
 	wins []int64
+
+	// open counts the window states (window × key) in byEnd, for the
+	// open-windows budget (Limits.OpenWindows).
+	open int64
 }
 
 type winState struct {
@@ -351,7 +356,10 @@ func (w *window) Kind() string { return "window" }
 // Absorbs implements Absorbing: a record is taken into the window's state.
 func (w *window) Absorbs() {}
 
-var _ StateSizer = (*window)(nil)
+var (
+	_ StateSizer = (*window)(nil)
+	_ Closer     = (*window)(nil)
+)
 
 // ShuffleKey implements Keyed.
 func (w *window) ShuffleKey(r *Record) (string, error) {
@@ -388,7 +396,7 @@ func (w *window) Process(r *Record, out Emitter) {
 	}
 	key, err := shuffleKey(w.spec.Key, r)
 	if err != nil {
-		out.DeadLetter(r, ReasonError, fmt.Errorf("window: key: %w", err))
+		out.DeadLetter(r, evalReason(err), fmt.Errorf("window: key: %w", err))
 		return
 	}
 	t := r.EventTime
@@ -419,7 +427,7 @@ func (w *window) Process(r *Record, out Emitter) {
 		if a.Arg != nil {
 			v, err = a.Arg.Eval(r)
 			if err != nil {
-				out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
+				out.DeadLetter(r, evalReason(err), fmt.Errorf("window: %s: %w", a.Name, err))
 				return
 			}
 			if v != nil {
@@ -445,6 +453,29 @@ func (w *window) Process(r *Record, out Emitter) {
 		}
 	}
 
+	// The record's windows count against the fan-out budget of the input
+	// record it came from, and the states it would open against the
+	// open-windows budget, before any window changes.
+	if err := chargeFanOut(r, "window", int64(len(w.wins))); err != nil {
+		if err != errFanOutSpent {
+			out.DeadLetter(r, ReasonBudget, fmt.Errorf("window: %w", err))
+		}
+		return
+	}
+	if lim := limits.Load().OpenWindows; w.open+int64(len(w.wins)) > lim {
+		fresh := int64(0)
+		for _, end := range w.wins {
+			if w.byEnd[end][key] == nil {
+				fresh++
+			}
+		}
+		if w.open+fresh > lim {
+			out.DeadLetter(r, ReasonBudget, fmt.Errorf("window: %w", tripped(BudgetOpenWindows,
+				"open-windows budget exceeded: the record would open %d more window states (window × key) where %d of at most %d are open (limits.max_open_windows)",
+				fresh, w.open, lim)))
+			return
+		}
+	}
 	for _, end := range w.wins {
 		ws := w.get(end, key)
 		for i, agg := range w.aggs {
@@ -473,6 +504,7 @@ func (w *window) get(end int64, key string) *winState {
 	if ws == nil {
 		ws = &winState{accs: make([]acc, len(w.spec.Aggregates))}
 		m[key] = ws
+		w.open++
 	}
 	return ws
 }
@@ -529,12 +561,13 @@ func (w *window) Advance(watermark int64, out Emitter) {
 				out.Emit(w.row(end, k, m[k]))
 			}
 		}
+		w.open -= int64(len(m))
 		delete(w.byEnd, end)
 	}
 	w.ends = slices.Delete(w.ends, 0, n)
 }
 
-// ClosesAt reports whether Advance(watermark) would close a window. The
+// ClosesAt implements Closer: whether Advance(watermark) would close a window. The
 // pipeline asks before each Advance, to write its close journal (the
 // watermark and the source positions applied so far) only when windows
 // really close.
@@ -545,7 +578,7 @@ func (w *window) ClosesAt(watermark int64) bool {
 	return len(w.ends) > 0 && w.ends[0] <= watermark
 }
 
-// Resume applies a close journal after Restore: the watermark becomes
+// Resume implements Closer. It applies a close journal after Restore: the watermark becomes
 // max(restored, watermark), so windows closed before a crash stay closed;
 // restored windows with end <= watermark are dropped without a row (they
 // were emitted before the crash); and applied (the highest source offset
@@ -567,6 +600,7 @@ func (w *window) Resume(watermark int64, applied map[int32]int64) {
 			break
 		}
 		n++
+		w.open -= int64(len(w.byEnd[end]))
 		delete(w.byEnd, end)
 	}
 	w.ends = slices.Delete(w.ends, 0, n)
@@ -619,6 +653,7 @@ var errSnapshot = errors.New("window snapshot is corrupt")
 // On error the state is left empty.
 func (w *window) Restore(sr state.Reader) error {
 	w.byEnd = make(map[int64]map[string]*winState)
+	w.open = 0
 	w.ends = w.ends[:0]
 	w.watermark, w.hasWM = 0, false
 	w.applied = nil
@@ -653,6 +688,7 @@ func (w *window) Restore(sr state.Reader) error {
 	})
 	if err != nil {
 		w.byEnd = make(map[int64]map[string]*winState)
+		w.open = 0
 		w.ends = w.ends[:0]
 		w.watermark, w.hasWM = 0, false
 		return fmt.Errorf("window restore: %w", err)

@@ -31,15 +31,15 @@ import (
 	"time"
 )
 
+// A window trades latency for CPU, so batch_window is off (0) by default
+// (config.Default): against none, at 10k and 2k records/s of 1 KiB on 8
+// partitions (docs/BENCHMARKS.md, "Live rates: batching a fetch's
+// writes"), 5ms gave 31-35% and 51% less CPU per record and 3.5-4x fewer
+// requests, but p50 +7-8 ms and p99 +5-17 ms, and 2ms still +2-4 ms at
+// p99: the bound (p99 no worse than before) holds only without one, so
+// latency comes first and ops opt in.
+
 const (
-	// defaultBatchWindow is Config.BatchWindow's default: off. A window
-	// trades latency for CPU; against none, at 10k and 2k records/s of
-	// 1 KiB on 8 partitions (docs/BENCHMARKS.md, "Live rates: batching a
-	// fetch's writes"), 5ms gave 31-35% and 51% less CPU per record and
-	// 3.5-4x fewer requests, but p50 +7-8 ms and p99 +5-17 ms, and 2ms
-	// still +2-4 ms at p99: the issue's bound (p99 no worse than before)
-	// holds only without one, so latency comes first and ops opt in.
-	defaultBatchWindow = -1
 	// produceLinger bounds how long a write waits in the producer for a
 	// flush. The dispatch, the idle loop, the retry loop and whatever
 	// waits for acknowledgements flush; only a dead letter written for an
@@ -85,7 +85,7 @@ var flushed = func() context.Context {
 // flushWrites sends the writes lingering in the route's producer now,
 // without waiting for them to be acknowledged.
 func (r *route) flushWrites() {
-	if r.local != nil || r.cl == nil || r.m.cfg.BatchWindow < 0 {
+	if r.local != nil || r.cl == nil || r.m.cfg.BatchWindow == 0 {
 		return // with no window, writes do not linger
 	}
 	// kgo's Flush with a done context unlingers every partition and
@@ -116,7 +116,7 @@ func (p *pollPace) polled(records bool) {
 // wait waits until the batch window has passed since the last poll that
 // returned records; false when the route stops meanwhile.
 func (p *pollPace) wait(r *route) bool {
-	if p.last.IsZero() || r.m.cfg.BatchWindow <= 0 {
+	if p.last.IsZero() || r.m.cfg.BatchWindow == 0 {
 		return true
 	}
 	wait := r.m.cfg.BatchWindow - time.Since(p.last)
@@ -138,7 +138,7 @@ func (p *pollPace) wait(r *route) bool {
 // writeLinger is the linger of the route's producer: produceLinger with a
 // batch window, none without.
 func (r *route) writeLinger() time.Duration {
-	if r.m.cfg.BatchWindow < 0 {
+	if r.m.cfg.BatchWindow == 0 {
 		return 0
 	}
 	return produceLinger

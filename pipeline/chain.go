@@ -194,14 +194,18 @@ func (r *route) buildChain(t *task, tables map[string]operators.Table) (*chain, 
 			return nil, fmt.Errorf("route %q step %d (%s): not buildable", d.Name, spec.Index, spec.Kind)
 		}
 		s, err := spec.Build(env)
+		if err == nil {
+			// The route was cut into segments by the traits: an instance
+			// that does not have them would run in the wrong place.
+			err = operators.CheckTraits(spec.Traits, s)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("route %q step %d (%s): %w", d.Name, spec.Index, spec.Kind, err)
 		}
 		c.specs = append(c.specs, spec)
 		c.steps = append(c.steps, s)
 		c.names = append(c.names, name)
-		_, absorbs := s.(operators.Absorbing)
-		c.drops = append(c.drops, !absorbs)
+		c.drops = append(c.drops, !spec.Traits.Absorbing)
 	}
 	c.ems = make([]emitter, len(c.steps))
 	for i := range c.ems {

@@ -158,7 +158,7 @@ type cutPoint struct {
 	snaps  map[string]*memSnapshot
 	tasks  []*task
 	epoch  int64
-	// wms: each timed keyed task's watermark as of the cut (exactly-once
+	// wms: the watermark of each keyed task that keeps time as of the cut (exactly-once
 	// routes go back to it after an abort).
 	wms map[int32]*watermark
 }
@@ -193,7 +193,7 @@ func (r *route) takeCutLocked() (*cutPoint, error) {
 			return nil, err
 		}
 		c.snaps[t.inboxName] = t.inboxSnapshot()
-		if r.txn.on && t.seg.timed {
+		if r.txn.on && t.seg.keepsTime() {
 			if c.wms == nil {
 				c.wms = map[int32]*watermark{}
 			}

@@ -25,6 +25,9 @@ func deadLetterTopic(d *rules.Route) string {
 // key, value and headers (those not named rtproxy-*), and headers saying
 // why.
 func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err error, step string, tk *ticket) {
+	if reason == operators.ReasonError && operators.IsBudget(err) {
+		reason = operators.ReasonBudget // an expression over its budget (event_time, a sink key)
+	}
 	r.m.met.deadLetters.WithLabelValues(r.name, string(reason)).Inc()
 	val := rec.Raw
 	if val == nil && rec.Value != nil {

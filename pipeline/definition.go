@@ -19,7 +19,7 @@ func checkDefinition(d *rules.Route) error {
 		bad("source.topic is empty")
 	}
 	switch s.Format {
-	case "json", "raw", rules.FormatAvro, rules.FormatProtobuf:
+	case rules.FormatJSON, rules.FormatRaw, rules.FormatAvro, rules.FormatProtobuf:
 	default:
 		bad("source.format %q is none of json, raw, avro, protobuf", s.Format)
 	}

@@ -95,7 +95,7 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 		// decode into, the one the steps see; the schemas and the registry
 		// are not part of it.
 		cp := *def
-		cp.Source.Format, cp.Source.DecodeMembers, cp.Sink.Format = "json", false, "json"
+		cp.Source.Format, cp.Source.DecodeMembers, cp.Sink.Format = rules.FormatJSON, false, rules.FormatJSON
 		def = &cp
 	}
 	if cfg.Partitions <= 0 {

@@ -142,7 +142,7 @@ func TestDriverMatchesRun(t *testing.T) {
 		r.Timestamp = time.UnixMilli(1767225600000)
 	}
 	b.produce(t, in...)
-	_, stop := runManager(t, b, t.TempDir(), 0, def)
+	_, stop := runManager(t, b, t.TempDir(), def)
 	defer stop()
 	out := b.consume(t, "drv.out", len(fromDriver)-nDLQ, 60*time.Second, time.Second)
 	dlq := b.consume(t, "drv.dlq", nDLQ, 30*time.Second, 500*time.Millisecond)

@@ -85,7 +85,7 @@ steps:
 	}
 
 	reg := prometheus.NewRegistry()
-	runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 2, Registerer: reg}, def)
+	runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg}, def)
 
 	out := b.consume(t, "sku-qty.out", len(want), 30*time.Second, 500*time.Millisecond)
 	got := map[winKey]bool{}

@@ -42,8 +42,11 @@ func registryConfig(cfg serde.Config, d *rules.Route) serde.Config {
 		if timeout == 0 {
 			timeout = cfg.Timeout
 		}
+		// The bounds and their counters are the proxy's: a rule file
+		// cannot raise them.
 		return serde.Config{URL: s.URL, BasicAuthFile: s.BasicAuthFile, BasicAuthEnv: s.BasicAuthEnv,
-			BearerTokenFile: s.BearerTokenFile, BearerTokenEnv: s.BearerTokenEnv, CAFile: s.CAFile, Timeout: timeout}
+			BearerTokenFile: s.BearerTokenFile, BearerTokenEnv: s.BearerTokenEnv, CAFile: s.CAFile, Timeout: timeout,
+			Limits: cfg.Limits, Metrics: cfg.Metrics}
 	}
 	return cfg
 }
@@ -62,11 +65,17 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 		return &codec{err: err}
 	}
 	c := &codec{}
-	if f := d.Source.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
-		c.dec = serde.NewDecoder(reg, serde.Format(f))
+	if f := d.Source.Format; f.Registry() {
+		c.dec = serde.NewDecoder(reg, f.Serde())
+		if x, err := serde.ParseIndexEncoding(d.Source.MessageIndexes); err == nil {
+			c.dec.WithIndexes(x)
+		}
 	}
-	if f := d.Sink.Format; f == rules.FormatAvro || f == rules.FormatProtobuf {
-		c.enc = serde.NewEncoder(reg, serde.Format(f), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
+	if f := d.Sink.Format; f.Registry() {
+		c.enc = serde.NewEncoder(reg, f.Serde(), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
+		if x, err := serde.ParseIndexEncoding(d.Sink.MessageIndexes); err == nil {
+			c.enc.WithIndexes(x)
+		}
 	}
 	return c
 }

@@ -46,7 +46,7 @@ func TestUnchangedValuesForwardedAsReceived(t *testing.T) {
 	set := newRouteDef("fw-set", "v1", "fw", "fw.set", filterStep(t, 0, "value.n > 0"), setStep(t, 1, [][2]string{{"tag", `"x"`}}))
 
 	b.produce(t, in...)
-	runManager(t, b, t.TempDir(), 2, filter, join, dedup, set)
+	runManager(t, b, t.TempDir(), filter, join, dedup, set)
 
 	bySrc := func(rs []*kgo.Record) map[string]string {
 		m := map[string]string{}

@@ -381,8 +381,9 @@ func (r *route) buildTaskChain(t *task) error {
 	t.jwm = minWatermark
 	// An exactly-once route keeps no close journal: rows of windows closed
 	// after the last commit were never visible, and are emitted again.
-	if cl, ok := c.steps[0].(closer); ok && t.seg.next == nil && !r.txn.on {
-		t.journal, t.closer, t.applied = t.stepName, cl, map[int32]int64{}
+	// The chain's instances have the traits of their specs (buildChain).
+	if c.specs[0].Traits.Closes && t.seg.next == nil && !r.txn.on {
+		t.journal, t.closer, t.applied = t.stepName, c.steps[0].(operators.Closer), map[int32]int64{}
 		if err := t.loadJournal(); err != nil {
 			return err
 		}

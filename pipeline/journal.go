@@ -8,26 +8,27 @@ package pipeline
 // proxy was down could join a window emitted before the crash, and the
 // window would be emitted again with other content.
 //
-// So each worker of the first worker stage, when its window step closes
-// windows (closer.ClosesAt), writes a journal record with
-// state.DB.PutDurable (synced, outside the checkpoint, never rolled back)
-// once the closed windows' rows are acknowledged (journalAfterAck): the
-// watermark and, per source partition, the highest source offset the
-// worker had applied when they closed. On restore the step gets it through closer.Resume:
-// its watermark becomes max(checkpointed, journal), and a replayed record
-// whose windows are all closed is skipped if its offset is at or below the
-// journal's for its partition (it is in the rows already emitted), and
-// dead-lettered as late otherwise. Each write replaces the previous one,
-// so the journal is one small record per worker; the synced write happens
-// only when windows close, never per record.
+// So each keyed task whose step has the trait Closes (operators.Closer: a
+// window), when the step closes windows (ClosesAt), writes a journal
+// record with state.DB.PutDurable (synced, outside the checkpoint, never
+// rolled back) once the closed windows' rows are acknowledged
+// (journalAfterAck): the watermark and, per source partition, the highest
+// source offset the task had applied when they closed. It goes to the
+// step's changelog partition too, for the partition's next owner. On
+// restore the step gets it through Resume: its watermark becomes
+// max(checkpointed, journal), and a replayed record whose windows are all
+// closed is skipped if its offset is at or below the journal's for its
+// partition (it is in the rows already emitted), and dead-lettered as late
+// otherwise. Each write replaces the previous one, so the journal is one
+// small record per task; the synced write happens only when windows close,
+// never per record.
 //
-// Only the first stage journals, and only when it is also the last: its
-// worker sees each partition's records in offset order, which "applied up
-// to offset o" needs (a later stage is fed by several workers and sees
-// them interleaved), and the rows it closes go straight to the sink, so
-// waiting for acknowledgements covers them.
+// Only a task of the last segment journals (its rows go straight to the
+// sink, so waiting for acknowledgements covers them), and only in an
+// at-least-once route: an exactly-once route's rows of windows closed after
+// the last commit were never visible, and are emitted again.
 //
-// Journal record (the value under the worker's step name):
+// Journal record (the value under the task's step name):
 //
 //	[0]      version = 1
 //	[1:9]    watermark, int64 big-endian (epoch millis)
@@ -41,13 +42,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 )
-
-// closer is a window step that the close journal covers (operators'
-// window step).
-type closer interface {
-	ClosesAt(watermark int64) bool
-	Resume(watermark int64, applied map[int32]int64)
-}
 
 const journalVersion = 1
 
@@ -99,7 +93,7 @@ func decodeJournal(b []byte) (wm int64, applied map[int32]int64, err error) {
 	return wm, applied, nil
 }
 
-// journalAfterAck records, durably, that w's window closed its windows at
+// journalAfterAck records, durably, that task w's window closed its windows at
 // wm with what it had applied so far — but only once every output produced
 // so far, the rows of those windows among them, is acknowledged. Written
 // before the acknowledgement, a crash in between would restore the windows
@@ -107,10 +101,10 @@ func decodeJournal(b []byte) (wm int64, applied map[int32]int64, err error) {
 // a crash in between leaves the windows open, so replay emits them again (a
 // recognisable repeat, as without a journal).
 //
-// The wait runs off the worker: the epoch is closed here, so outputs that
-// follow belong to the next one and cannot keep the wait going under load.
-// Writes of one worker can finish out of order; w.jmu keeps the journal
-// moving forward only.
+// The wait runs off the task's goroutine: the epoch is closed here, so
+// outputs that follow belong to the next one and cannot keep the wait going
+// under load. Writes of one task can finish out of order; w.jmu keeps the
+// journal moving forward only.
 func (w *task) journalAfterAck(wm int64) {
 	r := w.r
 	val := encodeJournal(wm, w.applied)

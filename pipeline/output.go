@@ -86,21 +86,7 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 		r.deadLetter(rec, operators.ReasonError, err, stepLabel(t.seg.next.keyStep), tk)
 		return
 	}
-	raw := false
-	var val []byte
-	switch v := rec.Value.(type) {
-	case string:
-		if r.def.Source.Format == "raw" && rec.Window == nil {
-			raw, val = true, []byte(v)
-		}
-	case nil:
-		if rec.Raw == nil {
-			break
-		}
-		if rec.Window == nil && r.def.Source.Format == "raw" {
-			raw, val = true, rec.Raw
-		}
-	}
+	val, raw := r.format.sourceBytes(rec)
 	if !raw && !(rec.Value == nil && rec.Raw == nil) {
 		if val, err = r.encodeValue(rec); err != nil {
 			r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)
@@ -124,7 +110,7 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 	hs = append(hs, kgo.RecordHeader{Key: headerEnvelope, Value: env})
 	kr := &kgo.Record{Topic: t.seg.next.topic, Key: []byte(key), Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
 	r.produceTo(kr, tk, false, rec.Timestamp, func(got *kgo.Record) {
-		t.noteDelivered(got.Partition, f, time.Now())
+		t.noteDelivered(got.Partition, f, r.clock())
 	})
 }
 
@@ -155,17 +141,11 @@ func (r *route) encodeValue(rec *operators.Record) ([]byte, error) {
 			return rec.EncodeValue(nil)
 		}
 	}
-	switch v := rec.Value.(type) {
-	case string:
-		if r.def.Source.Format == "raw" && rec.Window == nil {
-			return []byte(v), nil
-		}
-	case []byte:
+	if b, ok := r.format.sourceBytes(rec); ok {
+		return b, nil
+	}
+	if v, ok := rec.Value.([]byte); ok {
 		return v, nil
-	case nil:
-		if rec.Window == nil && rec.Raw != nil && r.def.Source.Format == "raw" {
-			return rec.Raw, nil
-		}
 	}
 	return jsoncodec.Append(nil, rec.Value)
 }

@@ -1,12 +1,17 @@
-// Package pipeline runs rtproxy's routes: for every compiled rules.Route it
-// keeps one long-running reader per source partition, runs the route's steps
-// on each record the moment it is fetched, shuffles records in process to the
-// worker owning their key at every stateful step, tracks event-time
-// watermarks, writes outputs and dead letters through an idempotent producer,
-// and checkpoints state and offsets together as a consistent cut.
+// Package pipeline runs rtproxy's routes. Every instance that runs a route
+// joins its consumer group; the route is cut into segments at each keyed
+// step, and each (topic, partition) the group gives the instance is one
+// task: a goroutine that runs its segment's steps on each record the moment
+// it is fetched. Records reach a keyed step through its repartition topic,
+// keyed by the step's key, so a key has one owner in the whole deployment
+// (there is no in-process shuffle and no worker pool). The pipeline tracks
+// event-time watermarks across repartitions, writes outputs and dead
+// letters through an idempotent (or transactional) producer, and
+// checkpoints state and offsets together as a consistent cut.
 //
-// It may import operators, internal/jsoncodec, internal/serde, state, offsets, rules (types)
-// and franz-go; it must never import protocol/, config/ or cmd/.
+// Its imports are the row of "Packages and their arrows" in
+// docs/ARCHITECTURE.md (test/layering checks them): never protocol/,
+// config/ or cmd/.
 package pipeline
 
 import (
@@ -41,17 +46,14 @@ type Config struct {
 	Logger *slog.Logger
 	// Registerer receives the pipeline metrics; nil uses a private registry.
 	Registerer prometheus.Registerer
-	// Workers is no longer used: a route runs one goroutine per partition
-	// it owns, and keyed state belongs to partitions. Kept so that
-	// configurations that set it still build.
-	Workers int
 	// SessionTimeout is how long the group waits for a silent instance
-	// before giving its partitions to others (Kafka's session.timeout.ms).
-	// Default 10s: a killed sidecar's partitions move within it.
+	// before giving its partitions to others (Kafka's session.timeout.ms;
+	// group_session_timeout). Required: the default is config's.
 	SessionTimeout time.Duration
-	// GroupProtocol is "auto" (the default: KIP-848 when every broker
-	// speaks ConsumerGroupHeartbeat v1, else classic), "consumer" or
-	// "classic" (cooperative-sticky).
+	// GroupProtocol is "auto" (KIP-848 when every broker speaks
+	// ConsumerGroupHeartbeat v1, else classic), "consumer" or "classic"
+	// (cooperative-sticky); group_protocol. Required: the default is
+	// config's.
 	GroupProtocol string
 	// MetadataMaxAge bounds how long partitions added to a source go
 	// unnoticed (Kafka's metadata.max.age.ms). Default 10s.
@@ -60,14 +62,15 @@ type Config struct {
 	// the brokers while records flow (it polls at most once per window)
 	// and keeps its writes in the producer until every task has run the
 	// poll that made them (batch.go): fewer requests and less CPU per
-	// record for up to about this much added latency. Zero or negative:
-	// off, the default (each poll follows the last at once, and writes
-	// leave as soon as they are made).
+	// record for up to about this much added latency (batch_window). Zero:
+	// off (each poll follows the last at once, and writes leave as soon as
+	// they are made), as in config; negative is refused.
 	BatchWindow time.Duration
 	// StopTimeout bounds how long stopping a route waits for outstanding
 	// outputs to be acknowledged before giving up on its final checkpoint
 	// (the previous checkpoint then stays the recovery point, and the state
-	// written since is discarded so the next run replays from it). Default 8s.
+	// written since is discarded so the next run replays from it).
+	// Required: the proxy gives its shutdown_grace.
 	StopTimeout time.Duration
 	// SetupTimeout bounds one attempt of a route's setup (topics, group
 	// client), not the catch-up of its topic tables. Default 15s.
@@ -129,18 +132,21 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
+	// The proxy's settings have their defaults in config.Default alone:
+	// here a missing one is refused, never filled in.
 	if cfg.SessionTimeout <= 0 {
-		cfg.SessionTimeout = 10 * time.Second
+		return nil, fmt.Errorf("pipeline: session timeout %v must be positive (group_session_timeout)", cfg.SessionTimeout)
 	}
 	switch cfg.GroupProtocol {
-	case "":
-		cfg.GroupProtocol = "auto"
 	case "auto", "consumer", "classic":
 	default:
-		return nil, fmt.Errorf("pipeline: group protocol %q is not one of auto, consumer, classic", cfg.GroupProtocol)
+		return nil, fmt.Errorf("pipeline: group protocol %q is not one of auto, consumer, classic (group_protocol)", cfg.GroupProtocol)
 	}
-	if cfg.BatchWindow == 0 {
-		cfg.BatchWindow = defaultBatchWindow
+	if cfg.BatchWindow < 0 {
+		return nil, fmt.Errorf("pipeline: batch window %v is negative; 0 is off (batch_window)", cfg.BatchWindow)
+	}
+	if cfg.StopTimeout <= 0 {
+		return nil, fmt.Errorf("pipeline: stop timeout %v must be positive (shutdown_grace)", cfg.StopTimeout)
 	}
 	if cfg.MetadataMaxAge <= 0 {
 		cfg.MetadataMaxAge = 10 * time.Second
@@ -151,9 +157,6 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.SetupTimeout <= 0 {
 		cfg.SetupTimeout = 15 * time.Second
 	}
-	if cfg.StopTimeout <= 0 {
-		cfg.StopTimeout = 8 * time.Second
-	}
 	if len(cfg.Seeds) == 0 {
 		return nil, errors.New("pipeline: no seed brokers")
 	}
@@ -163,6 +166,11 @@ func New(cfg Config) (*Manager, error) {
 	met, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.SchemaRegistry.Metrics == nil {
+		if cfg.SchemaRegistry.Metrics, err = serde.NewMetrics(cfg.Registerer); err != nil {
+			return nil, err
+		}
 	}
 	db, err := state.OpenWithOptions(cfg.StateDir, cfg.Logger, cfg.StateOptions)
 	if err != nil {

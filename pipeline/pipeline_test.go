@@ -48,13 +48,15 @@ func fieldsOf(t testing.TB, kv [][2]string, bound ...string) []operators.Field {
 func setStep(t testing.TB, i int, kv [][2]string, bound ...string) rules.StepSpec {
 	fs := fieldsOf(t, kv, bound...)
 	return rules.StepSpec{Index: i, Kind: "set", Fingerprint: fmt.Sprint("s:", kv),
-		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewSet(fs), nil }}
+		Traits: operators.Traits{Value: operators.ValueMerged},
+		Build:  func(rules.BuildEnv) (operators.Step, error) { return operators.NewSet(fs), nil }}
 }
 
 func mapStep(t testing.TB, i int, kv [][2]string, bound ...string) rules.StepSpec {
 	fs := fieldsOf(t, kv, bound...)
 	return rules.StepSpec{Index: i, Kind: "map", Fingerprint: fmt.Sprint("m:", kv),
-		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewMap(fs), nil }}
+		Traits: operators.Traits{Value: operators.ValueReplaced},
+		Build:  func(rules.BuildEnv) (operators.Step, error) { return operators.NewMap(fs), nil }}
 }
 
 func joinStep(t testing.TB, i int, table, on, as string, missing operators.Missing) rules.StepSpec {
@@ -67,6 +69,8 @@ func joinStep(t testing.TB, i int, table, on, as string, missing operators.Missi
 
 func windowStep(t testing.TB, i int, spec operators.WindowSpec) rules.StepSpec {
 	return rules.StepSpec{Index: i, Kind: "window", Fingerprint: "w1",
+		Traits: operators.Traits{Keyed: true, Timed: true, Stateful: true, Absorbing: true, Closes: true,
+			Value: operators.ValueReplaced},
 		Build: func(rules.BuildEnv) (operators.Step, error) { return operators.NewWindow(spec), nil }}
 }
 
@@ -83,9 +87,9 @@ func newRouteDef(name, hash, src, sink string, steps ...rules.StepSpec) *rules.R
 
 // runManager starts a Manager on b with routes; the returned stop cancels
 // Run and waits for it (final checkpoints written).
-func runManager(t *testing.T, b *broker, dir string, workers int, routes ...*rules.Route) (*Manager, func()) {
+func runManager(t *testing.T, b *broker, dir string, routes ...*rules.Route) (*Manager, func()) {
 	t.Helper()
-	return runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Workers: workers}, routes...)
+	return runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir}, routes...)
 }
 
 // runManagerWith is runManager with a whole Config (a registry, timeouts).
@@ -98,7 +102,7 @@ func runManagerWith(t *testing.T, cfg Config, routes ...*rules.Route) (*Manager,
 		}
 		cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	}
-	m, err := New(cfg)
+	m, err := New(testConfig(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +165,7 @@ func TestRouteStatelessOutputsAndDeadLetters(t *testing.T) {
 		jsonRecord("in", "bad-join", map[string]any{"n": 5, "m": "m2"}),
 	}
 	b.produce(t, append(in, bad...)...)
-	m, _ := runManager(t, b, t.TempDir(), 2, def)
+	m, _ := runManager(t, b, t.TempDir(), def)
 
 	out := b.consume(t, "out", 9, 20*time.Second, 300*time.Millisecond)
 	want := map[string]string{} // source ref → value
@@ -303,7 +307,7 @@ func TestWindowAcrossPartitions(t *testing.T) {
 	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
 		t.Fatal(err)
 	}
-	runManager(t, b, t.TempDir(), 3, def)
+	runManager(t, b, t.TempDir(), def)
 
 	out := b.consume(t, "win.out", 2, 20*time.Second, 0)
 	rows := map[string]map[string]any{}
@@ -376,7 +380,7 @@ func TestCheckpointRestartResumes(t *testing.T) {
 		first = append(first, jsonRecord("src", fmt.Sprint(i), map[string]any{"n": i}))
 	}
 	b.produce(t, first...)
-	_, stop := runManager(t, b, dir, 2, def())
+	_, stop := runManager(t, b, dir, def())
 	b.consume(t, "dst", 50, 20*time.Second, 0)
 	stop()
 
@@ -385,7 +389,7 @@ func TestCheckpointRestartResumes(t *testing.T) {
 		second = append(second, jsonRecord("src", fmt.Sprint(i), map[string]any{"n": i}))
 	}
 	b.produce(t, second...)
-	runManager(t, b, dir, 2, def())
+	runManager(t, b, dir, def())
 	out := b.consume(t, "dst", 100, 20*time.Second, 500*time.Millisecond)
 	seen := map[string]int{}
 	for _, r := range out {
@@ -423,11 +427,11 @@ func TestSourceTopicChangeStartsNewTopic(t *testing.T) {
 	}
 	b.produce(t, old...)
 	b.produce(t, fresh...)
-	_, stop := runManager(t, b, dir, 2, newRouteDef("sw", "v1", "old", "sw.out"))
+	_, stop := runManager(t, b, dir, newRouteDef("sw", "v1", "old", "sw.out"))
 	b.consume(t, "sw.out", 90, 20*time.Second, 0)
 	stop()
 
-	runManager(t, b, dir, 2, newRouteDef("sw", "v2", "new", "sw.out"))
+	runManager(t, b, dir, newRouteDef("sw", "v2", "new", "sw.out"))
 	out := b.consume(t, "sw.out", 120, 20*time.Second, 500*time.Millisecond)
 	seen := map[string]int{}
 	for _, r := range out {
@@ -450,7 +454,7 @@ func TestApplySwapAtRecordBoundary(t *testing.T) {
 	b := startBroker(t, map[string]int{"s": 3})
 	v1 := newRouteDef("swap", "h1", "s", "s.out", filterStep(t, 0, "int(value.n) % 2 == 0"), setStep(t, 1, [][2]string{{"ver", `"v1"`}}))
 	v2 := newRouteDef("swap", "h2", "s", "s.out", filterStep(t, 0, "int(value.n) % 3 == 0"), setStep(t, 1, [][2]string{{"ver", `"v2"`}}))
-	m, _ := runManager(t, b, t.TempDir(), 2, v1)
+	m, _ := runManager(t, b, t.TempDir(), v1)
 
 	cl := b.client(t)
 	const total = 3000
@@ -575,6 +579,7 @@ func indexOf(r *kgo.Record) int {
 func dedupStep(t testing.TB, i int, key string) rules.StepSpec {
 	e := expr(t, key)
 	return rules.StepSpec{Index: i, Kind: "drop_duplicates", Fingerprint: "d:" + key,
+		Traits: operators.Traits{Keyed: true},
 		Build: func(env rules.BuildEnv) (operators.Step, error) {
 			return operators.NewDropDuplicates(e, 0, env.KV), nil
 		}}
@@ -607,7 +612,7 @@ func TestDropDuplicatesAcrossPartitionsAndRestart(t *testing.T) {
 		}
 	}
 	produce(0, 50)
-	_, stop := runManager(t, b, dir, 3, def())
+	_, stop := runManager(t, b, dir, def())
 	out := b.consume(t, "dd.out", 50, 20*time.Second, 500*time.Millisecond)
 	stop()
 	// A drop_duplicates without ttl never reads the watermark: its
@@ -623,14 +628,14 @@ func TestDropDuplicatesAcrossPartitionsAndRestart(t *testing.T) {
 	}
 	// After the restart the old txns are still known; only new ones pass.
 	produce(0, 60)
-	_, stop = runManager(t, b, dir, 3, def())
+	_, stop = runManager(t, b, dir, def())
 	out = b.consume(t, "dd.out", 60, 20*time.Second, time.Second)
 	stop()
 	// On an empty state directory (another machine, an emptyDir) the keys
 	// come back from the changelog: drop_duplicates keeps empty values,
 	// which must not read back as tombstones.
 	produce(0, 70)
-	runManager(t, b, t.TempDir(), 3, def())
+	runManager(t, b, t.TempDir(), def())
 	out = b.consume(t, "dd.out", 70, 20*time.Second, time.Second)
 	count := map[string]int{}
 	for _, r := range out {
@@ -717,7 +722,7 @@ func TestDropDuplicatesThenWindowReshuffle(t *testing.T) {
 	}
 
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 3, Registerer: reg})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg}))
 	if err != nil {
 		t.Fatal(err)
 	}

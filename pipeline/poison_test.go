@@ -197,7 +197,7 @@ func testLogger() *slog.Logger {
 // runs is recreated, and the records written meanwhile reach it (issue 10).
 func TestDeletedSinkIsRecreated(t *testing.T) {
 	b := startBroker(t, map[string]int{"rc": 2}, "-auto-create=false")
-	_, _ = runManager(t, b, t.TempDir(), 1, newRouteDef("rc", "v1", "rc", "rc.out"))
+	_, _ = runManager(t, b, t.TempDir(), newRouteDef("rc", "v1", "rc", "rc.out"))
 	for i := 0; i < 10; i++ {
 		b.produce(t, jsonRecord("rc", fmt.Sprint(i), map[string]any{"n": i}))
 	}
@@ -232,7 +232,7 @@ func TestDeletedSinkIsRecreated(t *testing.T) {
 // for someone else, because only the version that created it knew).
 func TestDeletedSinkIsRecreatedAfterReload(t *testing.T) {
 	b := startBroker(t, map[string]int{"rr": 2}, "-auto-create=false")
-	m, _ := runManager(t, b, t.TempDir(), 1, newRouteDef("rr", "v1", "rr", "rr.out"))
+	m, _ := runManager(t, b, t.TempDir(), newRouteDef("rr", "v1", "rr", "rr.out"))
 	b.produce(t, jsonRecord("rr", "0", map[string]any{"n": 0}))
 	b.consume(t, "rr.out", 1, 20*time.Second, 0)
 	m.Apply([]*rules.Route{newRouteDef("rr", "v2", "rr", "rr.out")})
@@ -260,7 +260,7 @@ func TestDeletedSinkIsRecreatedAfterReload(t *testing.T) {
 func TestFailedCommitKeepsOnePendingCut(t *testing.T) {
 	b := startBroker(t, map[string]int{"pc": 1})
 	createTopic(t, b, "pc.00-drop_duplicates.changelog", 1, map[string]string{"max.message.bytes": "600", "cleanup.policy": "compact"})
-	m, _ := runManager(t, b, t.TempDir(), 1, newRouteDef("pc", "v1", "pc", "pc.out", dedupStep(t, 0, "value.txn")))
+	m, _ := runManager(t, b, t.TempDir(), newRouteDef("pc", "v1", "pc", "pc.out", dedupStep(t, 0, "value.txn")))
 	for i := 0; i < 20; i++ {
 		pad := make([]byte, 600)
 		rand.Read(pad)
@@ -312,7 +312,7 @@ func TestTopicTableEndingInTransactionMarker(t *testing.T) {
 	def := newRouteDef("tx", "v1", "tx", "tx.out", joinStep(t, 0, "shops", "value.m", "shop", operators.MissingDeadLetter),
 		setStep(t, 1, [][2]string{{"name", "shop.name"}}, "shop"))
 	def.Tables = map[string]rules.TableSpec{"shops": {Name: "shops", Topic: "txt"}}
-	_, _ = runManager(t, b, t.TempDir(), 1, def)
+	_, _ = runManager(t, b, t.TempDir(), def)
 	for _, m := range []string{"m1", "m2", "m3"} {
 		b.produce(t, jsonRecord("tx", m, map[string]any{"m": m}))
 	}
@@ -340,7 +340,7 @@ func TestTopicTableEndingInTransactionMarker(t *testing.T) {
 func TestRefusedDeadLetterKeepsItsReason(t *testing.T) {
 	b := startBroker(t, map[string]int{"rd": 1})
 	createTopic(t, b, "rd.dlq", 1, map[string]string{"max.message.bytes": "2000"})
-	runManager(t, b, t.TempDir(), 1, newRouteDef("rd", "v1", "rd", "rd.out"))
+	runManager(t, b, t.TempDir(), newRouteDef("rd", "v1", "rd", "rd.out"))
 	pad := make([]byte, 2000)
 	rand.Read(pad)
 	bad := &kgo.Record{Topic: "rd", Key: []byte("bad"), Value: []byte("not json " + hex.EncodeToString(pad))}
@@ -376,7 +376,7 @@ func TestTableCatchUpOutlivesSetupDeadline(t *testing.T) {
 		setStep(t, 1, [][2]string{{"name", "shop.name"}}, "shop"))
 	def.Tables = map[string]rules.TableSpec{"shops": {Name: "shops", Topic: "tct"}}
 	const setup = time.Second
-	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 1, SetupTimeout: setup}, def)
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), SetupTimeout: setup}, def)
 	b.produce(t, jsonRecord("tc", "m1", map[string]any{"m": "m1"}))
 	waitFor(t, 10*time.Second, "the route starting", func() bool {
 		st := m.Routes()

@@ -50,27 +50,8 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 	if h := panicTestHook; h != nil {
 		h(r.name, "record")
 	}
-	if r.def.Source.Format == "raw" {
-		rec.Value = string(kr.Value)
-	} else if r.codec != nil {
-		// Avro or Protobuf through the schema registry (format.go).
-		if !r.decodeValue(rec, kr, tk) {
-			return
-		}
-	} else {
-		// SetJSON remembers the bytes, so a value no step changes goes to
-		// the sink as it arrived (encodeValue). On error rec keeps Raw and a
-		// nil Value: the dead letter carries the bytes as received.
-		var err error
-		if r.members != nil {
-			err = rec.SetJSONMembers(kr.Value, r.members)
-		} else {
-			err = rec.SetJSON(kr.Value)
-		}
-		if err != nil {
-			r.deadLetter(rec, operators.ReasonDecode, err, "source", tk)
-			return
-		}
+	if !r.format.decode(r, rec, kr, tk) {
+		return
 	}
 	rec.EventTime = rec.Timestamp
 	if et := r.def.Source.EventTime; et != nil {
@@ -137,7 +118,7 @@ func (r *route) idleTickTask(t *task, now time.Time) {
 	if isClosed(t.stop) {
 		return
 	}
-	if t.seg.idx > 0 && t.seg.timed {
+	if t.seg.keepsTime() {
 		if wm, moved := t.wm.tick(now); moved {
 			// An idle advance emits without a source record; its origin
 			// follows the last one.

@@ -20,7 +20,7 @@ import (
 func TestRetriedOutputsKeepTheirOrder(t *testing.T) {
 	const keys, total = 4, 600
 	b := startBroker(t, map[string]int{"ro": 1}, "-auto-create=false")
-	_, _ = runManager(t, b, t.TempDir(), 1, newRouteDef("ro", "v1", "ro", "ro.out"))
+	_, _ = runManager(t, b, t.TempDir(), newRouteDef("ro", "v1", "ro", "ro.out"))
 	b.produce(t, jsonRecord("ro", "warm", map[string]any{"seq": -1}))
 	b.consume(t, "ro.out", 1, 20*time.Second, 0)
 

@@ -25,10 +25,9 @@ import (
 // route is one running version of a rules.Route. A swap stops one route
 // value and starts another for the same name.
 //
-// Concurrency. Partition goroutines hold cut.RLock while they process one
-// record, so cut.Lock is held only at record boundaries: that is how a
-// checkpoint or a stop pauses dispatch. Workers never take cut; they are
-// drained by barrier messages sent while cut is held.
+// Concurrency. Task goroutines hold cut.RLock while they process one
+// record (or one watermark move), so cut.Lock is held only at record
+// boundaries: that is how a checkpoint or a stop pauses dispatch.
 type route struct {
 	// logCl is the route's non-group client: admin requests (grp.adm) and
 	// changelog records (changelog.go, journal.go).
@@ -136,7 +135,8 @@ type route struct {
 	// reads (rules.Source.Members): source records decode just those. nil:
 	// decode whole.
 	members jsoncodec.Fields
-	codec   *codec // source.format avro | protobuf (format.go); nil otherwise
+	format  valueFormat // of the source, chosen once (valueformat.go)
+	codec   *codec      // source.format or sink.format avro | protobuf (format.go); nil otherwise
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
@@ -151,12 +151,8 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.inflight.zero = sync.NewCond(&r.inflight.Mutex)
 	r.st.state = "starting"
 	r.clock = time.Now
-	if d.Source.DecodeMembers && d.Source.Format == "json" {
-		r.members = jsoncodec.Fields{}
-		for _, m := range d.Source.Members {
-			r.members[m] = struct{}{}
-		}
-	}
+	r.format = sourceFormatOf(d)
+	r.members = r.format.members()
 	r.codec = newCodec(m.cfg.SchemaRegistry, d)
 	return r
 }
@@ -268,8 +264,8 @@ func (r *route) run() {
 	r.setState("stopped", "")
 }
 
-// stop pauses dispatch at a record boundary, drains the workers, waits for
-// every output to be acknowledged, writes the final checkpoint and closes.
+// stop pauses dispatch at a record boundary of every task, waits for every
+// output to be acknowledged, writes the final checkpoint and closes.
 // It may be called more than once, also concurrently (a route that stops
 // itself, then the manager): each call returns once the route is done.
 func (r *route) stop() {
@@ -288,7 +284,7 @@ func (r *route) stopNow() {
 	}
 	close(r.stopping)
 	// With the sink unreachable a producer buffer can fill and block a
-	// worker, and with it dispatch; after StopTimeout the route gives up
+	// task, and with it dispatch; after StopTimeout the route gives up
 	// its outputs (and so any checkpoint past the last one) to stop.
 	abandon := time.AfterFunc(r.m.cfg.StopTimeout, func() {
 		r.abandoned.Store(true)

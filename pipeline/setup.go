@@ -40,17 +40,9 @@ func taskStepName(s *rules.StepSpec, part int32) string {
 func inboxName(s *rules.StepSpec, part int32) string { return taskStepName(s, part) + "/in" }
 
 // isBoundary reports whether step s opens a segment of its own: a keyed
-// step (operators.Keyed) reads through a repartition topic. The step says
-// so by its type, not its kind name: a throwaway instance is built (Build
-// never touches state; tables are not needed to build).
-func isBoundary(s *rules.StepSpec) bool {
-	st, err := s.Build(rules.BuildEnv{})
-	if err != nil {
-		return false
-	}
-	_, keyed := st.(operators.Keyed)
-	return keyed
-}
+// step reads through a repartition topic. Its spec's traits say so, never
+// its kind name.
+func isBoundary(s *rules.StepSpec) bool { return s.Traits.Keyed }
 
 func (r *route) setup() error {
 	d := r.def
@@ -257,10 +249,10 @@ func (r *route) buildSegments(parts map[string]int) error {
 	d := r.def
 	seg := &segment{idx: 0, topic: d.Source.Topic, from: 0, nparts: parts[d.Source.Topic], sourceShaped: true}
 	r.segs = []*segment{seg}
-	shaped := true // no map or window yet
+	shaped := true // no step has replaced the value yet
 	for i := range d.Steps {
 		s := &d.Steps[i]
-		reshapes := s.Kind == "map" || s.Kind == "window"
+		reshapes := !s.Traits.SourceShaped()
 		if !isBoundary(s) {
 			shaped = shaped && !reshapes
 			continue
@@ -278,15 +270,10 @@ func (r *route) buildSegments(parts map[string]int) error {
 		r.segs = append(r.segs, seg)
 	}
 	seg.to = len(d.Steps)
-	// Which segments react to the watermark: ask a throwaway instance of
-	// each step (state is never touched by Build).
+	// Which segments react to the watermark: their steps' traits say.
 	for _, sg := range r.segs {
 		for i := sg.from; i < sg.to; i++ {
-			st, err := d.Steps[i].Build(rules.BuildEnv{Tables: r.tableOf})
-			if err != nil {
-				return fmt.Errorf("route %q step %d (%s): %w", d.Name, d.Steps[i].Index, d.Steps[i].Kind, err)
-			}
-			if _, ok := st.(operators.Timed); ok {
+			if d.Steps[i].Traits.Timed {
 				sg.timed, r.timed = true, true
 			}
 		}

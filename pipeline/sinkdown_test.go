@@ -43,7 +43,7 @@ func TestBrokersDownThenBack(t *testing.T) {
 	b := startBroker(t, map[string]int{"sd": 2}, "-ports", ports, "-data-dir", data)
 	def := newRouteDef("sd", "v1", "sd", "sd.out", filterStep(t, 0, "value.n >= 0"))
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 2, Registerer: reg, StopTimeout: time.Second})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg, StopTimeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestStopWhileBrokersDown(t *testing.T) {
 		b.produce(t, r)
 		refs = append(refs, srcRef(r))
 	}
-	m, err := New(Config{Seeds: b.addrs, StateDir: dir, Workers: 2, StopTimeout: time.Second})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: dir, StopTimeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestStopWhileBrokersDown(t *testing.T) {
 
 	b = startBroker(t, nil, "-ports", ports, "-data-dir", data)
 	t.Logf("broker back after %v", time.Since(t0).Round(time.Millisecond))
-	runManager(t, b, dir, 2, def)
+	runManager(t, b, dir, def)
 	out := b.consume(t, "sw.out", 30, 30*time.Second, 300*time.Millisecond)
 	t.Logf("sink read back after %v", time.Since(t0).Round(time.Millisecond))
 	seen := map[string]bool{}
@@ -214,8 +214,8 @@ func stopGivesUp(t *testing.T, removeRestore bool) {
 	}
 	logs := &syncBuffer{}
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 2, Registerer: reg, StopTimeout: time.Second,
-		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg, StopTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func stopGivesUp(t *testing.T, removeRestore bool) {
 // vanish for up to the stop timeout (found by make soak).
 func TestReloadingRouteStaysInRoutes(t *testing.T) {
 	b := startBroker(t, map[string]int{"rl": 1})
-	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 1, StopTimeout: 2 * time.Second},
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), StopTimeout: 2 * time.Second},
 		newRouteDef("rl", "v1", "rl", "rl.out"))
 	b.produce(t, jsonRecord("rl", "0", map[string]any{"n": 0}))
 	b.consume(t, "rl.out", 1, 20*time.Second, 0)

@@ -15,7 +15,7 @@ import (
 // Rule errors show next to the route of their file, or on their own for a
 // file that never compiled, and clear with the next call.
 func TestStatusRuleErrors(t *testing.T) {
-	m, err := New(Config{Seeds: []string{"127.0.0.1:1"}, StateDir: t.TempDir(), Registerer: prometheus.NewRegistry()})
+	m, err := New(testConfig(Config{Seeds: []string{"127.0.0.1:1"}, StateDir: t.TempDir(), Registerer: prometheus.NewRegistry()}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func TestTapOutputsMatchTheFetch(t *testing.T) {
 // past maxHeldTaps tapped data is dropped, never waited for.
 func TestTapContinuing(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: []string{"127.0.0.1:1"}, StateDir: t.TempDir(), Registerer: reg}) // never dialled
+	m, err := New(testConfig(Config{Seeds: []string{"127.0.0.1:1"}, StateDir: t.TempDir(), Registerer: reg})) // never dialled
 	if err != nil {
 		t.Fatal(err)
 	}

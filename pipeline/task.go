@@ -36,6 +36,14 @@ type segment struct {
 	sourceShaped bool
 }
 
+// keepsTime reports whether the tasks of a keyed segment keep a watermark:
+// their own steps react to it, or they pass it on to a later segment that
+// does. Such a task learns its writers' frontiers from the records they
+// wrote as well as from their markers (a writer sends no marker to a
+// partition its records already brought the frontier to: noteDelivered),
+// and ticks for idleness.
+func (s *segment) keepsTime() bool { return s.idx > 0 && (s.timed || s.markers) }
+
 // taskID numbers a task (segment, partition) for the offsets tracker and
 // the checkpoint: segment 0 keeps the source partition number, so the
 // checkpoint of a route without keyed steps reads as it always did.
@@ -77,7 +85,7 @@ type task struct {
 	// base is where the task resumes after an aborted transaction: its
 	// offset in the last committed checkpoint, or where it was assigned.
 	base int64
-	// baseWM is a timed keyed task's watermark at that checkpoint.
+	// baseWM is the watermark at that checkpoint of a keyed task that keeps time.
 	baseWM *watermark
 	// expectBy is set on a task rebuilt by an aborted transaction whose
 	// predecessor had processed records past base: the fetch moved back
@@ -119,7 +127,7 @@ type task struct {
 	clEnd     int64            // changelog end offset as of the last logged cut
 	prevSnap  map[string]uint64
 	journal   string // "" when the task keeps no close journal
-	closer    closer
+	closer    operators.Closer
 	applied   map[int32]int64 // highest source offset applied, per source partition
 	jmu       sync.Mutex      // serialises journal writes
 	jwm       int64           // under jmu
@@ -207,7 +215,8 @@ func (t *task) sendMarkers(now time.Time, force bool) {
 }
 
 // noteDelivered records that a repartition record carrying frontier f went
-// to partition q of the next topic.
+// to partition q of the next topic: its reader observes f when it reads
+// the record (segment.keepsTime), so q needs no marker for f.
 func (t *task) noteDelivered(q int32, f int64, now time.Time) {
 	t.front.Lock()
 	if int(q) < len(t.front.sent) && f > t.front.sent[q] {
@@ -377,10 +386,24 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 		r.deadLetter(rec, operators.ReasonDecode, err, stepLabel(t.seg.keyStep), tk)
 		return
 	}
+	// The writer's frontier the record carries is observed after the
+	// record is applied (so a watermark never overtakes the record that
+	// raised it), and also when the record is skipped or dead-lettered:
+	// the writer counts it delivered and sends this partition no marker
+	// for that frontier (noteDelivered).
+	observe := func() {
+		if !t.seg.keepsTime() {
+			return
+		}
+		if wm, moved := t.wm.observe(e.wp, e.frontier, now); moved {
+			r.advanceTask(t, wm, tk)
+		}
+	}
 	if last, ok := t.inbox[e.wp]; ok && !e.org.after(last) {
 		// Written again by a writer replaying from its checkpoint: applied
 		// already.
 		r.m.met.repeatsSkipped.WithLabelValues(r.name).Inc()
+		observe()
 		return
 	}
 	t.inbox[e.wp] = e.org
@@ -405,6 +428,7 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 		}
 		if err != nil {
 			r.deadLetter(rec, operators.ReasonDecode, err, stepLabel(t.seg.keyStep), tk)
+			observe()
 			return
 		}
 	}
@@ -413,6 +437,7 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 		m, ok := v.(map[string]any)
 		if err != nil || !ok {
 			r.deadLetter(rec, operators.ReasonDecode, fmt.Errorf("join bindings: %v", err), stepLabel(t.seg.keyStep), tk)
+			observe()
 			return
 		}
 		rec.Bound = m
@@ -426,11 +451,7 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 	c.cur = tk
 	c.run(0, rec)
 	c.cur = nil
-	if t.seg.timed {
-		if wm, moved := t.wm.observe(e.wp, e.frontier, now); moved {
-			r.advanceTask(t, wm, tk)
-		}
-	}
+	observe()
 }
 
 // advanceTask hands a keyed task's new watermark to its steps, journals

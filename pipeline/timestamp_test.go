@@ -21,7 +21,7 @@ func TestOutputTimestamps(t *testing.T) {
 		dedupStep(t, 0, "value.id"),
 		windowStep(t, 1, operators.WindowSpec{Kind: "tumbling", Size: time.Second, Key: expr(t, "value.k"), Aggregates: agg}))
 	win.Source.IdleTimeout = time.Second
-	_, _ = runManager(t, b, t.TempDir(), 1, newRouteDef("ts", "v1", "ts", "ts.out", filterStep(t, 0, "true")), win)
+	_, _ = runManager(t, b, t.TempDir(), newRouteDef("ts", "v1", "ts", "ts.out", filterStep(t, 0, "true")), win)
 
 	base := time.Now().Add(-time.Hour).Truncate(time.Second)
 	for i := range 4 {

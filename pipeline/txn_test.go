@@ -115,7 +115,7 @@ func TestExactlyOnceThroughAborts(t *testing.T) {
 	// The second run has its own registry: the injected aborts may all
 	// fall in either run.
 	reg2 := prometheus.NewRegistry()
-	_, stop = runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Workers: 1, Registerer: reg2}, def)
+	_, stop = runManagerWith(t, Config{Seeds: b.addrs, StateDir: dir, Registerer: reg2}, def)
 	defer stop()
 	for _, bt := range batches[half:] {
 		produce(bt)

@@ -40,9 +40,9 @@ func (l *lockedBuffer) String() string {
 func TestRouteWaitsForMissingSourceTopic(t *testing.T) {
 	b := startBroker(t, nil)
 	var logs lockedBuffer
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 1, SourceRetry: 100 * time.Millisecond,
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), SourceRetry: 100 * time.Millisecond,
 		Registerer: prometheus.NewRegistry(),
-		Logger:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+		Logger:     slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,9 +116,9 @@ func TestRouteWaitsForMissingSourceTopic(t *testing.T) {
 // retry arrived after the route began, so "latest" must not skip them.
 func TestLatestRouteThatWaitedKeepsEarlyRecords(t *testing.T) {
 	b := startBroker(t, nil)
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Workers: 1, SourceRetry: 2 * time.Second,
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), SourceRetry: 2 * time.Second,
 		Registerer: prometheus.NewRegistry(),
-		Logger:     slog.New(slog.NewTextHandler(&lockedBuffer{}, nil))})
+		Logger:     slog.New(slog.NewTextHandler(&lockedBuffer{}, nil))}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,13 +42,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
-// Defaults of the decode budgets (Config).
-const (
-	defaultMaxDecodedBytes      = 32 << 20
-	defaultMaxRecordsPerRequest = 200_000
-	defaultMaxDecodedBytesTotal = 128 << 20
-)
-
 // maxRecordErrors bounds the record errors (Produce v8+ RecordErrors) of
 // one refused partition in the response: the partition's ErrorMessage
 // counts the others.

@@ -92,11 +92,18 @@ func startProxyNoWait(t testing.TB, upstream []string, mods ...func(*Config)) *t
 	reg := prometheus.NewRegistry()
 	cfg := Config{
 		Listen:          "127.0.0.1:0",
+		AdvertiseHost:   "127.0.0.1",
 		BrokerPortFirst: randomPortFirst(),
+		BrokerPortCount: 100,
+		MaxFrameBytes:   100 << 20,
 		Upstream:        upstream,
 		ShutdownGrace:   2 * time.Second,
-		Logger:          slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Registerer:      reg,
+		// config.Default's decode budgets
+		MaxDecodedBytes:      32 << 20,
+		MaxRecordsPerRequest: 200_000,
+		MaxDecodedBytesTotal: 128 << 20,
+		Logger:               slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Registerer:           reg,
 	}
 	for _, mod := range mods {
 		if mod != nil {

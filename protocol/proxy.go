@@ -29,16 +29,19 @@ import (
 )
 
 // Config configures a Proxy. Zero values take the defaults listed.
+//
+// The proxy keeps no defaults of its own: they live in config.Default, and
+// New refuses a Config that lacks a value it needs.
 type Config struct {
 	Listen          string        // bootstrap listener, e.g. "127.0.0.1:9092" (required)
-	AdvertiseHost   string        // host clients are told; default 127.0.0.1
-	BrokerPortFirst int           // first per-broker port; default 9093
-	BrokerPortCount int           // size of the per-broker port range; default 100
+	AdvertiseHost   string        // host clients are told (required)
+	BrokerPortFirst int           // first per-broker port (required)
+	BrokerPortCount int           // size of the per-broker port range (required)
 	Upstream        []string      // seed brokers host:port (required)
-	MaxFrameBytes   int32         // default 100 MiB
+	MaxFrameBytes   int32         // at least 64 (required)
 	ClientTLS       *tls.Config   // nil: plaintext toward clients
 	UpstreamTLS     *tls.Config   // nil: plaintext toward brokers
-	ShutdownGrace   time.Duration // default 10s
+	ShutdownGrace   time.Duration // positive (required)
 	// MaxConnections caps the client connections open at once (all
 	// listeners together); one over it is closed at accept and counted in
 	// rtproxy_proxy_connections_refused_total. 0: no cap but the one the
@@ -80,12 +83,6 @@ type Config struct {
 }
 
 const (
-	defaultAdvertiseHost   = "127.0.0.1"
-	defaultBrokerPortFirst = 9093
-	defaultBrokerPortCount = 100
-	defaultMaxFrameBytes   = 100 << 20
-	defaultShutdownGrace   = 10 * time.Second
-
 	// dialTimeout bounds how long a client waits before its connection is
 	// closed because the upstream broker is unreachable.
 	dialTimeout = 5 * time.Second
@@ -96,31 +93,10 @@ const (
 	metadataRetry   = time.Second
 )
 
-func (c *Config) applyDefaults() {
-	if c.AdvertiseHost == "" {
-		c.AdvertiseHost = defaultAdvertiseHost
-	}
-	if c.BrokerPortFirst == 0 {
-		c.BrokerPortFirst = defaultBrokerPortFirst
-	}
-	if c.BrokerPortCount == 0 {
-		c.BrokerPortCount = defaultBrokerPortCount
-	}
-	if c.MaxFrameBytes == 0 {
-		c.MaxFrameBytes = defaultMaxFrameBytes
-	}
-	if c.ShutdownGrace == 0 {
-		c.ShutdownGrace = defaultShutdownGrace
-	}
-	if c.MaxDecodedBytes == 0 {
-		c.MaxDecodedBytes = defaultMaxDecodedBytes
-	}
-	if c.MaxRecordsPerRequest == 0 {
-		c.MaxRecordsPerRequest = defaultMaxRecordsPerRequest
-	}
-	if c.MaxDecodedBytesTotal == 0 {
-		c.MaxDecodedBytesTotal = max(defaultMaxDecodedBytesTotal, c.MaxDecodedBytes)
-	}
+// plumb gives the logger and the registry their stand-ins: a discarding
+// logger, a private registry. (These are not settings; every setting is
+// required, see validate.)
+func (c *Config) plumb() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -132,6 +108,9 @@ func (c *Config) applyDefaults() {
 func (c *Config) validate() error {
 	if c.Listen == "" {
 		return errors.New("protocol: Listen is required")
+	}
+	if c.AdvertiseHost == "" {
+		return errors.New("protocol: AdvertiseHost is required")
 	}
 	if len(c.Upstream) == 0 {
 		return errors.New("protocol: at least one Upstream seed broker is required")
@@ -146,12 +125,12 @@ func (c *Config) validate() error {
 			c.BrokerPortFirst, c.BrokerPortFirst+c.BrokerPortCount)
 	}
 	if c.MaxFrameBytes < 64 {
-		return fmt.Errorf("protocol: MaxFrameBytes %d is too small", c.MaxFrameBytes)
+		return fmt.Errorf("protocol: MaxFrameBytes %d is too small (at least 64)", c.MaxFrameBytes)
 	}
-	if c.ShutdownGrace < 0 {
-		return fmt.Errorf("protocol: ShutdownGrace %v is negative", c.ShutdownGrace)
+	if c.ShutdownGrace <= 0 {
+		return fmt.Errorf("protocol: ShutdownGrace %v must be positive", c.ShutdownGrace)
 	}
-	if c.MaxDecodedBytes < 0 || c.MaxRecordsPerRequest < 0 || c.MaxDecodedBytesTotal < c.MaxDecodedBytes {
+	if c.MaxDecodedBytes <= 0 || c.MaxRecordsPerRequest <= 0 || c.MaxDecodedBytesTotal < c.MaxDecodedBytes {
 		return fmt.Errorf("protocol: decode budgets: MaxDecodedBytes %d and MaxRecordsPerRequest %d must be positive, MaxDecodedBytesTotal %d at least MaxDecodedBytes",
 			c.MaxDecodedBytes, c.MaxRecordsPerRequest, c.MaxDecodedBytesTotal)
 	}
@@ -221,7 +200,7 @@ type brokerEntry struct {
 // New validates cfg and opens the bootstrap listener, so port errors
 // surface here rather than in Run.
 func New(cfg Config) (*Proxy, error) {
-	cfg.applyDefaults()
+	cfg.plumb()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

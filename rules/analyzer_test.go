@@ -80,7 +80,7 @@ func TestRefusals(t *testing.T) {
 		{
 			name: "unknown field far from any known one lists them",
 			file: base + "  colour: red\n",
-			want: []string{"r.yaml:6:3: unknown field `colour` in sink; known fields: topic, key, delivery, format, subject, schema, message (near `colour`)"},
+			want: []string{"r.yaml:6:3: unknown field `colour` in sink; known fields: topic, key, delivery, format, subject, schema, message, message_indexes (near `colour`)"},
 		},
 		{
 			name: "bad duration",

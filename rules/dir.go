@@ -8,7 +8,105 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 )
+
+// MaxRuleFileBytes bounds what is read of one rule, guard or test file. A
+// rule file is a page or two of YAML; anything this large is a mistake (or
+// a link to something that is not a rule file), refused before parsing.
+const MaxRuleFileBytes = 1 << 20
+
+// ResolveDir is a directory as the confinement checks compare it: absolute,
+// with every symlink resolved. `rtproxy run`, `check` and `test` all resolve
+// the rules directory (and tables_dir) through it, so a relative path and an
+// absolute one are the same directory.
+func ResolveDir(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	return filepath.EvalSymlinks(abs)
+}
+
+// resolvePath is a file path resolved as ResolveDir resolves directories.
+func resolvePath(p string) (string, error) {
+	return ResolveDir(p)
+}
+
+// within reports whether the resolved path real is the resolved directory
+// dir or inside it.
+func within(dir, real string) bool {
+	if dir == "" || real == "" {
+		return false
+	}
+	rel, err := filepath.Rel(dir, real)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
+}
+
+// FileRefusedError is a rule, guard or test file that is not read: it
+// resolves outside its directory, is not a regular file, or is too large.
+// Its message names the file and where it leads, never what it holds.
+type FileRefusedError struct {
+	Path string // as given
+	Msg  string
+}
+
+func (e *FileRefusedError) Error() string { return e.Msg }
+
+// ReadConfined reads the file at path, which must resolve (symlinks
+// followed) to a regular file of at most max bytes inside the directory
+// dir; dir is resolved with ResolveDir first, and an empty dir means the
+// file's own directory. A symlink to another file of the directory (a
+// Kubernetes ConfigMap's `name -> ..data/name`, `..data -> ..2026_...`)
+// is read; one that leads out of it (/proc/self/environ, /etc/shadow), to a
+// device, FIFO or directory, or a file over max is refused with a
+// *FileRefusedError that never carries the file's content. Opening does not
+// block on a FIFO swapped in after the check.
+func ReadConfined(dir, path string, max int64) ([]byte, error) {
+	if dir == "" {
+		dir = filepath.Dir(path)
+	}
+	rdir, err := ResolveDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	real, err := resolvePath(path)
+	if err != nil {
+		return nil, err
+	}
+	if !within(rdir, real) {
+		return nil, &FileRefusedError{Path: path, Msg: fmt.Sprintf("%s resolves to %s, outside the directory %s; a rule, guard or test file must be a file of its directory (a symlink to another file inside it is fine), so it was not read", path, real, rdir)}
+	}
+	f, err := os.OpenFile(real, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, &FileRefusedError{Path: path, Msg: fmt.Sprintf("%s is not a regular file (%s), so it was not read", path, fi.Mode().Type())}
+	}
+	if fi.Size() > max {
+		return nil, &FileRefusedError{Path: path, Msg: fmt.Sprintf("%s is %d bytes, more than the %d a rule, guard or test file may have, so it was not read", path, fi.Size(), max)}
+	}
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, &FileRefusedError{Path: path, Msg: fmt.Sprintf("%s is more than the %d bytes a rule, guard or test file may have, so it was not read", path, max)}
+	}
+	return b, nil
+}
+
+// readRuleFile reads a rule file confined to dir (empty: its own
+// directory), as every loader does.
+func readRuleFile(dir, path string) ([]byte, error) {
+	return ReadConfined(dir, path, MaxRuleFileBytes)
+}
 
 // isRuleFileName reports whether a directory entry is a rule file: *.yaml
 // or *.yml, not hidden, and not a test file (*.test.yaml). Hidden names include a Kubernetes ConfigMap
@@ -57,16 +155,25 @@ type fileResult struct {
 	res     *loadResult
 }
 
-func loadPath(path string, o Options) *fileResult {
+func loadPath(dir, path string, o Options) *fileResult {
 	fr := &fileResult{path: path}
-	src, err := os.ReadFile(path)
+	src, err := readRuleFile(dir, path)
 	if err != nil {
-		fr.res = &loadResult{errs: ErrorList{{File: path, Msg: fmt.Sprintf("cannot read rule file: %v", unwrapPathError(err))}}}
+		fr.res = &loadResult{errs: ErrorList{readError(path, err)}}
 		return fr
 	}
 	fr.content = src
 	fr.res = loadBytes(path, src, o)
 	return fr
+}
+
+// readError is the refusal of a rule file that could not be read.
+func readError(path string, err error) *Error {
+	var re *FileRefusedError
+	if errors.As(err, &re) {
+		return &Error{File: path, Msg: "rule file refused: " + re.Msg}
+	}
+	return &Error{File: path, Msg: fmt.Sprintf("cannot read rule file: %v", unwrapPathError(err))}
 }
 
 // checkNames refuses a route or guard name that an earlier file in results
@@ -134,7 +241,7 @@ func LoadDirWith(dir string, o Options) ([]*Route, []error) {
 	}
 	results := make([]*fileResult, len(files))
 	for i, f := range files {
-		results[i] = loadPath(f, o)
+		results[i] = loadPath(dir, f, o)
 	}
 	checkNames(results, true)
 	var routes []*Route
@@ -178,7 +285,9 @@ func CheckPathsWith(w io.Writer, paths []string, o Options) bool {
 			continue
 		}
 		var files []string
+		dir := filepath.Dir(p) // a file named alone: its own directory
 		if fi.IsDir() {
+			dir = p
 			files, err = ruleFiles(p)
 			if err != nil {
 				fmt.Fprintf(w, "%s: cannot read directory: %v\n", p, unwrapPathError(err))
@@ -202,7 +311,7 @@ func CheckPathsWith(w io.Writer, paths []string, o Options) bool {
 				continue
 			}
 			seen[key] = true
-			results = append(results, loadPath(f, o))
+			results = append(results, loadPath(dir, f, o))
 		}
 	}
 	checkNames(results, false)
@@ -229,4 +338,42 @@ func CheckPathsWith(w io.Writer, paths []string, o Options) bool {
 		}
 	}
 	return ok
+}
+
+// tableFileAllowed refuses a table file that is not a regular file inside
+// the rules directory dir or tablesDir (symlinks resolved): a rule file must
+// not be able to read any file the proxy can (/proc/self/environ, a
+// secret), and a FIFO or device would hang the reload that opens it. Both
+// directories and the file are resolved the same way (ResolveDir), so a
+// relative rules directory (`rtproxy check rules/`, `--tables-dir .`) is the
+// same directory as its absolute form.
+func tableFileAllowed(dir, tablesDir, p string) error {
+	real, err := resolvePath(p)
+	if err != nil {
+		return nil // does not exist (yet): LoadFileTable says so
+	}
+	inside := func(d string) bool {
+		if d == "" {
+			return false
+		}
+		rd, err := ResolveDir(d)
+		return err == nil && within(rd, real)
+	}
+	if !inside(dir) && !inside(tablesDir) {
+		where := "the rules directory"
+		if tablesDir != "" {
+			where += " or tables_dir (" + tablesDir + ")"
+		} else {
+			where += " (or a directory named by the proxy's tables_dir)"
+		}
+		return fmt.Errorf("the table file %s is outside %s; table files must be inside it", real, where)
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return nil
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("the table file %s is not a regular file (%s)", real, fi.Mode().Type())
+	}
+	return nil
 }

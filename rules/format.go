@@ -9,28 +9,52 @@ import (
 	"github.com/rtproxy/rtproxy/internal/serde"
 )
 
-// Value formats read through a schema registry (`source.format`).
+// Format is a value format: `source.format`, `sink.format` and a guard's
+// `format`. The loader reads the name once (readFormat); everything after
+// it compares these constants, never a name.
+type Format string
+
+// The value formats. The string is the name a rule file writes.
 const (
-	FormatAvro     = "avro"
-	FormatProtobuf = "protobuf"
+	FormatJSON     Format = "json"     // a JSON document, decoded into the value tree
+	FormatRaw      Format = "raw"      // the bytes as they are: value is their string
+	FormatAvro     Format = "avro"     // Avro in the Confluent wire format, through a schema registry
+	FormatProtobuf Format = "protobuf" // Protobuf in the Confluent wire format, through a schema registry
 )
+
+// Registry reports whether values of the format are read and written
+// through a schema registry.
+func (f Format) Registry() bool { return f == FormatAvro || f == FormatProtobuf }
+
+// Serde is the format for internal/serde; only for a Registry format.
+func (f Format) Serde() serde.Format { return serde.Format(f) }
+
+// readFormat reads the format key x, one of allowed.
+func (l *loader) readFormat(x *keyVal, what string, allowed ...Format) (Format, bool) {
+	names := make([]string, len(allowed))
+	for i, f := range allowed {
+		names[i] = string(f)
+	}
+	s, ok := l.oneOf(x, what, names...)
+	return Format(s), ok
+}
 
 // UsesRegistry reports whether the route reads or writes values through a
 // schema registry.
 func (r *Route) UsesRegistry() bool {
-	return r.Source.Format == FormatAvro || r.Source.Format == FormatProtobuf || r.Sink.Format == FormatAvro || r.Sink.Format == FormatProtobuf
+	return r.Source.Format.Registry() || r.Sink.Format.Registry()
 }
 
 // sinkFormat reads sink.format, sink.subject, sink.schema and
 // sink.message.
 func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
-	r.Sink.Format = "json"
+	r.Sink.Format = FormatJSON
 	if x := f["format"]; x != nil {
-		if s, ok := l.oneOf(x, "sink.format", "json", FormatAvro, FormatProtobuf); ok {
+		if s, ok := l.readFormat(x, "sink.format", FormatJSON, FormatAvro, FormatProtobuf); ok {
 			r.Sink.Format = s
 		}
 	}
-	registry := r.Sink.Format != "json"
+	registry := r.Sink.Format.Registry()
 	for _, k := range []string{"subject", "schema", "message"} {
 		if x := f[k]; x != nil && !registry {
 			l.errAt(x.key, k, "`sink.%s` is for `sink.format: avro` or `protobuf`; the sink writes JSON", k)
@@ -39,6 +63,7 @@ func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
 	if x := f["message"]; x != nil && r.Sink.Format == FormatAvro {
 		l.errAt(x.key, "message", "`sink.message` names a Protobuf message; the sink writes Avro")
 	}
+	r.Sink.MessageIndexes = l.messageIndexes(f["message_indexes"], "sink", r.Sink.Format)
 	if !registry {
 		return
 	}
@@ -73,12 +98,33 @@ func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
 		l.errAt(x.val, x.val.Value, "sink.schema cannot be read: %v", unwrapPathError(err))
 		return
 	}
-	if err := serde.CheckSchema(serde.Format(r.Sink.Format), string(b), r.Sink.Message); err != nil {
+	if err := serde.CheckSchema(r.Sink.Format.Serde(), string(b), r.Sink.Message); err != nil {
 		l.errAt(x.val, x.val.Value, "sink.schema %s: %v", filepath.Base(p), err)
 		return
 	}
 	r.Sink.SchemaFile, r.Sink.Schema = p, string(b)
 	l.res.tableFiles = append(l.res.tableFiles, p) // watched and hashed like a table file
+}
+
+// messageIndexes reads source.message_indexes or sink.message_indexes
+// (block is "source" or "sink"), which only a Protobuf format takes:
+// "zigzag" (the default) or "unsigned" (serde.IndexEncoding).
+func (l *loader) messageIndexes(x *keyVal, block string, format Format) string {
+	if x == nil {
+		if format == FormatProtobuf {
+			return "zigzag"
+		}
+		return ""
+	}
+	if format != FormatProtobuf {
+		l.errAt(x.key, "message_indexes", "`%s.message_indexes` is for `%s.format: protobuf`", block, block)
+		return ""
+	}
+	s, ok := l.oneOf(x, block+".message_indexes", "zigzag", "unsigned")
+	if !ok {
+		return ""
+	}
+	return s
 }
 
 // checkSinkSchema refuses, when the fields the last step writes are known
@@ -88,7 +134,7 @@ func (l *loader) checkSinkSchema(r *Route, sc *scope) {
 	if r.Sink.Schema == "" || !sc.shape.known {
 		return
 	}
-	problems, err := serde.CheckFields(serde.Format(r.Sink.Format), r.Sink.Schema, r.Sink.Message, sc.shape.fields)
+	problems, err := serde.CheckFields(r.Sink.Format.Serde(), r.Sink.Schema, r.Sink.Message, sc.shape.fields)
 	if err != nil || len(problems) == 0 {
 		return // a schema that does not parse was refused already
 	}

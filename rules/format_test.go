@@ -111,3 +111,42 @@ func TestSinkFormatChecksTheOutputSchema(t *testing.T) {
 		})
 	}
 }
+
+// TestMessageIndexes: source.message_indexes and sink.message_indexes take
+// zigzag (the default for protobuf) or unsigned, with protobuf only.
+func TestMessageIndexes(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"out.proto": "syntax = \"proto3\";\nmessage Out { string id = 1; }\n",
+		"old.yaml":  "route: o\nsource: { topic: in, format: protobuf, message_indexes: unsigned }\nsink: { topic: out, format: protobuf, schema: out.proto, message_indexes: unsigned }\n",
+		"def.yaml":  "route: d\nsource: { topic: in, format: protobuf }\nsink: { topic: out, format: protobuf, schema: out.proto }\n",
+	})
+	o, err := LoadFile(filepath.Join(dir, "old.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Source.MessageIndexes != "unsigned" || o.Sink.MessageIndexes != "unsigned" {
+		t.Errorf("old: %q %q", o.Source.MessageIndexes, o.Sink.MessageIndexes)
+	}
+	d, err := LoadFile(filepath.Join(dir, "def.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Source.MessageIndexes != "zigzag" || d.Sink.MessageIndexes != "zigzag" {
+		t.Errorf("default: %q %q", d.Source.MessageIndexes, d.Sink.MessageIndexes)
+	}
+	for name, c := range map[string]struct{ body, want string }{
+		"avro source": {"route: a\nsource: { topic: in, format: avro, message_indexes: unsigned }\nsink: { topic: out }\n", "`source.message_indexes` is for `source.format: protobuf`"},
+		"json sink":   {"route: a\nsource: { topic: in }\nsink: { topic: out, message_indexes: zigzag }\n", "`sink.message_indexes` is for `sink.format: protobuf`"},
+		"bad value":   {"route: a\nsource: { topic: in, format: protobuf, message_indexes: signed }\nsink: { topic: out }\n", "`source.message_indexes` must be one of zigzag, unsigned"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFiles(t, dir, map[string]string{"r.yaml": c.body})
+			_, err := LoadFile(filepath.Join(dir, "r.yaml"))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("got %v, want %q", err, c.want)
+			}
+		})
+	}
+}

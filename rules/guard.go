@@ -24,7 +24,7 @@ import (
 // default is filled in.
 type Guard struct {
 	Topic      string // name or glob (path.Match syntax)
-	Format     string // "json" or "raw"
+	Format     Format // FormatJSON or FormatRaw
 	OnReject   string // GuardReject or GuardDeadLetter
 	DeadLetter string // set when OnReject == GuardDeadLetter
 	// Checks are the checks as listed, in order. With format json a value
@@ -108,7 +108,7 @@ func (g *Guard) Check(r *operators.Record) (check, message string, ok bool) {
 	}()
 	r.ResetEnv() // a reused Record must not show a previous record's key or headers
 	switch {
-	case g.Format == "raw":
+	case g.Format == FormatRaw:
 		r.Value = string(r.Raw)
 	case r.Raw == nil:
 		r.Value = nil
@@ -126,7 +126,7 @@ func (g *Guard) Check(r *operators.Record) (check, message string, ok bool) {
 		c := &g.Checks[i]
 		if c.Cond == nil {
 			// With format json the value decoded above.
-			if g.Format == "raw" && r.Raw != nil {
+			if g.Format == FormatRaw && r.Raw != nil {
 				if _, err := jsoncodec.Decode(r.Raw); err != nil {
 					return c.Name, notJSON(err), false
 				}
@@ -222,7 +222,7 @@ func (l *loader) loadGuard(root *yaml.Node) *Route {
 	}
 
 	if kv := f["format"]; kv != nil {
-		if s, ok := l.oneOf(kv, "format", "json", "raw"); ok {
+		if s, ok := l.readFormat(kv, "format", FormatJSON, FormatRaw); ok {
 			g.Format = s
 		}
 	}
@@ -347,7 +347,7 @@ func (l *loader) guardChecks(kv *keyVal, g *Guard) {
 // checks read, or nil when one of them reads the value whole (or the
 // format is not json).
 func checkMembers(g *Guard) jsoncodec.Fields {
-	if g.Format != "json" {
+	if g.Format != FormatJSON {
 		return nil
 	}
 	want := jsoncodec.Fields{}

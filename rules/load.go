@@ -11,13 +11,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/expr-lang/expr"
 	"gopkg.in/yaml.v3"
 
+	"github.com/rtproxy/rtproxy/internal/yamlpos"
 	"github.com/rtproxy/rtproxy/operators"
 )
 
@@ -26,7 +26,7 @@ import (
 // one in, so a loaded Route is complete: packages below rules/ (pipeline/)
 // must take these values and keep no default of their own.
 const (
-	DefaultFormat             = "json"
+	DefaultFormat             = FormatJSON
 	DefaultWatermark          = 0 * time.Second
 	DefaultIdleTimeout        = 30 * time.Second
 	DefaultStart              = "earliest"
@@ -46,8 +46,8 @@ const (
 // with the closest known key as a suggestion.
 var (
 	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps", "schema_registry"}
-	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group"}
-	sinkKeys   = []string{"topic", "key", "delivery", "format", "subject", "schema", "message"}
+	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group", "message_indexes"}
+	sinkKeys   = []string{"topic", "key", "delivery", "format", "subject", "schema", "message", "message_indexes"}
 	tableKeys  = []string{"file", "key", "topic"}
 )
 
@@ -77,9 +77,9 @@ type Options struct {
 
 // LoadFileWith is LoadFile with o.
 func LoadFileWith(path string, o Options) (*Route, error) {
-	src, err := os.ReadFile(path)
+	src, err := readRuleFile("", path)
 	if err != nil {
-		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read rule file: %v", unwrapPathError(err))}
+		return nil, readError(path, err)
 	}
 	res := loadBytes(path, src, o)
 	if len(res.errs) > 0 {
@@ -170,61 +170,11 @@ func (l *loader) errAtPos(line, col int, text string, format string, args ...any
 	l.errs = append(l.errs, &Error{File: l.file, Line: line, Col: col, Text: shorten(text), Msg: fmt.Sprintf(format, args...)})
 }
 
-// yamlParserProblems are the messages of yaml.v3's parser (as opposed to
-// its scanner), whose line numbers are 0-based.
-var yamlParserProblems = []string{
-	"did not find expected ',' or ']'",
-	"did not find expected ',' or '}'",
-	"did not find expected '-' indicator",
-	"did not find expected <document start>",
-	"did not find expected <stream-start>",
-	"did not find expected key",
-	"did not find expected node content",
-	"found duplicate %TAG directive",
-	"found duplicate %YAML directive",
-	"found incompatible YAML document",
-	"found undefined tag handle",
-}
-
-var yamlLineRe = regexp.MustCompile(`^yaml: line (\d+): (.*)$`)
-
-// yamlError turns a yaml.v3 syntax error into an *Error. yaml.v3 reports
-// only a line; the column is the first non-blank character of that line,
-// or for "mapping values are not allowed" the colon that is not allowed.
+// yamlError turns a yaml.v3 syntax error into an *Error, placed by
+// yamlpos.Locate (the same position `rtproxy test` gives a test file).
 func (l *loader) yamlError(err error) {
-	msg := err.Error()
-	line := 0
-	if m := yamlLineRe.FindStringSubmatch(msg); m != nil {
-		line, _ = strconv.Atoi(m[1])
-		msg = m[2]
-	} else {
-		msg = strings.TrimPrefix(msg, "yaml: ")
-	}
-	// yaml.v3 reports parser errors (unlike scanner errors) with a 0-based
-	// line, that of the construct being parsed; a missing line is line 0.
-	for _, p := range yamlParserProblems {
-		if strings.HasPrefix(msg, p) {
-			line++
-			break
-		}
-	}
-	if line == 0 {
-		line = 1
-	}
-	col, text := 0, ""
-	if line > 0 && line <= len(l.lines) {
-		s := strings.TrimRight(l.lines[line-1], "\r")
-		text = s
-		col = len(s) - len(strings.TrimLeft(s, " \t")) + 1
-		if strings.Contains(msg, "mapping values are not allowed") {
-			// The first ": " ends the key; the second is the offending one.
-			if i := strings.Index(s, ": "); i >= 0 {
-				if j := strings.Index(s[i+2:], ":"); j >= 0 {
-					col = len([]rune(s[:i+2+j])) + 1
-				}
-			}
-		}
-	}
+	at := yamlpos.Locate(err, l.src)
+	line, col, text, msg := at.Line, at.Col, at.Text, at.Msg
 	hint := "fix the YAML syntax"
 	if strings.Contains(msg, "mapping values are not allowed") || strings.Contains(msg, "did not find expected") {
 		hint = "an expression containing `: `, `#` or a leading YAML indicator must be quoted or written in block form (`filter: |` and the expression on the next line)"
@@ -515,10 +465,11 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 		r.Source.Topic = name
 	}
 	if x := f["format"]; x != nil {
-		if s, ok := l.oneOf(x, "source.format", "json", "raw", FormatAvro, FormatProtobuf); ok {
+		if s, ok := l.readFormat(x, "source.format", FormatJSON, FormatRaw, FormatAvro, FormatProtobuf); ok {
 			r.Source.Format = s
 		}
 	}
+	r.Source.MessageIndexes = l.messageIndexes(f["message_indexes"], "source", r.Source.Format)
 	if x := f["watermark"]; x != nil {
 		if d, ok := l.duration(x, "source.watermark", true); ok {
 			r.Source.Watermark = d
@@ -692,47 +643,6 @@ func (l *loader) fileTable(k *yaml.Node, file, key *keyVal, spec *TableSpec, whe
 		return
 	}
 	spec.Table = t
-}
-
-// tableFileAllowed refuses a table file that is not a regular file inside
-// the rules directory dir or tablesDir (symlinks resolved): a rule file must
-// not be able to read any file the proxy can (/proc/self/environ, a
-// secret), and a FIFO or device would hang the reload that opens it.
-func tableFileAllowed(dir, tablesDir, p string) error {
-	real, err := filepath.EvalSymlinks(p)
-	if err != nil {
-		return nil // does not exist (yet): LoadFileTable says so
-	}
-	inside := func(d string) bool {
-		if d == "" {
-			return false
-		}
-		if abs, err := filepath.Abs(d); err == nil {
-			d = abs
-		}
-		if r, err := filepath.EvalSymlinks(d); err == nil {
-			d = r
-		}
-		rel, err := filepath.Rel(d, real)
-		return err == nil && rel != ".." && !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && !filepath.IsAbs(rel)
-	}
-	if !inside(dir) && !inside(tablesDir) {
-		where := "the rules directory"
-		if tablesDir != "" {
-			where += " or tables_dir (" + tablesDir + ")"
-		} else {
-			where += " (or a directory named by the proxy's tables_dir)"
-		}
-		return fmt.Errorf("the table file %s is outside %s; table files must be inside it", real, where)
-	}
-	fi, err := os.Stat(real)
-	if err != nil {
-		return nil
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("the table file %s is not a regular file (%s)", real, fi.Mode().Type())
-	}
-	return nil
 }
 
 func unwrapPathError(err error) error {

@@ -67,8 +67,8 @@ func defaultText(k *operators.Key) string {
 	return "—"
 }
 
-// traits says what state a step keeps, from the step its example builds:
-// the pipeline decides by the same interfaces.
+// traits says what state a step keeps, from the traits its example's
+// Compile declares: the pipeline decides by the same traits.
 func traits(s *operators.Spec) string {
 	res := loadBytes(s.Kind+".yaml", []byte(s.Example), Options{})
 	if res.route == nil {
@@ -78,23 +78,18 @@ func traits(s *operators.Spec) string {
 		if st.Kind != s.Kind {
 			continue
 		}
-		step, err := st.Build(BuildEnv{KV: operators.NewMemKV(), Tables: map[string]operators.Table{}})
-		if err != nil {
-			// A join needs its table to build; it keeps no state.
-			return "none"
-		}
 		var t []string
-		if _, ok := step.(operators.Keyed); ok {
+		if st.Traits.Keyed {
 			k := "keyed"
 			if s.KeyedBy != "" {
 				k += " by `" + s.KeyedBy + "` (a repartition topic, a changelog topic)"
 			}
 			t = append(t, k)
 		}
-		if _, ok := step.(operators.Timed); ok {
+		if st.Traits.Timed {
 			t = append(t, "follows the watermark")
 		}
-		if _, ok := step.(operators.Stateful); ok {
+		if st.Traits.Stateful {
 			t = append(t, "snapshots")
 		}
 		if len(t) == 0 {

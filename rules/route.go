@@ -2,8 +2,10 @@
 // expression once, runs the analyzer that refuses plans that cannot run
 // (with file:line:col errors), and watches the rules directory.
 //
-// It may import operators (for the step constructors and types) and state
-// (interfaces only); it must never import pipeline/ or protocol/.
+// It may import operators (the step specs, their traits and types),
+// internal/serde (sink schema checks) and internal/jsoncodec; it must never
+// import pipeline/ or protocol/ (docs/ARCHITECTURE.md, "Packages and their
+// arrows"; test/layering checks it).
 package rules
 
 import (
@@ -37,7 +39,7 @@ type Route struct {
 // Source is the `source:` block.
 type Source struct {
 	Topic       string
-	Format      string          // "json", "raw", FormatAvro or FormatProtobuf
+	Format      Format          // FormatJSON, FormatRaw, FormatAvro or FormatProtobuf
 	EventTime   *operators.Expr // nil: the record timestamp
 	Watermark   time.Duration   // allowed lateness
 	IdleTimeout time.Duration
@@ -51,6 +53,9 @@ type Source struct {
 	// Group is the consumer group every instance running the route joins;
 	// "" means "rtproxy.<route>" (GroupID).
 	Group string
+	// MessageIndexes is how Protobuf records write their message indexes:
+	// "zigzag" (the default) or "unsigned" (confluent-kafka-python ≤ 1.7).
+	MessageIndexes string
 }
 
 // GroupID is the consumer group of the route: source.group, or
@@ -68,16 +73,18 @@ type Sink struct {
 	Key   *operators.Expr // nil: the source key (window rows: the window key)
 	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce.
 	Delivery string
-	// Format is "json" (the default), FormatAvro or FormatProtobuf; the
+	// Format is FormatJSON (the default), FormatAvro or FormatProtobuf; the
 	// last two write through the schema registry with the schema of
 	// Subject: Schema (the text of the file SchemaFile) registered there,
 	// or, when empty, the subject's latest version. Message names the
 	// Protobuf message ("": the file's first).
-	Format     string
+	Format     Format
 	Subject    string // default "<sink.topic>-value"
 	SchemaFile string
 	Schema     string
 	Message    string
+	// MessageIndexes: as Source.MessageIndexes, for the values written.
+	MessageIndexes string
 }
 
 // Sink delivery guarantees (`sink.delivery`).
@@ -116,9 +123,14 @@ type StepSpec struct {
 	Def       string
 	Line, Col int
 	Table     string // join steps: the table name
-	// Build makes one instance of the step. The pipeline builds Keyed steps
-	// once per shuffle worker, each with its own KV; other steps may be
-	// built once per reader.
+	// Traits are what the step's Compile declared: the pipeline decides
+	// segments, watermarks, snapshots and the close journal by them,
+	// without building the step. Every instance Build makes implements
+	// exactly these (operators.CheckTraits).
+	Traits operators.Traits
+	// Build makes one instance of the step. The pipeline builds a Keyed
+	// step once per owned partition of its repartition topic, each with its
+	// own KV, and every other step once per task.
 	Build func(operators.BuildEnv) (operators.Step, error)
 }
 

@@ -62,8 +62,8 @@ type shape struct {
 	origin string // "the map at line 12", for messages
 }
 
-func sourceShape(format string) shape {
-	return shape{raw: format == "raw", origin: "format raw"}
+func sourceShape(format Format) shape {
+	return shape{raw: format == FormatRaw, origin: "format raw"}
 }
 
 func (s shape) has(f string) bool { return contains(s.fields, f) }
@@ -350,7 +350,7 @@ func chain(prev, kind, def string) string {
 }
 
 func (l *loader) steps(kv *keyVal, r *Route) {
-	src := "source\x00" + r.Source.Format + "\x00" + r.Source.Watermark.String() + "\x00"
+	src := "source\x00" + string(r.Source.Format) + "\x00" + r.Source.Watermark.String() + "\x00"
 	if r.Source.EventTime != nil {
 		src += canonical(r.Source.EventTime.Source)
 	}
@@ -378,7 +378,7 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 	l.sinkKey(r, sc)
 	// A sink that encodes Avro or Protobuf builds its output from the
 	// whole value, so such a route decodes its source whole.
-	if r.Source.Format == "json" && !l.srcReads.whole && (r.Sink.Format == "" || r.Sink.Format == "json") {
+	if r.Source.Format == FormatJSON && !l.srcReads.whole && (r.Sink.Format == "" || r.Sink.Format == FormatJSON) {
 		r.Source.Members = slices.Sorted(maps.Keys(l.srcReads.members))
 		r.Source.DecodeMembers = true
 	}
@@ -770,6 +770,7 @@ func (p *stepParse) apply(plan *operators.Plan, st *StepSpec) {
 		sc.bound = append(append([]string{}, sc.bound...), plan.Binds)
 	}
 	st.Table = plan.Table
+	st.Traits = plan.Traits
 	st.Build = plan.New
 }
 

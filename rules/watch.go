@@ -300,14 +300,33 @@ func (w *Watcher) scan() {
 	w.recheck = 0
 	for _, path := range files {
 		present[path] = true
-		src, err := os.ReadFile(path)
-		if err != nil {
+		src, err := readRuleFile(w.dir, path)
+		var refused *FileRefusedError
+		if errors.As(err, &refused) {
+			// Resolves out of the directory, not a regular file, or too
+			// large: refused unread, like invalid content (its last valid
+			// version, if any, keeps running). The refusal is its "content".
+			src = []byte("\x00refused\x00" + refused.Msg)
+		} else if err != nil {
 			// Deleted between listing and reading: the next event rescans.
 			continue
 		}
 		sum := sha256.Sum256(src)
 		ch := hex.EncodeToString(sum[:])
 		wf := w.files[path]
+		if refused != nil {
+			if wf == nil {
+				wf = &watchedFile{}
+				w.files[path] = wf
+			}
+			if wf.contentHash != ch {
+				wf.heldHash = ""
+				wf.contentHash, wf.tableFiles, wf.tableHash = ch, nil, hashFiles(nil)
+				wf.name, wf.namePos = "", position{}
+				wf.cur, wf.errs = nil, ErrorList{readError(path, err)}
+			}
+			continue
+		}
 		if wf != nil && wf.contentHash == ch && hashFiles(wf.tableFiles) == wf.tableHash {
 			wf.heldHash = ""
 			continue

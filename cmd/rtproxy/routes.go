@@ -55,19 +55,21 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		Registerer: reg,
 		// A stopping route waits this long for its outputs to be
 		// acknowledged before its final checkpoint: the same budget
-		// SIGTERM gives everything else. Zero keeps the pipeline default.
+		// SIGTERM gives everything else.
 		StopTimeout:    cfg.ShutdownGrace,
 		StateRetention: cfg.StateRetention,
 		GroupProtocol:  cfg.GroupProtocol,
 		SessionTimeout: cfg.GroupSessionTimeout,
-		BatchWindow:    batchWindow(cfg.BatchWindow),
+		BatchWindow:    cfg.BatchWindow,
 		// The last dead letters of each route, for the status page.
 		RecentValues: cfg.Admin.ShowRecords,
 		RedactHeader: redact.MatchString,
 		SchemaRegistry: serde.Config{URL: cfg.SchemaRegistry.URL,
 			BasicAuthFile: cfg.SchemaRegistry.BasicAuthFile, BasicAuthEnv: cfg.SchemaRegistry.BasicAuthEnv,
 			BearerTokenFile: cfg.SchemaRegistry.BearerTokenFile, BearerTokenEnv: cfg.SchemaRegistry.BearerTokenEnv,
-			CAFile: cfg.SchemaRegistry.CAFile, Timeout: cfg.SchemaRegistry.Timeout},
+			CAFile: cfg.SchemaRegistry.CAFile, Timeout: cfg.SchemaRegistry.Timeout,
+			Limits: serde.Limits{MaxResponseBytes: cfg.SchemaRegistry.MaxResponseBytes, MaxSchemaBytes: cfg.SchemaRegistry.MaxSchemaBytes,
+				MaxSchemaDepth: cfg.SchemaRegistry.MaxSchemaDepth, MaxReferences: cfg.SchemaRegistry.MaxReferences}},
 	})
 	if err != nil {
 		return nil, err
@@ -143,13 +145,4 @@ func (r *routes) Run(ctx context.Context) error {
 	err = r.m.Run(ctx)
 	w.Close()
 	return err
-}
-
-// batchWindow is batch_window for pipeline.Config, where zero means the
-// default and a negative window turns batching off.
-func batchWindow(d time.Duration) time.Duration {
-	if d == 0 {
-		return -1
-	}
-	return d
 }

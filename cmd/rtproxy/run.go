@@ -164,6 +164,9 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	syscall.Umask(0o077)
 	log.Info("rtproxy starting", "version", version, "listen", cfg.Listen, "admin_listen", cfg.AdminListen,
 		"rules_dir", cfg.RulesDir, "state_dir", cfg.StateDir, "upstream", cfg.Upstream)
+	if soft := setMemLimit("/", os.LookupEnv); soft > 0 {
+		log.Info("Go memory limit set from the container's (GOMEMLIMIT unset)", "bytes", soft, "share", memLimitShare)
+	}
 
 	// Signals are caught from the start, so a SIGTERM during startup is a
 	// clean stop rather than the default abrupt exit.

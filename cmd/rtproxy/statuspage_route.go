@@ -9,9 +9,7 @@ package main
 import (
 	"fmt"
 	"html/template"
-	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -20,6 +18,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/rtproxy/rtproxy/pipeline"
+	"github.com/rtproxy/rtproxy/rules"
 )
 
 // millisTime is how the page writes a dead letter's times.
@@ -157,12 +156,10 @@ func ruleFileLines(file string, refs []errorRef) ([]srcLine, string) {
 	if file == "" {
 		return nil, "no rule file"
 	}
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, "cannot read it: " + err.Error()
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxRuleFileBytes+1))
+	// Read as the loader reads it: a file that resolves out of the rules
+	// directory (a symlink to /proc/self/environ), is not a regular file
+	// or is too large is not shown, whatever it holds.
+	b, err := rules.ReadConfined(filepath.Dir(file), file, rules.MaxRuleFileBytes)
 	if err != nil {
 		return nil, "cannot read it: " + err.Error()
 	}

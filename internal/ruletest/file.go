@@ -20,6 +20,8 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+	"github.com/rtproxy/rtproxy/internal/yamlpos"
+	"github.com/rtproxy/rtproxy/rules"
 )
 
 // Suffix is what a test file's name ends with: <rule file name>.test.yaml
@@ -127,8 +129,14 @@ func (p *parser) errAt(n *yaml.Node, f string, args ...any) {
 
 // Load parses a test file. The error is nil or Errors.
 func Load(path string) (*File, error) {
-	src, err := os.ReadFile(path)
+	// Confined as rule files are: a test file that resolves out of its
+	// directory, is not a regular file or is too large is not read.
+	src, err := rules.ReadConfined("", path, rules.MaxRuleFileBytes)
 	if err != nil {
+		var re *rules.FileRefusedError
+		if errors.As(err, &re) {
+			return nil, Errors{{File: path, Msg: "test file refused: " + re.Msg}}
+		}
 		var pe *os.PathError
 		if errors.As(err, &pe) {
 			err = pe.Err
@@ -143,13 +151,7 @@ func Parse(path string, src []byte) (*File, error) {
 	p := &parser{file: path}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(src, &doc); err != nil {
-		msg := strings.TrimPrefix(err.Error(), "yaml: ")
-		line := 0
-		if _, rest, ok := strings.Cut(msg, "line "); ok {
-			n, _, _ := strings.Cut(rest, ":")
-			line, _ = strconv.Atoi(n)
-		}
-		return nil, Errors{{File: path, Line: line, Col: 1, Msg: "not valid YAML: " + msg}}
+		return nil, Errors{syntaxError(path, src, err)}
 	}
 	f := &File{Path: path}
 	if len(doc.Content) == 0 {
@@ -187,6 +189,26 @@ func Parse(path string, src []byte) (*File, error) {
 		return nil, p.errs
 	}
 	return f, nil
+}
+
+// syntaxError places a YAML syntax error of a test file where `rtproxy
+// check` places the same mistake in a rule file (yamlpos.Locate).
+func syntaxError(path string, src []byte, err error) *Error {
+	at := yamlpos.Locate(err, src)
+	msg := "not valid YAML: " + at.Msg
+	if at.Text != "" {
+		msg += fmt.Sprintf(" (near `%s`)", shortLine(at.Text))
+	}
+	return &Error{File: path, Line: at.Line, Col: at.Col, Msg: msg}
+}
+
+// shortLine is a source line cut for an error message.
+func shortLine(s string) string {
+	s = strings.TrimSpace(s)
+	if r := []rune(s); len(r) > 60 {
+		s = string(r[:60]) + "…"
+	}
+	return s
 }
 
 // fields reads a mapping whose keys must be among known.

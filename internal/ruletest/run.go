@@ -180,18 +180,62 @@ func compare(fail func(int, string, ...any), e Expect, what string, want []*Reco
 		}
 		return
 	}
-	used := make([]bool, len(got))
-	for _, w := range want {
-		found := false
+	// As a set: the most expected records matched to written ones (a
+	// bipartite matching, so a loose expectation cannot take the only
+	// record a stricter one fits), then each expected record left over is
+	// shown against its nearest written record left over, field by field.
+	fits := make([][]bool, len(want))
+	for i, w := range want {
+		fits[i] = make([]bool, len(got))
 		for j, g := range got {
-			if !used[j] && len(match(w, g)) == 0 {
-				used[j], found = true, true
-				break
+			fits[i][j] = len(match(w, g)) == 0
+		}
+	}
+	owner := make([]int, len(got)) // got j -> the want it is matched to, or -1
+	for j := range owner {
+		owner[j] = -1
+	}
+	var augment func(i int, seen []bool) bool
+	augment = func(i int, seen []bool) bool {
+		for j := range got {
+			if fits[i][j] && !seen[j] {
+				seen[j] = true
+				if owner[j] < 0 || augment(owner[j], seen) {
+					owner[j] = i
+					return true
+				}
 			}
 		}
-		if !found {
-			fail(w.Line, "no written %s record matches this expected one (order: any):\n    want: %s", what, describeWant(w))
+		return false
+	}
+	matched := make([]bool, len(want))
+	for i := range want {
+		matched[i] = augment(i, make([]bool, len(got)))
+	}
+	used := make([]bool, len(got))
+	for j, i := range owner {
+		used[j] = i >= 0
+	}
+	for i, w := range want {
+		if matched[i] {
+			continue
 		}
+		near, nearDiffs := -1, []string(nil)
+		for j, g := range got {
+			if used[j] {
+				continue
+			}
+			if d := match(w, g); near < 0 || len(d) < len(nearDiffs) {
+				near, nearDiffs = j, d
+			}
+		}
+		if near < 0 {
+			fail(w.Line, "no written %s record matches this expected one (order: any), and every written one is matched to another:\n    want: %s", what, describeWant(w))
+			continue
+		}
+		used[near] = true
+		fail(w.Line, "no written %s record matches this expected one (order: any); the nearest, written %d, differs:\n    %s\n    want: %s\n    got:  %s",
+			what, near+1, strings.Join(nearDiffs, "\n    "), describeWant(w), describe(got[near], dlq))
 	}
 	for j, g := range got {
 		if !used[j] {

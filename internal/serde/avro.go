@@ -2,12 +2,12 @@ package serde
 
 import (
 	"encoding/base64"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"math/big"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/hamba/avro/v2"
@@ -27,38 +27,142 @@ import (
 // avroMaxDepth bounds nesting of a recursive schema's value.
 const avroMaxDepth = 1000
 
-var avroReaders = sync.Pool{New: func() any { return avro.NewReader(nil, 0) }}
-
 // avroDecode reads one value of schema s from b (the bytes after the
 // header) into the value tree.
 func avroDecode(s avro.Schema, b []byte) (any, error) {
-	r := avroReaders.Get().(*avro.Reader)
-	r.Reset(b)
-	r.Error = nil
-	d := avroDec{r: r, budget: 1024 + 8*len(b)}
+	d := avroDec{r: avroReader{b: b}, budget: 1024 + 8*len(b)}
 	v := d.value(s, 0)
-	err := r.Error
-	if err == nil && d.err != nil {
+	err := d.r.err
+	if err == nil {
 		err = d.err
 	}
-	if err == nil {
-		// Peek sets io.EOF when nothing is left, as it must be.
-		r.Peek()
-		if r.Error == nil {
-			err = errTrailing
-		}
+	if err == nil && len(d.r.b) > 0 {
+		err = errTrailing
 	}
-	r.Reset(nil)
-	r.Error = nil
-	avroReaders.Put(r)
 	if err != nil {
 		return nil, fmt.Errorf("avro: %w", err)
 	}
 	return v, nil
 }
 
+// avroReader reads Avro's binary encoding from the record's bytes. Every
+// length (bytes, string, fixed) is checked against what is left of the
+// record before anything is allocated for it: a schema or a record that
+// claims more is refused, whatever the size (issue 25, finding 5).
+type avroReader struct {
+	b   []byte // what is left
+	err error
+}
+
+var errAvroEOF = errors.New("unexpected end of the record")
+
+func (r *avroReader) fail(err error) {
+	if r.err == nil {
+		r.err = err
+	}
+	r.b = nil
+}
+
+// varint reads a zigzag varint of at most max bytes.
+func (r *avroReader) varint(max int) int64 {
+	var v uint64
+	var shift uint
+	for i := 0; i < len(r.b); i++ {
+		if i >= max {
+			r.fail(errors.New("int overflow"))
+			return 0
+		}
+		c := r.b[i]
+		v |= uint64(c&0x7f) << shift
+		if c&0x80 == 0 {
+			r.b = r.b[i+1:]
+			return int64(v>>1) ^ -int64(v&1)
+		}
+		shift += 7
+	}
+	r.fail(errAvroEOF)
+	return 0
+}
+
+func (r *avroReader) long() int64 { return r.varint(10) }
+
+func (r *avroReader) int() int32 { return int32(r.varint(5)) }
+
+func (r *avroReader) bool() bool {
+	if len(r.b) == 0 {
+		r.fail(errAvroEOF)
+		return false
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	if c > 1 {
+		r.fail(errors.New("invalid bool"))
+	}
+	return c == 1
+}
+
+// take is the next n bytes of the record, not copied.
+func (r *avroReader) take(n int64, what string) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n < 0 {
+		r.fail(fmt.Errorf("negative %s length %d", what, n))
+		return nil
+	}
+	if n > int64(len(r.b)) {
+		r.fail(fmt.Errorf("%s of %d bytes, but only %d are left in the record", what, n, len(r.b)))
+		return nil
+	}
+	out := r.b[:n:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func (r *avroReader) float() float32 {
+	b := r.take(4, "float")
+	if b == nil {
+		return 0
+	}
+	return math.Float32frombits(binary.LittleEndian.Uint32(b))
+}
+
+func (r *avroReader) double() float64 {
+	b := r.take(8, "double")
+	if b == nil {
+		return 0
+	}
+	return math.Float64frombits(binary.LittleEndian.Uint64(b))
+}
+
+// bytes reads a length and that many bytes (not copied).
+func (r *avroReader) bytes(what string) []byte {
+	n := r.long()
+	if r.err != nil {
+		return nil
+	}
+	return r.take(n, what)
+}
+
+func (r *avroReader) string() string { return string(r.bytes("string")) }
+
+// blockHeader reads an array or map block's item count (a negative count
+// is followed by the block's size in bytes, which is skipped).
+func (r *avroReader) blockHeader() int64 {
+	n := r.long()
+	if n < 0 {
+		r.long()
+		if n == math.MinInt64 {
+			r.fail(errors.New("negative block count"))
+			return 0
+		}
+		n = -n
+	}
+	return n
+}
+
 type avroDec struct {
-	r *avro.Reader
+	r avroReader
 	// budget is how many array and map items the value may still hold:
 	// items of type null take no bytes, so a count alone could loop for
 	// ever.
@@ -72,21 +176,21 @@ func (d *avroDec) fail(err error) {
 	}
 }
 
-func (d *avroDec) ok() bool { return d.r.Error == nil && d.err == nil }
+func (d *avroDec) ok() bool { return d.r.err == nil && d.err == nil }
 
 func (d *avroDec) value(s avro.Schema, depth int) any {
 	if depth > avroMaxDepth {
 		d.fail(errors.New("nested deeper than 1000"))
 		return nil
 	}
-	r := d.r
+	r := &d.r
 	switch s.Type() {
 	case avro.Null:
 		return nil
 	case avro.Boolean:
-		return r.ReadBool()
+		return r.bool()
 	case avro.Int:
-		n := r.ReadInt()
+		n := r.int()
 		if ls := logical(s); ls != nil {
 			switch ls.Type() {
 			case avro.Date:
@@ -95,7 +199,7 @@ func (d *avroDec) value(s avro.Schema, depth int) any {
 		}
 		return float64(n)
 	case avro.Long:
-		n := r.ReadLong()
+		n := r.long()
 		if ls := logical(s); ls != nil {
 			switch ls.Type() {
 			case avro.TimeMicros, avro.TimestampMicros, avro.LocalTimestampMicros:
@@ -104,28 +208,33 @@ func (d *avroDec) value(s avro.Schema, depth int) any {
 		}
 		return float64(n)
 	case avro.Float:
-		return float32To64(r.ReadFloat())
+		return float32To64(r.float())
 	case avro.Double:
-		return r.ReadDouble()
+		return r.double()
 	case avro.String:
-		return r.ReadString()
+		return r.string()
 	case avro.Bytes:
-		b := r.ReadBytes()
+		b := r.bytes("bytes")
+		if r.err != nil {
+			return nil
+		}
 		if ls := logical(s); ls != nil && ls.Type() == avro.Decimal {
 			return decimalFloat(b, ls.(*avro.DecimalLogicalSchema).Scale())
 		}
 		return base64.StdEncoding.EncodeToString(b)
 	case avro.Fixed:
 		fs := s.(*avro.FixedSchema)
-		b := make([]byte, fs.Size())
-		r.Read(b)
+		b := r.take(int64(fs.Size()), "fixed "+fs.FullName())
+		if r.err != nil {
+			return nil
+		}
 		if ls := fs.Logical(); ls != nil && ls.Type() == avro.Decimal {
 			return decimalFloat(b, ls.(*avro.DecimalLogicalSchema).Scale())
 		}
 		return base64.StdEncoding.EncodeToString(b)
 	case avro.Enum:
 		es := s.(*avro.EnumSchema)
-		i := r.ReadInt()
+		i := r.int()
 		sym, ok := es.Symbol(int(i))
 		if !ok {
 			d.fail(fmt.Errorf("enum %s has no symbol %d", es.FullName(), i))
@@ -167,14 +276,14 @@ func (d *avroDec) value(s avro.Schema, depth int) any {
 				break
 			}
 			for ; n > 0 && d.ok(); n-- {
-				k := r.ReadString()
+				k := r.string()
 				m[k] = d.value(vals, depth+1)
 			}
 		}
 		return m
 	case avro.Union:
 		types := s.(*avro.UnionSchema).Types()
-		i := r.ReadLong()
+		i := r.long()
 		if i < 0 || i >= int64(len(types)) {
 			d.fail(fmt.Errorf("union has no branch %d", i))
 			return nil
@@ -188,11 +297,7 @@ func (d *avroDec) value(s avro.Schema, depth int) any {
 // block reads an array or map block header: its item count, charged to
 // the budget.
 func (d *avroDec) block() int64 {
-	n, _ := d.r.ReadBlockHeader()
-	if n < 0 {
-		d.fail(errors.New("negative block count"))
-		return 0
-	}
+	n := d.r.blockHeader()
 	if n > int64(d.budget) {
 		d.fail(fmt.Errorf("a block of %d items is more than the record's bytes can hold", n))
 		return 0

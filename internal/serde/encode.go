@@ -33,6 +33,7 @@ type Encoder struct {
 	subject string
 	text    string // "" → the subject's latest version
 	message string // Protobuf: the message's full name; "" → the file's first
+	indexes IndexEncoding
 
 	mu    sync.Mutex
 	s     *Schema
@@ -44,6 +45,12 @@ type Encoder struct {
 // version of subject) in format f; message names the Protobuf message.
 func NewEncoder(reg *Registry, f Format, subject, text, message string) *Encoder {
 	return &Encoder{reg: reg, format: f, subject: subject, text: text, message: message}
+}
+
+// WithIndexes makes e write Protobuf message indexes in encoding x.
+func (e *Encoder) WithIndexes(x IndexEncoding) *Encoder {
+	e.indexes = x
+	return e
 }
 
 // Ready reports whether the output schema is known.
@@ -133,7 +140,10 @@ func (e *Encoder) Encode(v any) ([]byte, error) {
 		return nil, errors.New("the output schema is not resolved yet")
 	}
 	var h sr.ConfluentHeader
-	b, _ := h.AppendEncode(make([]byte, 0, 256), s.ID, index)
+	b, _ := h.AppendEncode(make([]byte, 0, 256), s.ID, nil)
+	if s.Type == sr.TypeProtobuf {
+		b = appendIndexes(b, index, e.indexes)
+	}
 	var err error
 	if s.Type == sr.TypeAvro {
 		w := avro.NewWriter(nil, 256)

@@ -1,9 +1,11 @@
 package serde
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/hamba/avro/v2"
@@ -148,4 +150,119 @@ func FuzzEncode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzAvroReaderAgainstHamba: the Avro reader of this package (every
+// length bounded by what is left of the record) accepts exactly the
+// records hamba/avro's generic reader reads whole, with the payment schema
+// and with a fixed larger than any record; for the fixed, it allocates no
+// more than the record.
+func FuzzAvroReaderAgainstHamba(f *testing.F) {
+	text, err := os.ReadFile("testdata/payment.avsc")
+	if err != nil {
+		f.Fatal(err)
+	}
+	// hamba's generic reader has no null type: the payment without its
+	// null field (which takes no bytes: the records are the same).
+	noNull := strings.Replace(string(text), `,
+    {"name": "nothing", "type": "null"}`, "", 1)
+	if noNull == string(text) {
+		f.Fatal("the payment schema's null field moved")
+	}
+	schemas := []avro.Schema{avro.MustParse(noNull), avro.MustParse(`{"type":"record","name":"B","fields":[{"name":"b","type":"bytes"},{"name":"s","type":"string"},{"name":"f","type":{"type":"fixed","name":"F","size":100000}}]}`)}
+	body, err := avro.Marshal(schemas[0], samplePayment())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(body)
+	f.Add(body[:len(body)-3])
+	f.Add([]byte{0x02, 'a', 0x80, 0x80, 0x80, 0x80, 0x10})
+	f.Add([]byte{0xfe, 0xff, 0xff, 0xff, 0x0f, 0x00})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for _, s := range schemas {
+			_, err := avroDecode(s, b)
+			r := avro.NewReader(nil, 0).Reset(b)
+			r.ReadNext(s)
+			hambaErr := r.Error
+			whole := false
+			if hambaErr == nil {
+				r.Peek() // io.EOF when nothing is left
+				whole = r.Error != nil
+			}
+			if (err == nil) != (hambaErr == nil && whole) {
+				t.Fatalf("%s: ours %v, hamba %v (read whole: %v)", s.Type(), err, hambaErr, whole)
+			}
+		}
+	})
+}
+
+// FuzzMessageIndexes: any bytes read as indexes in either encoding without
+// panicking, at most maxIndexes of them, none negative; what is written
+// reads back.
+func FuzzMessageIndexes(f *testing.F) {
+	f.Add([]byte{0}, uint8(0))
+	f.Add([]byte{2, 2, 4}, uint8(0))
+	f.Add([]byte{1, 1}, uint8(1))
+	f.Add([]byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x01}, uint8(1))
+	f.Fuzz(func(t *testing.T, b []byte, e uint8) {
+		enc := IndexEncoding(e % 2)
+		idx, rest, err := readIndexes(b, enc)
+		if err != nil {
+			return
+		}
+		if len(idx) == 0 || len(idx) > maxIndexes || len(rest) > len(b) {
+			t.Fatalf("%q: %v, rest %d of %d", b, idx, len(rest), len(b))
+		}
+		for _, i := range idx {
+			if i < 0 {
+				t.Fatalf("%q: negative index in %v", b, idx)
+			}
+		}
+		w := appendIndexes(nil, idx, enc)
+		back, tail, err := readIndexes(append(w, rest...), enc)
+		if err != nil || !equalInts(back, idx) || len(tail) != len(rest) {
+			t.Fatalf("%v written as %q read back as %v, %v", idx, w, back, err)
+		}
+	})
+}
+
+// FuzzSchemaDepth: the pre-scan's depth of a JSON text is the depth
+// encoding/json finds in it (counted the same way: objects and arrays),
+// and the .proto pre-scan never panics and stops at its limit.
+func FuzzSchemaDepth(f *testing.F) {
+	f.Add(`{"type":"record","fields":[{"name":"a","type":{"type":"array","items":"int"}}]}`)
+	f.Add(`["a\"[{",{"b":[[[]]]}]`)
+	f.Add("syntax = \"proto3\";\nmessage A { message B { string x = 1 [json_name = \"{\"]; } // {\n /* { */ }\n")
+	f.Add(strings.Repeat("[", 100))
+	f.Fuzz(func(t *testing.T, s string) {
+		if d := protoTextDepth(s, 16); d > 17 {
+			t.Fatalf("protoTextDepth went to %d past its limit 16", d)
+		}
+		var v any
+		if json.Unmarshal([]byte(s), &v) != nil {
+			jsonDepth(s, 64)
+			return
+		}
+		want := treeDepth(v)
+		if got := jsonDepth(s, 1<<30); got != want {
+			t.Fatalf("jsonDepth(%q) = %d, encoding/json's tree is %d deep", s, got, want)
+		}
+	})
+}
+
+func treeDepth(v any) int {
+	d := 0
+	switch x := v.(type) {
+	case map[string]any:
+		for _, e := range x {
+			d = max(d, treeDepth(e))
+		}
+		return d + 1
+	case []any:
+		for _, e := range x {
+			d = max(d, treeDepth(e))
+		}
+		return d + 1
+	}
+	return 0
 }

@@ -86,23 +86,31 @@ func descriptorText(text string) *descriptorpb.FileDescriptorProto {
 	if proto.Unmarshal(b, fdp) != nil || (len(fdp.MessageType) == 0 && len(fdp.EnumType) == 0 && len(fdp.Dependency) == 0) {
 		return nil
 	}
+	fillJSONNames(fdp.Extension)
 	for _, m := range fdp.MessageType {
-		clearEmptyJSONNames(m)
+		fillMessageJSONNames(m)
 	}
 	return fdp
 }
 
-// clearEmptyJSONNames drops json_name "" from m's fields: a descriptor
-// serialized by some runtimes carries it, and the linker would read it as
-// the same custom JSON name given to every field.
-func clearEmptyJSONNames(m *descriptorpb.DescriptorProto) {
-	for _, f := range m.Field {
-		if f.JsonName != nil && *f.JsonName == "" {
-			f.JsonName = nil
-		}
-	}
+// fillMessageJSONNames gives every field of m (and of its nested messages)
+// without a json_name protoc's default one. protoc's generated code (what
+// confluent-kafka's ProtobufSerializer registers) leaves json_name out,
+// some runtimes write it as "", and the linker reads a missing one as the
+// custom name "" given to every field: "custom JSON name "" conflicts".
+func fillMessageJSONNames(m *descriptorpb.DescriptorProto) {
+	fillJSONNames(m.Field)
+	fillJSONNames(m.Extension)
 	for _, n := range m.NestedType {
-		clearEmptyJSONNames(n)
+		fillMessageJSONNames(n)
+	}
+}
+
+func fillJSONNames(fs []*descriptorpb.FieldDescriptorProto) {
+	for _, f := range fs {
+		if f.GetJsonName() == "" {
+			f.JsonName = proto.String(jsonCamelCase(f.GetName()))
+		}
 	}
 }
 
@@ -258,4 +266,25 @@ func wellKnown(m protoreflect.Message, md protoreflect.MessageDescriptor) (any, 
 		return protoScalar(fd, m.Get(fd)), true
 	}
 	return nil, false
+}
+
+// jsonCamelCase is the JSON name protoc gives a field that has none of its
+// own: underscores dropped, the letter after one upper-cased.
+func jsonCamelCase(s string) string {
+	b := make([]byte, 0, len(s))
+	up := false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '_':
+			up = true
+		case up && 'a' <= c && c <= 'z':
+			b = append(b, c-'a'+'A')
+			up = false
+		default:
+			b = append(b, c)
+			up = false
+		}
+	}
+	return string(b)
 }

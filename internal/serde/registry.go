@@ -32,6 +32,12 @@ type Config struct {
 	CAFile string
 	// Timeout bounds one request to the registry. Zero: 10s.
 	Timeout time.Duration
+	// Limits bound the registry's answers and schemas (bounds.go); zero
+	// fields take the defaults. They come from the proxy's config only: a
+	// rule file's own schema_registry cannot raise them.
+	Limits Limits
+	// Metrics count the refusals for a bound; nil counts nothing.
+	Metrics *Metrics
 }
 
 // Set reports whether a registry is configured.
@@ -95,6 +101,7 @@ func (c Config) client(lookup func(string) (string, bool)) (*sr.Client, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Second
 	}
+	lim := c.Limits.withDefaults()
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	if c.CAFile != "" {
 		pem, err := os.ReadFile(c.CAFile)
@@ -107,7 +114,8 @@ func (c Config) client(lookup func(string) (string, bool)) (*sr.Client, error) {
 		}
 		tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	}
-	opts := []sr.ClientOpt{sr.URLs(urls...), sr.HTTPClient(&http.Client{Transport: tr, Timeout: timeout}), sr.UserAgent("rtproxy")}
+	limited := &limitTransport{rt: tr, max: lim.MaxResponseBytes, m: c.Metrics}
+	opts := []sr.ClientOpt{sr.URLs(urls...), sr.HTTPClient(&http.Client{Transport: limited, Timeout: timeout}), sr.UserAgent("rtproxy")}
 	switch {
 	case c.BasicAuthFile != "" || c.BasicAuthEnv != "":
 		s, err := secret(c.BasicAuthFile, c.BasicAuthEnv, lookup)
@@ -132,7 +140,9 @@ func (c Config) client(lookup func(string) (string, bool)) (*sr.Client, error) {
 // Registry is a schema registry client with a cache of compiled schemas:
 // each id is fetched once. Safe for concurrent use.
 type Registry struct {
-	cl *sr.Client
+	cl  *sr.Client
+	lim Limits
+	met *Metrics
 
 	mu   sync.RWMutex
 	byID map[int]*entry
@@ -157,7 +167,7 @@ func NewRegistry(c Config, lookup func(string) (string, bool)) (*Registry, error
 	if err != nil {
 		return nil, fmt.Errorf("schema_registry: %w", err)
 	}
-	return &Registry{cl: cl, byID: map[int]*entry{}}, nil
+	return &Registry{cl: cl, lim: c.Limits.withDefaults(), met: c.Metrics, byID: map[int]*entry{}}, nil
 }
 
 // Client is the registry's sr.Client.
@@ -248,16 +258,30 @@ func permanent(err error) bool {
 func (r *Registry) fetch(ctx context.Context, id int) (*Schema, error) {
 	s, err := r.cl.SchemaByID(ctx, id)
 	if err != nil {
+		if IsBound(err) {
+			return nil, &DecodeError{ID: id, HasID: true, Err: boundOnly(err)}
+		}
 		if permanent(err) {
 			return nil, &DecodeError{ID: id, HasID: true, Err: fmt.Errorf("the registry has no schema with this id: %v", err)}
 		}
 		return nil, &UnavailableError{ID: id, Err: err}
 	}
-	refs, err := r.references(ctx, s.References, map[string]bool{})
+	if len(s.References) > r.lim.MaxReferences {
+		r.met.trip(boundRefs)
+		return nil, &DecodeError{ID: id, HasID: true, Err: &BoundError{Bound: boundRefs, Msg: fmt.Sprintf("the schema has %d references, more than %d", len(s.References), r.lim.MaxReferences)}}
+	}
+	budget := r.lim.MaxReferences
+	refs, err := r.references(ctx, s.References, map[string]bool{}, &budget)
 	if err != nil {
+		if IsBound(err) {
+			return nil, &DecodeError{ID: id, HasID: true, Err: boundOnly(err)}
+		}
 		if IsUnavailable(err) {
 			return nil, &UnavailableError{ID: id, Err: err}
 		}
+		return nil, &DecodeError{ID: id, HasID: true, Err: err}
+	}
+	if err := checkSchemaBounds(r.lim, r.met, s.Type, s.Schema, refs); err != nil {
 		return nil, &DecodeError{ID: id, HasID: true, Err: err}
 	}
 	c, err := compile(id, s, refs)
@@ -275,21 +299,31 @@ type reference struct {
 }
 
 // references fetches the schemas refs name and theirs, dependencies first.
-func (r *Registry) references(ctx context.Context, refs []sr.SchemaReference, seen map[string]bool) ([]reference, error) {
+// budget is how many more may be fetched (max_references): it bounds the
+// count and so the depth of the tree; seen breaks cycles.
+func (r *Registry) references(ctx context.Context, refs []sr.SchemaReference, seen map[string]bool, budget *int) ([]reference, error) {
 	var out []reference
 	for _, ref := range refs {
 		if seen[ref.Name] {
 			continue
 		}
 		seen[ref.Name] = true
+		if *budget <= 0 {
+			r.met.trip(boundRefs)
+			return nil, &BoundError{Bound: boundRefs, Msg: fmt.Sprintf("the schema's references (and theirs) are more than %d", r.lim.MaxReferences)}
+		}
+		*budget--
 		ss, err := r.cl.SchemaByVersion(ctx, ref.Subject, ref.Version)
 		if err != nil {
+			if IsBound(err) {
+				return nil, boundOnly(err)
+			}
 			if permanent(err) {
 				return nil, fmt.Errorf("reference %q (subject %q version %d): %v", ref.Name, ref.Subject, ref.Version, err)
 			}
 			return nil, &UnavailableError{Subject: ref.Subject, Err: err}
 		}
-		deps, err := r.references(ctx, ss.References, seen)
+		deps, err := r.references(ctx, ss.References, seen, budget)
 		if err != nil {
 			return nil, err
 		}
@@ -306,4 +340,14 @@ func isClosed(c chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// boundOnly is the *BoundError in err, without the HTTP client's wrapping
+// (method and URL), which says nothing more.
+func boundOnly(err error) error {
+	var b *BoundError
+	if errors.As(err, &b) {
+		return b
+	}
+	return err
 }

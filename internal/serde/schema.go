@@ -2,7 +2,6 @@ package serde
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/hamba/avro/v2"
@@ -56,12 +55,20 @@ func compile(id int, s sr.Schema, refs []reference) (*Schema, error) {
 
 // Decoder decodes framed values of one format.
 type Decoder struct {
-	reg    *Registry
-	format Format
+	reg     *Registry
+	format  Format
+	indexes IndexEncoding // Protobuf message indexes
 }
 
-// NewDecoder decodes values of format f with schemas from reg.
+// NewDecoder decodes values of format f with schemas from reg; Protobuf
+// message indexes in the default (zigzag) encoding.
 func NewDecoder(reg *Registry, f Format) *Decoder { return &Decoder{reg: reg, format: f} }
+
+// WithIndexes makes d read Protobuf message indexes in encoding e.
+func (d *Decoder) WithIndexes(e IndexEncoding) *Decoder {
+	d.indexes = e
+	return d
+}
 
 // Ready reports whether decoding b needs no registry request: its schema
 // (or the knowledge that it is bad) is cached, or its header is bad.
@@ -116,16 +123,15 @@ func (d *Decoder) decode(s *Schema, rest []byte) (any, error) {
 		}
 		return v, nil
 	}
-	var h sr.ConfluentHeader
-	idx, body, err := h.DecodeIndex(rest, maxIndexes)
+	idx, body, err := readIndexes(rest, d.indexes)
 	if err != nil {
-		if errors.Is(err, sr.ErrNotRegistered) {
-			err = fmt.Errorf("more than %d message indexes", maxIndexes)
-		}
-		return nil, fail(fmt.Errorf("protobuf message indexes: %w", err))
+		return nil, fail(err)
 	}
 	md, err := protoMessage(s.proto, idx)
 	if err != nil {
+		if d.indexes == IndexesZigzag && len(idx) > 1 {
+			err = fmt.Errorf("%w (written by confluent-kafka ≤ 1.7 or with use.deprecated.format? set message_indexes: unsigned)", err)
+		}
 		return nil, fail(err)
 	}
 	v, err := protoDecode(md, body)

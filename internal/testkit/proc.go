@@ -59,7 +59,14 @@ type child struct {
 // startChild starts bin with args and env (nil: inherit the environment),
 // its output going to stdout and stderr.
 func startChild(bin string, args, env []string, stdout, stderr io.Writer) (*child, error) {
+	return startChildIn("", bin, args, env, stdout, stderr)
+}
+
+// startChildIn is startChild with the working directory dir ("": this
+// process's).
+func startChildIn(dir, bin string, args, env []string, stdout, stderr io.Writer) (*child, error) {
 	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
 	cmd.SysProcAttr = ChildAttr()
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = stdout, stderr

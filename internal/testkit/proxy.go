@@ -26,6 +26,7 @@ type ProxyOpts struct {
 	StateDir  string   // default: a fresh temp dir
 	ExtraArgs []string // appended after the harness's flags
 	Env       []string // added to the environment
+	Dir       string   // working directory (relative RulesDir etc. are from it); default: the test's
 	// CleanEnv starts the proxy with PATH alone (then Env) instead of the
 	// test binary's environment, so no RTPROXY_* setting leaks in.
 	CleanEnv bool
@@ -134,7 +135,7 @@ var errPortTaken = errors.New("address already in use")
 // errPortTaken when the proxy exited because a port was taken.
 func (p *Proxy) start() error {
 	mark := len(p.logs.String())
-	c, err := startChild(p.Opts.Binary, p.args(), p.env(), p.logs, p.logs)
+	c, err := startChildIn(p.Opts.Dir, p.Opts.Binary, p.args(), p.env(), p.logs, p.logs)
 	if err != nil {
 		return fmt.Errorf("start rtproxy: %w", err)
 	}

@@ -42,6 +42,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/config"
 	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/rules"
@@ -121,7 +122,10 @@ func main() {
 	reg := prometheus.NewRegistry()
 	b := &bench{addrs: addrs, dir: tmp, kfake: kfakePID, reg: reg}
 	b.adm = kadm.NewClient(b.client())
+	// The proxy's defaults of what rtproxy run sets from its config.
+	d := config.Default()
 	mgr, err := pipeline.New(pipeline.Config{Seeds: addrs, StateDir: filepath.Join(tmp, "state"), Registerer: reg,
+		SessionTimeout: d.GroupSessionTimeout, GroupProtocol: d.GroupProtocol, StopTimeout: d.ShutdownGrace,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	check(err)
 	b.mgr = mgr

@@ -120,9 +120,9 @@ func startChild(kind string, addrs []string, src, sink, ruleFile, start, stateDi
 		r, err := rules.LoadFile(ruleFile)
 		check(err)
 		r.Source.Start = start
-		mgr, err := pipeline.New(pipeline.Config{Seeds: addrs, StateDir: stateDir, BatchWindow: *childWindow,
+		mgr, err := pipeline.New(proxyDefaults(pipeline.Config{Seeds: addrs, StateDir: stateDir, BatchWindow: *childWindow,
 			ClientOpts: []kgo.Opt{kgo.WithHooks(c)},
-			Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			Logger:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}))
 		check(err)
 		mgr.Apply([]*rules.Route{r})
 		ctx, cancel := context.WithCancel(context.Background())

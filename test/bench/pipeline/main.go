@@ -42,6 +42,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/config"
 	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/pipeline"
@@ -61,7 +62,7 @@ var (
 	only       = flag.String("only", "", "live: only the live rates of issue 13 (route and loop in processes of their own, at -live-rates, and their drains)")
 	liveRates  = flag.String("live-rates", "10000,2000", "with -only live: the rates, records/s (empty: the drains alone)")
 	liveKinds  = flag.String("live-kinds", "route,loop", "with -only live: the measured processes: route, loop (jsoncodec) and/or stdloop (encoding/json)")
-	liveWindow = flag.Duration("batch-window", 0, "with -only live: the route's pipeline.Config.BatchWindow (0: the default, off; negative: off, as batch_window: 0)")
+	liveWindow = flag.Duration("batch-window", 0, "with -only live: the route's batch_window (0: off, the default)")
 
 	// The measured process of -only live (live.go).
 	childKind    = flag.String("child", "", "internal: run as the measured process of -only live (route, loop or stdloop)")
@@ -144,8 +145,8 @@ func main() {
 	// aw is (a) decoding every value whole, as before routes decoded only
 	// the members they read: the two side by side.
 	routes[len(routes)-1].Source.DecodeMembers = false
-	mgr, err := pipeline.New(pipeline.Config{Seeds: addrs, StateDir: filepath.Join(tmp, "state"),
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	mgr, err := pipeline.New(proxyDefaults(pipeline.Config{Seeds: addrs, StateDir: filepath.Join(tmp, "state"),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}))
 	check(err)
 	b.mgr = mgr
 	b.routes = routes
@@ -522,4 +523,12 @@ func check(err error) {
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// proxyDefaults gives c the proxy's defaults (config.Default) of what
+// rtproxy run sets from its config: the pipeline keeps none of its own.
+func proxyDefaults(c pipeline.Config) pipeline.Config {
+	d := config.Default()
+	c.SessionTimeout, c.GroupProtocol, c.StopTimeout = d.GroupSessionTimeout, d.GroupProtocol, d.ShutdownGrace
+	return c
 }

@@ -47,7 +47,10 @@ func main() {
 	}
 	p, err := protocol.New(protocol.Config{
 		Listen:          *listen,
+		AdvertiseHost:   "127.0.0.1",
 		BrokerPortFirst: *portFirst,
+		BrokerPortCount: 100,
+		MaxFrameBytes:   100 << 20,
 		Upstream:        strings.Split(*upstream, ","),
 		ShutdownGrace:   2 * time.Second,
 		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),

@@ -1,0 +1,297 @@
+// Command footprint measures what an idle rtproxy sidecar costs: resident
+// memory, CPU at rest and threads, for pass-through (no rules), the
+// quickstart's three JSON routes with their sources idle, and the same with
+// extra idle routes (the cost of one more route). It runs each scenario on
+// the working tree's binary and, with -base REV, on the binary of an older
+// commit, alternated in one sitting, against one external kfake.
+//
+//	make bench-footprint                          # the working tree only
+//	make bench-footprint ARGS='-base HEAD~10'     # before and after
+//
+// Each run settles for -settle (20 s), then samples for -sample (30 s): CPU
+// is the process's user+system time over the sample (millicores), RSS the
+// median of one reading per second (VmRSS), threads the last reading.
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rtproxy/rtproxy/internal/benchkit"
+)
+
+var (
+	base    = flag.String("base", "", "also measure the rtproxy of this git revision (built from `git archive`)")
+	settle  = flag.Duration("settle", 20*time.Second, "wait after ready before sampling")
+	sample  = flag.Duration("sample", 30*time.Second, "sampling period")
+	rounds  = flag.Int("rounds", 1, "runs of each (binary, scenario), alternated")
+	extra   = flag.Int("extra-routes", 5, "idle routes added in the third scenario")
+	scenSel = flag.String("scenarios", "passthrough,quickstart,quickstart+extra", "scenarios to run")
+)
+
+type scenario struct {
+	name   string
+	routes int // JSON routes besides the quickstart's (0 with quickstart false)
+	qs     bool
+}
+
+type result struct {
+	rssMiB  float64
+	milli   float64
+	threads int
+}
+
+func main() {
+	log.SetFlags(log.Ltime)
+	flag.Parse()
+	root := benchkit.ModuleRoot()
+	work, err := os.MkdirTemp("", "rtproxy-footprint-")
+	check(err)
+	defer os.RemoveAll(work)
+
+	kfakeBin := filepath.Join(work, "kfakebroker")
+	build(root, kfakeBin, "./test/kfakebroker")
+	bins := []struct{ name, path string }{{"after", filepath.Join(work, "rtproxy-after")}}
+	build(root, bins[0].path, "./cmd/rtproxy")
+	if *base != "" {
+		src := filepath.Join(work, "base-src")
+		check(os.MkdirAll(src, 0o755))
+		sh(root, fmt.Sprintf("git archive %s | tar -x -C %s", *base, src))
+		p := filepath.Join(work, "rtproxy-before")
+		build(src, p, "./cmd/rtproxy")
+		bins = append([]struct{ name, path string }{{"before " + *base, p}}, bins...)
+	}
+
+	var scens []scenario
+	for _, s := range strings.Split(*scenSel, ",") {
+		switch s {
+		case "passthrough":
+			scens = append(scens, scenario{name: "pass-through, no rules"})
+		case "quickstart":
+			scens = append(scens, scenario{name: "quickstart's 3 JSON routes, idle", qs: true})
+		case "quickstart+extra":
+			scens = append(scens, scenario{name: fmt.Sprintf("quickstart + %d idle routes", *extra), qs: true, routes: *extra})
+		default:
+			log.Fatalf("unknown scenario %q", s)
+		}
+	}
+
+	res := map[string][]result{}
+	for r := 0; r < *rounds; r++ {
+		for _, sc := range scens {
+			for _, b := range bins {
+				x := measure(root, work, kfakeBin, b.path, sc)
+				log.Printf("%s / %s: RSS %.1f MiB, %.2f millicores, %d threads", b.name, sc.name, x.rssMiB, x.milli, x.threads)
+				res[b.name+"\x00"+sc.name] = append(res[b.name+"\x00"+sc.name], x)
+			}
+		}
+	}
+
+	fmt.Printf("\n| binary | scenario | RSS (MiB) | idle CPU (millicores) | threads |\n|---|---|---|---|---|\n")
+	for _, sc := range scens {
+		for _, b := range bins {
+			rs := res[b.name+"\x00"+sc.name]
+			var rss, cpu, th []float64
+			for _, x := range rs {
+				rss = append(rss, x.rssMiB)
+				cpu = append(cpu, x.milli)
+				th = append(th, float64(x.threads))
+			}
+			fmt.Printf("| %s | %s | %.1f | %.2f | %.0f |\n", b.name, sc.name, benchkit.Median(rss), benchkit.Median(cpu), benchkit.Median(th))
+		}
+	}
+	if len(scens) == 3 {
+		for _, b := range bins {
+			q := benchkit.Median(col(res[b.name+"\x00"+scens[1].name]))
+			e := benchkit.Median(col(res[b.name+"\x00"+scens[2].name]))
+			fmt.Printf("\n%s: each further idle route %.2f MiB\n", b.name, (e-q)/float64(*extra))
+		}
+	}
+}
+
+func col(rs []result) []float64 {
+	var v []float64
+	for _, x := range rs {
+		v = append(v, x.rssMiB)
+	}
+	return v
+}
+
+// measure runs one (binary, scenario) on a fresh kfake and state directory.
+func measure(root, work, kfakeBin, bin string, sc scenario) result {
+	dir, err := os.MkdirTemp(work, "run-")
+	check(err)
+	defer os.RemoveAll(dir)
+	topics := []string{"access-log:3", "clicks:3", "payments:3"}
+	for i := 0; i < sc.routes; i++ {
+		topics = append(topics, fmt.Sprintf("idle%d:3", i))
+	}
+	broker, addrs := startKfake(kfakeBin, strings.Join(topics, ","))
+	defer stop(broker)
+
+	rules := filepath.Join(dir, "rules")
+	check(os.MkdirAll(rules, 0o755))
+	if sc.qs {
+		for _, f := range []string{"access-log-errors.yaml", "clicks-per-minute.yaml", "payments-risk.yaml", "merchants.jsonl"} {
+			b, err := os.ReadFile(filepath.Join(root, "examples/quickstart/rules", f))
+			check(err)
+			check(os.WriteFile(filepath.Join(rules, f), b, 0o644))
+		}
+	}
+	for i := 0; i < sc.routes; i++ {
+		y := fmt.Sprintf("route: idle%d\nsource: { topic: idle%d }\nsink: { topic: idle%d.out }\nsteps:\n  - filter: value.n > 0\n", i, i, i)
+		check(os.WriteFile(filepath.Join(rules, fmt.Sprintf("idle%d.yaml", i)), []byte(y), 0o644))
+	}
+	admin := freeAddr()
+	cfg := fmt.Sprintf("listen: %s\nbroker_ports: %d\nupstream: [%s]\nrules_dir: %s\nstate_dir: %s\nadmin_listen: %s\nlog_level: warn\n",
+		freeAddr(), freePortRange(), strings.Join(addrs, ", "), rules, filepath.Join(dir, "state"), admin)
+	cfgFile := filepath.Join(dir, "rtproxy.yaml")
+	check(os.WriteFile(cfgFile, []byte(cfg), 0o644))
+
+	cmd := exec.Command(bin, "run", "--config", cfgFile)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	check(cmd.Start())
+	defer stop(cmd)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		r, err := http.Get("http://" + admin + "/readyz")
+		if err == nil {
+			io.Copy(io.Discard, r.Body)
+			r.Body.Close()
+			if r.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			log.Fatalf("rtproxy not ready after 60s")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(*settle)
+	pid := cmd.Process.Pid
+	c0, t0 := benchkit.ProcCPU(pid), time.Now()
+	var rss []float64
+	for time.Since(t0) < *sample {
+		rss = append(rss, float64(status(pid, "VmRSS:"))/1024)
+		time.Sleep(time.Second)
+	}
+	c1, t1 := benchkit.ProcCPU(pid), time.Now()
+	return result{
+		rssMiB:  benchkit.Median(rss),
+		milli:   float64(c1-c0) / float64(t1.Sub(t0)) * 1000,
+		threads: status(pid, "Threads:"),
+	}
+}
+
+// status reads one numeric field of /proc/PID/status (kB for memory).
+func status(pid int, field string) int {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	check(err)
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
+			n, _ := strconv.Atoi(strings.Fields(v)[0])
+			return n
+		}
+	}
+	return 0
+}
+
+func startKfake(bin, topics string) (*exec.Cmd, []string) {
+	cmd := exec.Command(bin, "-brokers", "1", "-topics", topics, "-auto-create=true")
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	check(err)
+	check(cmd.Start())
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if l, ok := strings.CutPrefix(sc.Text(), "ready "); ok {
+			go io.Copy(io.Discard, out)
+			return cmd, strings.Split(l, ",")
+		}
+	}
+	log.Fatal("kfake did not become ready")
+	return nil, nil
+}
+
+func stop(cmd *exec.Cmd) {
+	cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		cmd.Process.Kill()
+		<-done
+	}
+}
+
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	check(err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// freePortRange finds the first of 100 consecutive free ports (the proxy's
+// per-broker listeners).
+func freePortRange() int {
+	for p := 20000 + os.Getpid()%20000; p < 60000; p += 101 {
+		ok := true
+		var ls []net.Listener
+		for i := 0; i < 100 && ok; i++ {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			ls = append(ls, l)
+		}
+		for _, l := range ls {
+			l.Close()
+		}
+		if ok {
+			return p
+		}
+	}
+	log.Fatal("no free port range")
+	return 0
+}
+
+func build(dir, out, pkg string) {
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		log.Fatalf("build %s in %s: %v\n%s", pkg, dir, err, b)
+	}
+}
+
+func sh(dir, script string) {
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		log.Fatalf("%s: %v\n%s", script, err, b)
+	}
+}
+
+func check(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
