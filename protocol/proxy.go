@@ -62,14 +62,14 @@ type Config struct {
 	MaxHeldBytes int64
 	// MaxDecodedBytes bounds what one guarded or tapped Produce request's
 	// records may cost once decompressed and decoded (decode.go); a
-	// partition over it is refused with MESSAGE_TOO_LARGE. Default 32 MiB.
+	// partition over it is refused with MESSAGE_TOO_LARGE (required).
 	MaxDecodedBytes int64
 	// MaxRecordsPerRequest bounds the records one guarded or tapped
-	// Produce request may hold. Default 200000.
+	// Produce request may hold (required).
 	MaxRecordsPerRequest int
 	// MaxDecodedBytesTotal bounds what the decodes in progress hold, all
 	// connections together; a decode waits for room (at least
-	// MaxDecodedBytes). Default 128 MiB.
+	// MaxDecodedBytes).
 	MaxDecodedBytesTotal int64
 	Logger               *slog.Logger // default: discard
 	Registerer           prometheus.Registerer

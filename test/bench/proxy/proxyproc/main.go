@@ -53,8 +53,12 @@ func main() {
 		MaxFrameBytes:   100 << 20,
 		Upstream:        strings.Split(*upstream, ","),
 		ShutdownGrace:   2 * time.Second,
-		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Registerer:      prometheus.NewRegistry(),
+		// config.Default's decode budgets (the proxy keeps no defaults)
+		MaxDecodedBytes:      32 << 20,
+		MaxRecordsPerRequest: 200_000,
+		MaxDecodedBytesTotal: 128 << 20,
+		Logger:               slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Registerer:           prometheus.NewRegistry(),
 	})
 	if err != nil {
 		log.Fatal(err)
