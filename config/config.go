@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -90,6 +91,35 @@ type Config struct {
 	SASL  SASL        `yaml:"sasl"`
 
 	SchemaRegistry SchemaRegistry `yaml:"schema_registry"`
+
+	Rules Rules `yaml:"rules"`
+}
+
+// Rules is what the proxy lets rule files name. A rule file is written by
+// whoever may edit the rules directory, the config by whoever runs the
+// proxy: a rule file may make the proxy read only these secrets and send
+// them only to these URLs (rules.Allow; docs/OPERATIONS.md, "What rule
+// files may name").
+type Rules struct {
+	Allow RulesAllow `yaml:"allow"`
+}
+
+// RulesAllow is the allow-list. Empty lists (the default) allow no
+// environment variable, token and CA files inside the rules directory
+// only, and only the proxy's own schema_registry.url.
+type RulesAllow struct {
+	// Env lists environment variable names rule files may name
+	// (schema_registry.basic_auth_env, bearer_token_env), exact or with
+	// `*` (SR_*).
+	Env []string `yaml:"env"`
+	// Files lists absolute paths rule files may name as token, password
+	// or CA files besides the rules directory: a directory allows every
+	// file beneath it; otherwise a file or a glob (/etc/rtproxy/*.token),
+	// matched against the resolved path.
+	Files []string `yaml:"files"`
+	// URLs lists URL prefixes rule files may send requests to besides the
+	// proxy's own schema_registry.url, e.g. https://registry.internal:8081.
+	URLs []string `yaml:"urls"`
 }
 
 // SchemaRegistry is the Confluent-API schema registry routes with
@@ -430,6 +460,7 @@ func (c *Config) Validate() error {
 	}
 
 	c.SchemaRegistry.validate(bad)
+	c.Rules.Allow.validate(bad)
 
 	return errors.Join(errs...)
 }
@@ -476,6 +507,37 @@ func (s SchemaRegistry) validate(bad func(key, format string, args ...any)) {
 	}
 	if s.MaxReferences < 0 {
 		bad("schema_registry.max_references", "must be positive, got %d", s.MaxReferences)
+	}
+}
+
+var envNameRe = regexp.MustCompile(`^[A-Za-z_*][A-Za-z0-9_*]*$`)
+
+func (a RulesAllow) validate(bad func(key, format string, args ...any)) {
+	for i, e := range a.Env {
+		if !envNameRe.MatchString(e) {
+			bad(fmt.Sprintf("rules.allow.env[%d]", i), "%q is not an environment variable name (letters, digits, _; `*` matches any run)", e)
+		} else if strings.Trim(e, "*") == "" {
+			bad(fmt.Sprintf("rules.allow.env[%d]", i), "%q would let rule files read every environment variable of the proxy; list the names", e)
+		}
+	}
+	for i, f := range a.Files {
+		switch {
+		case !strings.HasPrefix(f, "/"):
+			bad(fmt.Sprintf("rules.allow.files[%d]", i), "%q must be an absolute path", f)
+		case strings.Trim(f, "/*") == "":
+			bad(fmt.Sprintf("rules.allow.files[%d]", i), "%q would let rule files read every file the proxy can; name a directory of secrets for rules", f)
+		}
+	}
+	for i, u := range a.URLs {
+		p, err := url.Parse(u)
+		switch {
+		case err != nil || (p.Scheme != "http" && p.Scheme != "https"):
+			bad(fmt.Sprintf("rules.allow.urls[%d]", i), "%q must start with http:// or https://", u)
+		case p.Host == "":
+			bad(fmt.Sprintf("rules.allow.urls[%d]", i), "%q has no host", u)
+		case p.User != nil:
+			bad(fmt.Sprintf("rules.allow.urls[%d]", i), "%q holds credentials", u)
+		}
 	}
 }
 

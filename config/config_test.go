@@ -119,6 +119,9 @@ func TestEnvNames(t *testing.T) {
 		"batch_window": "RTPROXY_BATCH_WINDOW", "pprof": "RTPROXY_PPROF", "admin.show_records": "RTPROXY_ADMIN_SHOW_RECORDS", "admin.redact_headers": "RTPROXY_ADMIN_REDACT_HEADERS",
 		"schema_registry.url":               "RTPROXY_SCHEMA_REGISTRY_URL",
 		"schema_registry.bearer_token_file": "RTPROXY_SCHEMA_REGISTRY_BEARER_TOKEN_FILE",
+		"rules.allow.env":                   "RTPROXY_RULES_ALLOW_ENV",
+		"rules.allow.files":                 "RTPROXY_RULES_ALLOW_FILES",
+		"rules.allow.urls":                  "RTPROXY_RULES_ALLOW_URLS",
 	}
 	got := map[string]string{}
 	for _, k := range Keys() {
@@ -129,8 +132,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 50 {
-		t.Errorf("%d keys, want 50 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 57 {
+		t.Errorf("%d keys, want 57 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -353,5 +356,34 @@ func TestRedactPattern(t *testing.T) {
 	re, err = c.Admin.RedactPattern()
 	if err != nil || !c.Admin.ShowRecords || !re.MatchString("X-Secret") || re.MatchString("authorization") {
 		t.Fatalf("from the environment: show_records %v, pattern %v %v", c.Admin.ShowRecords, re, err)
+	}
+}
+
+func TestRulesAllowValidate(t *testing.T) {
+	c := Default()
+	if err := c.Parse("ok", []byte("rules:\n  allow:\n    env: [SR_TOKEN, SR_*]\n    files: [/etc/rtproxy/secrets, /run/*.token]\n    urls: [https://registry.internal:8081, http://sr/v1]\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("a good allow-list is refused: %v", err)
+	}
+	if !reflect.DeepEqual(c.Rules.Allow.Env, []string{"SR_TOKEN", "SR_*"}) {
+		t.Fatalf("env %q", c.Rules.Allow.Env)
+	}
+	for body, want := range map[string]string{
+		"rules: {allow: {env: [\"*\"]}}":             "rules.allow.env[0]: \"*\" would let rule files read every environment variable",
+		"rules: {allow: {env: [\"A-B\"]}}":           "is not an environment variable name",
+		"rules: {allow: {files: [secrets]}}":         "rules.allow.files[0]: \"secrets\" must be an absolute path",
+		"rules: {allow: {files: [/]}}":               "would let rule files read every file",
+		"rules: {allow: {urls: [registry:8081]}}":    "rules.allow.urls[0]: \"registry:8081\" must start with http:// or https://",
+		"rules: {allow: {urls: [\"http://u:p@r\"]}}": "holds credentials",
+	} {
+		c := Default()
+		if err := c.Parse("bad", []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want %q", body, err, want)
+		}
 	}
 }

@@ -82,17 +82,6 @@ var flushed = func() context.Context {
 	return ctx
 }()
 
-// flushWrites sends the writes lingering in the route's producer now,
-// without waiting for them to be acknowledged.
-func (r *route) flushWrites() {
-	if r.local != nil || r.cl == nil || r.m.cfg.BatchWindow == 0 {
-		return // with no window, writes do not linger
-	}
-	// kgo's Flush with a done context unlingers every partition and
-	// returns at once (franz-go has no flush that does not wait).
-	_ = r.cl.Flush(flushed)
-}
-
 // pollPace spaces the polls while records flow: a poll that returned
 // records is followed by the next only a batch window after it. franz-go
 // sends a broker its next fetch request only once the previous response

@@ -61,7 +61,7 @@ func (c *chain) run(i int, rec *operators.Record) {
 		if c.next != nil {
 			c.r.repartition(c.t, rec, c.cur)
 		} else {
-			c.r.output(rec, c.cur)
+			c.r.output(c.t, rec, c.cur)
 		}
 		return
 	}

@@ -192,13 +192,7 @@ func (r *route) produceChangelog(recs []*kgo.Record) (map[string]map[int32]int64
 	if len(recs) == 0 {
 		return ends, nil
 	}
-	cl := r.logCl
-	if r.txn.on {
-		// In the checkpoint's transaction.
-		cl = r.cl
-		r.txn.produced.Add(int64(len(recs)))
-	}
-	results, err := produceAll(r.prodCtx, cl, recs)
+	results, err := r.wr.changelog(r.out.ctx, recs, true)
 	if err != nil {
 		return nil, fmt.Errorf("changelog: %w", err)
 	}
@@ -212,23 +206,6 @@ func (r *route) produceChangelog(recs []*kgo.Record) (map[string]map[int32]int64
 		ends[res.Record.Topic][res.Record.Partition] = max(ends[res.Record.Topic][res.Record.Partition], res.Record.Offset+1)
 	}
 	return ends, nil
-}
-
-// produceAll is ProduceSync that returns when ctx ends even while the
-// client still holds the records: with every broker gone, kgo keeps
-// buffered records until it can send them (routes set no delivery
-// timeout), whatever their context, and a checkpoint waiting for them
-// would hold cpMu and with it the route's stop for good. The records are
-// failed when the client closes.
-func produceAll(ctx context.Context, cl *kgo.Client, recs []*kgo.Record) (kgo.ProduceResults, error) {
-	done := make(chan kgo.ProduceResults, 1)
-	go func() { done <- cl.ProduceSync(ctx, recs...) }()
-	select {
-	case res := <-done:
-		return res, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
 }
 
 // tasksSnapshot returns the owned tasks.
@@ -306,7 +283,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 		}
 	}
 	t.prevSnap = prev
-	results, err := produceAll(ctx, r.logCl, recs)
+	results, err := r.wr.changelog(ctx, recs, false)
 	if err != nil {
 		return fmt.Errorf("changelog fence: %w", err)
 	}

@@ -207,10 +207,7 @@ func (r *route) takeCutLocked() (*cutPoint, error) {
 		return nil, err
 	}
 	c.frozen = f
-	r.inflight.Lock()
-	c.epoch = r.inflight.epoch
-	r.inflight.epoch++
-	r.inflight.Unlock()
+	c.epoch = r.out.nextEpoch()
 	return c, nil
 }
 
@@ -226,7 +223,7 @@ func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 		if err := r.waitEpoch(c.epoch, limit, abort); err != nil {
 			return err
 		}
-		if r.abandoned.Load() {
+		if r.out.abandoned.Load() {
 			// Outputs were dropped unacknowledged: committing would skip them.
 			return errors.New("outputs abandoned at stop")
 		}

@@ -4,6 +4,7 @@ package pipeline
 // route's dead-letter topic, with headers saying why.
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -52,14 +53,17 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	}...)
 	hs = append(hs, schemaHeaders(err)...)
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
-	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp)) // for the status page; kr carries rec's headers
+	// For the status page: kr carries rec's headers; the error text is
+	// shown without rec's values unless admin.show_records.
+	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp), r.shownError(err, rec))
 	r.produce(kr, tk, false, rec.Timestamp)
 }
 
 // reasonSink is the dead-letter reason of an output the brokers refused.
 const reasonSink = "sink"
 
-// sinkDeadLetter is the dead letter for a record the brokers refused. An
+// sinkDeadLetter is the dead letter for a record the brokers (or the sink)
+// refused. An
 // output becomes one with reason "sink": its key, value and headers (window
 // and source headers stay, so it says where it came from) plus the reason
 // headers and the topic it was meant for. A dead letter refused in turn
@@ -97,7 +101,11 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 		kgo.RecordHeader{Key: HeaderStep, Value: []byte("sink")},
 		kgo.RecordHeader{Key: HeaderTarget, Value: []byte(got.Topic)},
 	)
+	var more deadLetterHeaders
+	if errors.As(err, &more) {
+		hs = append(hs, more.deadLetterHeaders()...) // what the sink said (writer.go)
+	}
 	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
-	r.noteDeadLetter(dl, nil, got.Timestamp) // for the status page
+	r.noteDeadLetter(dl, nil, got.Timestamp, r.shownText(msg, nil)) // for the status page
 	return dl
 }

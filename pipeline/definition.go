@@ -32,8 +32,8 @@ func checkDefinition(d *rules.Route) error {
 	if s.Watermark < 0 {
 		bad("source.watermark %v must not be negative", s.Watermark)
 	}
-	if d.Sink.Topic == "" {
-		bad("sink.topic is empty")
+	if d.Sink.Target() == "" {
+		bad("sink has no target (sink.topic is empty)")
 	}
 	if d.Sink.Delivery != rules.DeliveryAtLeastOnce && d.Sink.Delivery != rules.DeliveryExactlyOnce {
 		bad("sink.delivery %q is neither %s nor %s", d.Sink.Delivery, rules.DeliveryAtLeastOnce, rules.DeliveryExactlyOnce)

@@ -4,7 +4,7 @@ package pipeline
 // route's own tasks, chains, operators, repartition envelopes, watermark
 // markers, sink encoding and dead letters, exactly as `rtproxy run` builds
 // them, with two things replaced. Writes go to memory instead of Kafka
-// (route.send hands them to Driver.write), and time is a clock the test
+// (the Driver is the route's writer: writer.go), and time is a clock the test
 // moves. Repartition topics become in-memory logs whose records are handed
 // to their keyed task at once, in the order they were written; markers go
 // the same way. Nothing is checkpointed: a test is one run from empty
@@ -131,7 +131,8 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 	r := newRoute(m, def)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.clock = func() time.Time { return d.now }
-	r.local = d
+	r.wr = d
+	r.snk = topicSink{w: d, topic: def.Sink.Target()} // every kind of sink is memory here
 	d.r = r
 
 	r.tableOf = map[string]operators.Table{}
@@ -293,10 +294,11 @@ func (d *Driver) Close() error {
 	return err
 }
 
-// write takes a route's write (route.send): outputs and dead letters are
-// kept, repartition records and markers queued for their keyed task. Every
-// write is acknowledged at once.
-func (d *Driver) write(kr *kgo.Record, cb func(*kgo.Record, error)) {
+// send takes a route's write (the Driver is the route's writer, and its
+// sink's: writer.go): outputs and dead letters are kept, repartition
+// records and markers queued for their keyed task. Every write is
+// acknowledged at once.
+func (d *Driver) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
 	if ends, ok := d.ends[kr.Topic]; ok {
 		p := markerOrKey{kgo.StickyKeyPartitioner(nil).ForTopic(kr.Topic)}.Partition(kr, len(ends))
 		kr.Partition, kr.Offset = int32(p), ends[p]
@@ -308,7 +310,7 @@ func (d *Driver) write(kr *kgo.Record, cb func(*kgo.Record, error)) {
 		cb(kr, nil)
 		return
 	}
-	if kr.Topic == d.r.def.Sink.Topic || kr.Topic == deadLetterTopic(d.r.def) {
+	if kr.Topic == d.r.snk.target() || kr.Topic == deadLetterTopic(d.r.def) {
 		o := DriverOutput{Topic: kr.Topic, DeadLetter: kr.Topic == deadLetterTopic(d.r.def),
 			Key: kr.Key, Value: kr.Value, Timestamp: kr.Timestamp}
 		if o.Timestamp.IsZero() {
@@ -323,6 +325,24 @@ func (d *Driver) write(kr *kgo.Record, cb func(*kgo.Record, error)) {
 	// never takes.
 	cb(kr, nil)
 }
+
+// retry never runs: no write of a Driver fails.
+func (d *Driver) retry(*kgo.Record, func(*kgo.Record, error), error) bool { return false }
+
+// flush: nothing lingers.
+func (d *Driver) flush() {}
+
+// changelog is never called: a test takes no checkpoint and assigns no
+// partitions. Each record is acknowledged.
+func (d *Driver) changelog(_ context.Context, recs []*kgo.Record, _ bool) (kgo.ProduceResults, error) {
+	res := make(kgo.ProduceResults, len(recs))
+	for i, kr := range recs {
+		res[i] = kgo.ProduceResult{Record: kr}
+	}
+	return res, nil
+}
+
+func (d *Driver) aside(kr *kgo.Record, cb func(*kgo.Record, error)) { cb(kr, nil) }
 
 // settle hands queued repartition records to their tasks until nothing is
 // left, with a marker round (as the idle loop's) after each pass so that

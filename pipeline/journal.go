@@ -108,12 +108,9 @@ func decodeJournal(b []byte) (wm int64, applied map[int32]int64, err error) {
 func (w *task) journalAfterAck(wm int64) {
 	r := w.r
 	val := encodeJournal(wm, w.applied)
-	r.inflight.Lock()
-	e := r.inflight.epoch
-	r.inflight.epoch++
-	r.inflight.Unlock()
+	e := r.out.nextEpoch()
 	go func() {
-		if err := r.waitEpoch(e, 0, r.ctx.Done()); err != nil || r.abandoned.Load() {
+		if err := r.waitEpoch(e, 0, r.ctx.Done()); err != nil || r.out.abandoned.Load() {
 			// Stopping, or outputs dropped unacknowledged: the windows
 			// stay open in the journal's eyes, so replay emits them.
 			return
@@ -131,8 +128,8 @@ func (w *task) journalAfterAck(wm int64) {
 		// And to the changelog, for the partition's next owner. Not
 		// waited for: a lost journal record costs a repeat of windows
 		// already emitted, as without a journal.
-		r.logCl.Produce(r.prodCtx, r.clRecord(w, clJournal, nil, val), func(_ *kgo.Record, err error) {
-			if err != nil && r.prodCtx.Err() == nil {
+		r.wr.aside(r.clRecord(w, clJournal, nil, val), func(_ *kgo.Record, err error) {
+			if err != nil && r.out.ctx.Err() == nil {
 				r.log.Warn("close journal not written to the changelog", "task", w.label, "err", err)
 			}
 		})

@@ -31,8 +31,8 @@ const (
 	HeaderTarget = "rtproxy-target"
 )
 
-// output writes a record that left the last step to the sink.
-func (r *route) output(rec *operators.Record, tk *ticket) {
+// output writes a record that left task t's last step to the sink.
+func (r *route) output(t *task, rec *operators.Record, tk *ticket) {
 	key := rec.Key
 	if k := r.def.Sink.Key; k != nil {
 		v, err := k.Eval(rec)
@@ -62,9 +62,14 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 	}
 	// The source record's timestamp (a window row's is window_end − 1):
 	// consumers and time-based retention see event time, not our write.
-	o.kr = kgo.Record{Topic: r.def.Sink.Topic, Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
-	o.w = write{tk: tk, isOutput: true, srcMillis: rec.Timestamp}
-	r.write(&o.w, &o.kr)
+	o.kr = kgo.Record{Topic: r.snk.target(), Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
+	// Where it comes from: the task, the offset of the record it was
+	// processing and its place among that record's outputs (a sink that
+	// is not a topic names an output by them: outputID).
+	o.t, o.off, o.idx = t, t.curOff, t.seq
+	t.seq++
+	o.w = write{via: r.snk, tk: tk, isOutput: true, srcMillis: rec.Timestamp}
+	r.writeOutput(o)
 }
 
 // outRecord is an output with its write state, its first headers and its
@@ -74,8 +79,32 @@ func (r *route) output(rec *operators.Record, tk *ticket) {
 type outRecord struct {
 	kr  kgo.Record
 	w   write
+	t   *task  // the task that wrote it
+	off int64  // the offset (in t's topic) of the record t was processing
+	idx uint32 // its place among that record's outputs
 	hs  [1]kgo.RecordHeader
 	ref [40]byte
+}
+
+// outputID names an output for a receiver that drops repeats: the route,
+// the topic, partition and offset of the record its task was processing
+// (the source record, or a keyed step's repartition record) and its index
+// among that record's outputs. A replay from a checkpoint processes the
+// same records at the same offsets into the same outputs, so a repeat
+// carries the id its first write carried. Window rows closed by idleness
+// (no record processed) take the last record's offset and count on.
+func (o *outRecord) outputID(route string) string {
+	b := make([]byte, 0, len(route)+len(o.t.seg.topic)+32)
+	b = append(b, route...)
+	b = append(b, '/')
+	b = append(b, o.t.seg.topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(o.t.part), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, o.off, 10)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, uint64(o.idx), 10)
+	return string(b)
 }
 
 // repartition writes a record that left task t's segment to the next

@@ -462,7 +462,7 @@ func (m *Manager) Routes() []RouteStatus {
 	var out []RouteStatus
 	seenFile := map[string]bool{}
 	for _, d := range m.mu.stopped {
-		out = append(out, RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: d.Sink.Topic,
+		out = append(out, RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: d.Sink.Target(),
 			State: "stopped", Partitions: []PartitionStatus{}})
 	}
 	ruleErrs := m.mu.ruleErrs

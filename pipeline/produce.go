@@ -1,10 +1,11 @@
 package pipeline
 
-// Producing: a failed write is retried with backoff while the route runs;
-// one the brokers refuse for the record itself (poison) becomes a dead
-// letter instead.
+// The at-least-once writer (writer.go): a failed write is retried with
+// backoff, in order, while the route runs; one the brokers refuse for the
+// record itself (poison) becomes a dead letter instead (write.done).
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -15,108 +16,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// produce writes kr and, on acknowledgement, releases its hold on tk. A
-// failed write is retried with backoff for as long as the route runs: the
-// record's offset cannot become done before, so nothing is dropped.
-func (r *route) produce(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int64) {
-	r.produceTo(kr, tk, isOutput, srcMillis, nil)
-}
-
-// produceTo is produce with a hook called on acknowledgement.
-//
-// A write the brokers refuse for the record itself (too large, invalid:
-// poisonErr) is never retried: the record goes to the dead-letter topic
-// with reason "sink" instead, in the same epoch and under the same hold
-// on tk, so the checkpoint covers it exactly as it would have covered the
-// output. A dead letter refused in turn is written once more without its
-// value (headers say why). Anything else is retried.
-//
-// A write that fails once the route is being stopped (its context ended,
-// the client closed) is given up: the route is marked abandoned, so no
-// checkpoint after it commits and the next run replays it.
-func (r *route) produceTo(kr *kgo.Record, tk *ticket, isOutput bool, srcMillis int64, acked func(*kgo.Record)) {
-	r.write(&write{tk: tk, isOutput: isOutput, srcMillis: srcMillis, acked: acked}, kr)
-}
-
-// write is one write's state until it is acknowledged (or given up):
-// produceTo's callback is its method done. output keeps it in the same
-// allocation as the record (outRecord).
-type write struct {
-	r         *route
-	tk        *ticket
-	ep        int64
-	isOutput  bool
-	srcMillis int64
-	acked     func(*kgo.Record)
-	attempt   int
-	diverted  int // 1: written as a dead letter; 2: as a dead letter without its value
-	cb        func(*kgo.Record, error)
-}
-
-// write sends kr with w's state (tk, isOutput, srcMillis, acked set).
-func (r *route) write(w *write, kr *kgo.Record) {
-	if w.tk != nil {
-		w.tk.hold()
-	}
-	w.r = r
-	w.ep = r.inflightAdd(1, -1)
-	w.cb = w.done
-	r.send(kr, w.cb)
-}
-
-func (w *write) done(got *kgo.Record, err error) {
-	r := w.r
-	if err != nil {
-		if errors.Is(err, kgo.ErrClientClosed) || r.ctx.Err() != nil || r.prodCtx.Err() != nil {
-			r.abandoned.Store(true)
-			r.inflightAdd(-1, w.ep)
-			return
-		}
-		if poisonErr(err) && w.diverted < 2 {
-			if got.Topic == deadLetterTopic(r.def) {
-				w.diverted = 2 // a dead letter already: keep its reason, drop its value
-			} else {
-				w.diverted = 1
-				r.m.met.deadLetters.WithLabelValues(r.name, reasonSink).Inc()
-			}
-			dl := r.sinkDeadLetter(got, err, w.diverted == 2)
-			r.log.Warn("output refused by the brokers; written to the dead-letter topic",
-				"topic", got.Topic, "dead_letter", dl.Topic, "bytes", len(got.Value), "err", err)
-			r.send(dl, w.cb)
-			return
-		}
-		if r.txn.on {
-			// The transaction can only abort now; the checkpoint
-			// does it, and the records are processed again.
-			r.txnFail(fmt.Errorf("write %s: %w", got.Topic, err))
-			r.inflightAdd(-1, w.ep)
-			return
-		}
-		w.attempt++
-		r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
-		r.missingTopic(got.Topic, err)
-		r.retryLater(got, w.cb)
-		return
-	}
-	if w.attempt > 0 {
-		r.sinkRecovered()
-	}
-	if w.isOutput && w.diverted == 0 {
-		r.mOut.Inc()
-		r.mE2E.Observe(time.Since(time.UnixMilli(w.srcMillis)).Seconds())
-	}
-	if w.acked != nil && w.diverted == 0 {
-		w.acked(got)
-	}
-	r.inflightAdd(-1, w.ep)
-	if w.tk != nil {
-		w.tk.release()
-	}
-}
-
 // poisonErr reports whether a produce error is about the record itself, so
 // that retrying it can never succeed.
 func poisonErr(err error) bool {
+	if errors.Is(err, errRefused) {
+		return true
+	}
 	for _, e := range []error{kerr.MessageTooLarge, kerr.RecordListTooLarge, kerr.InvalidRecord,
 		kerr.CorruptMessage, kerr.InvalidTimestamp} {
 		if errors.Is(err, e) {
@@ -157,47 +62,79 @@ type pendingWrite struct {
 	cb func(*kgo.Record, error)
 }
 
+// kafkaWriter writes an at-least-once route's records with its group
+// client (outputs, dead letters, repartition records, markers) and its log
+// client (changelog records).
+type kafkaWriter struct {
+	r       *route
+	cl      *kgo.Client
+	logCl   *kgo.Client
+	ctx     context.Context // the outbox's: ends when a stop gives up
+	batched bool            // writes linger until a flush (batch.go)
+	retries retryQueue
+}
+
 // send hands kr to kgo, or queues it behind the topic's retries.
-func (r *route) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
-	if r.local != nil {
-		r.local.write(kr, cb)
+func (k *kafkaWriter) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	if k.retries.active.Load() == 0 {
+		k.cl.Produce(k.ctx, kr, cb)
 		return
 	}
-	if r.txn.on {
-		// No retry queue: a failed write aborts the transaction.
-		r.txn.produced.Add(1)
-		r.cl.Produce(r.prodCtx, kr, cb)
-		return
-	}
-	if r.retries.active.Load() == 0 {
-		r.cl.Produce(r.prodCtx, kr, cb)
-		return
-	}
-	r.retries.mu.Lock()
-	if t := r.retries.topics[kr.Topic]; t != nil {
+	k.retries.mu.Lock()
+	if t := k.retries.topics[kr.Topic]; t != nil {
 		t.pending = append(t.pending, pendingWrite{kr, cb})
-		r.retries.mu.Unlock()
+		k.retries.mu.Unlock()
 		return
 	}
-	r.retries.mu.Unlock()
-	r.cl.Produce(r.prodCtx, kr, cb)
+	k.retries.mu.Unlock()
+	k.cl.Produce(k.ctx, kr, cb)
+}
+
+// retry notes the sink down and queues the write behind the topic's
+// retries.
+func (k *kafkaWriter) retry(got *kgo.Record, cb func(*kgo.Record, error), err error) bool {
+	k.r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
+	k.r.missingTopic(got.Topic, err)
+	k.retryLater(got, cb)
+	return true
+}
+
+// flush sends what lingers in the producer (batch.go).
+func (k *kafkaWriter) flush() {
+	if !k.batched {
+		return // with no window, writes do not linger
+	}
+	// kgo's Flush with a done context unlingers every partition and
+	// returns at once (franz-go has no flush that does not wait).
+	_ = k.cl.Flush(flushed)
+}
+
+// changelog writes recs with the log client: a checkpoint logs every key
+// it changed at once, and through the group client that burst would
+// queue ahead of the repartition records.
+func (k *kafkaWriter) changelog(ctx context.Context, recs []*kgo.Record, _ bool) (kgo.ProduceResults, error) {
+	return produceAll(ctx, k.logCl, recs)
+}
+
+func (k *kafkaWriter) aside(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	k.logCl.Produce(k.ctx, kr, cb)
 }
 
 // retryLater queues a write kgo gave up on, starting the topic's retry
 // loop if it is not running.
-func (r *route) retryLater(got *kgo.Record, cb func(*kgo.Record, error)) {
+func (k *kafkaWriter) retryLater(got *kgo.Record, cb func(*kgo.Record, error)) {
 	w := pendingWrite{retryRecord(got), cb}
-	r.retries.mu.Lock()
-	defer r.retries.mu.Unlock()
-	if r.retries.topics == nil {
-		r.retries.topics = map[string]*retryTopic{}
+	k.retries.mu.Lock()
+	defer k.retries.mu.Unlock()
+	if k.retries.topics == nil {
+		k.retries.topics = map[string]*retryTopic{}
 	}
-	t := r.retries.topics[got.Topic]
+	t := k.retries.topics[got.Topic]
 	if t == nil {
 		t = &retryTopic{}
-		r.retries.topics[got.Topic] = t
-		r.retries.active.Add(1)
-		go r.retryLoop(got.Topic, t)
+		k.retries.topics[got.Topic] = t
+		k.retries.active.Add(1)
+		go k.retryLoop(got.Topic, t)
 	}
 	t.failed = append(t.failed, w)
 }
@@ -213,7 +150,8 @@ func retryRecord(got *kgo.Record) *kgo.Record {
 // the queue, ahead of every later one. The loop ends, and new writes go
 // straight to kgo again, when a round leaves nothing queued; when the
 // route stops, what is queued fails with the stop (abandoned).
-func (r *route) retryLoop(topic string, t *retryTopic) {
+func (k *kafkaWriter) retryLoop(topic string, t *retryTopic) {
+	r := k.r
 	attempt := 1
 	for {
 		wait := min(50*time.Millisecond<<min(attempt, 7), 5*time.Second)
@@ -221,31 +159,31 @@ func (r *route) retryLoop(topic string, t *retryTopic) {
 			wait = 0
 		}
 		select {
-		case <-r.prodCtx.Done():
+		case <-k.ctx.Done():
 		case <-time.After(wait):
 		}
-		r.retries.mu.Lock()
+		k.retries.mu.Lock()
 		batch := append(t.failed, t.pending...)
 		t.failed, t.pending = nil, nil
-		if r.prodCtx.Err() != nil {
-			delete(r.retries.topics, topic)
-			r.retries.active.Add(-1)
-			r.retries.mu.Unlock()
+		if k.ctx.Err() != nil {
+			delete(k.retries.topics, topic)
+			k.retries.active.Add(-1)
+			k.retries.mu.Unlock()
 			for _, w := range batch {
-				w.cb(w.kr, r.prodCtx.Err())
+				w.cb(w.kr, k.ctx.Err())
 			}
 			return
 		}
-		r.retries.mu.Unlock()
+		k.retries.mu.Unlock()
 
 		again := make([]*pendingWrite, len(batch))
 		var wg sync.WaitGroup
 		for i := range batch {
 			w := &batch[i]
 			wg.Add(1)
-			r.cl.Produce(r.prodCtx, w.kr, func(got *kgo.Record, err error) {
+			k.cl.Produce(k.ctx, w.kr, func(got *kgo.Record, err error) {
 				defer wg.Done()
-				if err != nil && !poisonErr(err) && !errors.Is(err, kgo.ErrClientClosed) && r.prodCtx.Err() == nil {
+				if err != nil && !poisonErr(err) && !errors.Is(err, kgo.ErrClientClosed) && k.ctx.Err() == nil {
 					r.sinkError(fmt.Errorf("write %s: %w", got.Topic, err))
 					r.missingTopic(got.Topic, err)
 					again[i] = &pendingWrite{retryRecord(got), w.cb}
@@ -254,7 +192,7 @@ func (r *route) retryLoop(topic string, t *retryTopic) {
 				w.cb(got, err)
 			})
 		}
-		r.flushWrites() // the round leaves now, not after the linger (batch.go)
+		k.flush() // the round leaves now, not after the linger (batch.go)
 		wg.Wait()
 
 		var front []pendingWrite
@@ -263,7 +201,7 @@ func (r *route) retryLoop(topic string, t *retryTopic) {
 				front = append(front, *w)
 			}
 		}
-		r.retries.mu.Lock()
+		k.retries.mu.Lock()
 		t.failed = append(front, t.failed...)
 		if len(front) > 0 {
 			attempt++
@@ -271,11 +209,11 @@ func (r *route) retryLoop(topic string, t *retryTopic) {
 			attempt = 0
 		}
 		if len(t.failed) == 0 && len(t.pending) == 0 {
-			delete(r.retries.topics, topic)
-			r.retries.active.Add(-1)
-			r.retries.mu.Unlock()
+			delete(k.retries.topics, topic)
+			k.retries.active.Add(-1)
+			k.retries.mu.Unlock()
 			return
 		}
-		r.retries.mu.Unlock()
+		k.retries.mu.Unlock()
 	}
 }

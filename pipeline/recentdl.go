@@ -120,8 +120,10 @@ func (m *Manager) RecentDeadLetters(route string) []DeadLetterInfo {
 
 // noteDeadLetter records dl, a dead letter about to be written, in the
 // route's ring. hs are the headers of the record it came from when dl
-// does not carry them; ts is that record's timestamp.
-func (r *route) noteDeadLetter(dl *kgo.Record, hs []operators.Header, ts time.Time) {
+// does not carry them; ts is that record's timestamp. shown is the error
+// as the page may show it (shownError: without record values unless
+// admin.show_records); dl's rtproxy-error header keeps the full text.
+func (r *route) noteDeadLetter(dl *kgo.Record, hs []operators.Header, ts time.Time, shown string) {
 	cfg := &r.m.cfg
 	d := DeadLetterInfo{At: time.Now(), Offset: -1, Timestamp: ts, KeyLen: len(dl.Key), ValueLen: len(dl.Value)}
 	var kept []HeaderInfo
@@ -144,7 +146,9 @@ func (r *route) noteDeadLetter(dl *kgo.Record, hs []operators.Header, ts time.Ti
 		case HeaderReason:
 			d.Reason = string(h.Value)
 		case HeaderError:
-			d.Error = clip(h.Value, recentErrorBytes)
+			if shown == "" {
+				shown = r.shownText(string(h.Value), nil)
+			}
 		case HeaderStep:
 			d.Step = string(h.Value)
 		case HeaderTarget:
@@ -163,6 +167,7 @@ func (r *route) noteDeadLetter(dl *kgo.Record, hs []operators.Header, ts time.Ti
 	for _, h := range hs {
 		keep(h.Key, h.Value)
 	}
+	d.Error = clip([]byte(shown), recentErrorBytes)
 	d.Headers = kept
 	if cfg.RecentValues {
 		d.ValuesKept = true

@@ -40,7 +40,7 @@ func TestRecentDeadLetters(t *testing.T) {
 			{Key: "Authorization", Value: []byte("Bearer hunter2")},
 			{Key: "x-trace", Value: []byte("t-1")},
 			{Key: "x-long", Value: []byte(strings.Repeat("é", 300))},
-		}, ts)
+		}, ts, "")
 	}
 	got := m.RecentDeadLetters("orders")
 	if len(got) != RecentDeadLetterCount {
@@ -109,7 +109,7 @@ func TestRecentDeadLettersConcurrent(t *testing.T) {
 		r := &route{m: m, name: fmt.Sprint("r", p%2)}
 		wg.Go(func() {
 			for i := range 200 {
-				r.noteDeadLetter(dlRecord(i, nil), nil, time.Time{})
+				r.noteDeadLetter(dlRecord(i, nil), nil, time.Time{}, "")
 			}
 		})
 	}

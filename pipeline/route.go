@@ -86,13 +86,6 @@ type route struct {
 	pendingCuts []*cutPoint // under cpMu
 	stopping    chan struct{}
 
-	inflight struct {
-		sync.Mutex
-		epoch   int64         // outputs produced now belong to this epoch
-		byEpoch map[int64]int // unacknowledged outputs per epoch
-		zero    *sync.Cond
-	}
-
 	st struct {
 		sync.Mutex
 		state          string
@@ -106,14 +99,13 @@ type route struct {
 
 	cpSeq atomic.Int64
 
-	// prodCtx is what outputs are produced with; cancelled only when a stop
-	// gives up on unacknowledged outputs (abandoned), so no later cut may
-	// commit.
-	prodCtx    context.Context
-	prodCancel context.CancelFunc
-	abandoned  atomic.Bool
-	retries    retryQueue // writes kgo gave up on, retried in order (produce.go)
-	txn        txnState   // exactly-once routes (txn.go)
+	// out counts writes in flight per checkpoint epoch (writer.go); wr
+	// carries every write but outputs, snk the outputs: both are chosen at
+	// setup (the Driver's: at NewDriver).
+	out *outbox
+	wr  writer
+	snk sink
+	txn txnState // exactly-once routes (txn.go)
 
 	// Metric children resolved once: a label lookup per record would cost
 	// more than the rest of a filter step.
@@ -128,9 +120,6 @@ type route struct {
 	// clock is what watermarks and markers read as now: time.Now, or a
 	// Driver's clock (driver.go).
 	clock func() time.Time
-	// local, when set, takes every write instead of the brokers: the
-	// Driver of `rtproxy test` (driver.go).
-	local *Driver
 	// members are the only top-level members of a source value the route
 	// reads (rules.Source.Members): source records decode just those. nil:
 	// decode whole.
@@ -142,13 +131,11 @@ type route struct {
 func newRoute(m *Manager, d *rules.Route) *route {
 	r := &route{m: m, def: d, name: d.Name, log: m.log.With("route", d.Name),
 		done: make(chan struct{}), halt: make(chan struct{}), stopping: make(chan struct{})}
-	r.inflight.byEpoch = map[int64]int{}
-	r.prodCtx, r.prodCancel = context.WithCancel(context.Background())
+	r.out = newOutbox()
 	r.mOut = m.met.recordsOut.WithLabelValues(d.Name)
 	r.mE2E = m.met.endToEnd.WithLabelValues(d.Name)
 	r.mProc = m.met.processing.WithLabelValues(d.Name)
 	r.mTapped = m.met.tapped.WithLabelValues(d.Name)
-	r.inflight.zero = sync.NewCond(&r.inflight.Mutex)
 	r.st.state = "starting"
 	r.clock = time.Now
 	r.format = sourceFormatOf(d)
@@ -259,7 +246,8 @@ func (r *route) run() {
 	if r.logCl != nil {
 		r.logCl.Close()
 	}
-	r.prodCancel()
+	r.snk.close()
+	r.out.cancel()
 	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(0)
 	r.setState("stopped", "")
 }
@@ -287,8 +275,7 @@ func (r *route) stopNow() {
 	// task, and with it dispatch; after StopTimeout the route gives up
 	// its outputs (and so any checkpoint past the last one) to stop.
 	abandon := time.AfterFunc(r.m.cfg.StopTimeout, func() {
-		r.abandoned.Store(true)
-		r.prodCancel()
+		r.out.abandon()
 	})
 	defer abandon.Stop()
 	// cpMu is let go before waiting for the route to end: the checkpoint

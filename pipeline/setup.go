@@ -150,7 +150,7 @@ func (r *route) setup() error {
 	// refuses as too large would take its well-sized records down with the
 	// one that is too large, and a single record over the limit is then
 	// refused alone, as a poison (produceTo).
-	limits := batchLimits(ctx, adm, append([]string{d.Sink.Topic, deadLetterTopic(d)}, slices.Collect(maps.Keys(parts))...))
+	limits := batchLimits(ctx, adm, slices.Collect(maps.Keys(parts)))
 	// A broker unreachable for a minute of setup retries no longer holds
 	// the protocol choice (groupProtocolOpts).
 	if r.setupSince.IsZero() {
@@ -226,10 +226,8 @@ func (r *route) setup() error {
 	// open, so they wait on cut until it is.
 	r.cut.Lock()
 	r.cl, err = kgo.NewClient(opts...)
-	if err == nil && r.txn.on {
-		if err = r.cl.BeginTransaction(); err != nil {
-			err = r.txnRefused(err)
-		}
+	if err == nil {
+		err = r.newWriter()
 	}
 	r.cut.Unlock()
 	if err != nil {
@@ -302,7 +300,30 @@ func (r *route) teardown() {
 		r.logCl.Close()
 		r.logCl = nil
 	}
-	r.segs, r.tasks = nil, nil
+	if r.snk != nil {
+		r.snk.close()
+	}
+	r.segs, r.tasks, r.wr, r.snk = nil, nil, nil, nil
+}
+
+// newWriter picks the route's writer and sink for its delivery
+// (writer.go); cut is held. An exactly-once route's first transaction
+// begins here.
+func (r *route) newWriter() error {
+	if r.txn.on {
+		if err := r.cl.BeginTransaction(); err != nil {
+			return r.txnRefused(err)
+		}
+		r.wr = &txnWriter{r: r, cl: r.cl, logCl: r.logCl, ctx: r.out.ctx, txn: &r.txn}
+	} else {
+		r.wr = &kafkaWriter{r: r, cl: r.cl, logCl: r.logCl, ctx: r.out.ctx, batched: r.m.cfg.BatchWindow > 0}
+	}
+	snk, err := r.newSink()
+	if err != nil {
+		return err
+	}
+	r.snk = snk
+	return nil
 }
 
 var kerrTopicExists = kerr.TopicAlreadyExists
@@ -320,7 +341,10 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 // created.
 func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, map[string]bool, error) {
 	dlq := deadLetterTopic(d)
-	want := []string{d.Sink.Topic, dlq}
+	want := []string{dlq}
+	if d.Sink.Topic != "" {
+		want = append(want, d.Sink.Topic) // a sink of another kind has no topic
+	}
 	compact := map[string]bool{}
 	for i := range d.Steps {
 		if s := &d.Steps[i]; isBoundary(s) {

@@ -41,7 +41,7 @@ const stepInternal = "internal"
 func (r *route) recordPanicked(v any, rec *operators.Record, tk *ticket) {
 	r.m.met.panics.WithLabelValues(r.name, "record").Inc()
 	r.log.Error("processing a record panicked; it goes to the dead-letter topic", "topic", rec.Topic,
-		"partition", rec.Partition, "offset", rec.Offset, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		"partition", rec.Partition, "offset", rec.Offset, "panic", r.shownText(fmt.Sprint(v), rec), "stack", string(debug.Stack()))
 	r.deadLetter(rec, operators.ReasonError, fmt.Errorf("internal error: %v", v), stepInternal, tk)
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
 
@@ -68,7 +69,9 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 	}
 	tt := &topicTable{topic: ts.Topic, cl: cl, table: newStoreTable(rows, tableCacheRows), done: make(chan struct{})}
 	skipped := func(rec *kgo.Record, err error) {
-		r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %w", ts.Name, rec.Topic, rec.Partition, rec.Offset, err))
+		// The row's bytes may be in err (a decode error): shown without them.
+		shown := r.shownError(err, &operators.Record{Key: rec.Key, Raw: rec.Value})
+		r.noteError(fmt.Errorf("table %s: row %s/%d/%d skipped: %s", ts.Name, rec.Topic, rec.Partition, rec.Offset, shown))
 	}
 	caught := func() bool {
 		for p, e := range end {

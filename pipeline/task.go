@@ -206,7 +206,7 @@ func (t *task) sendMarkers(now time.Time, force bool) {
 	for _, q := range targets {
 		kr := &kgo.Record{Topic: next.topic, Partition: q, Headers: []kgo.RecordHeader{{Key: headerMarker, Value: val}}}
 		t.r.send(kr, func(_ *kgo.Record, err error) {
-			if err != nil && t.r.prodCtx.Err() == nil {
+			if err != nil && t.r.out.ctx.Err() == nil {
 				// A later marker carries the same frontier or a newer one.
 				t.r.log.Debug("watermark marker not written", "topic", next.topic, "partition", q, "err", err)
 			}

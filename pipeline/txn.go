@@ -197,6 +197,51 @@ func (r *route) txnFail(err error) {
 	r.txn.failed.CompareAndSwap(nil, &err)
 }
 
+// txnWriter writes an exactly-once route's records (writer.go) in the open
+// transaction of its group client: a write that fails fails the
+// transaction, which the checkpoint aborts (no retry queue: the records
+// are processed again).
+type txnWriter struct {
+	r     *route
+	cl    *kgo.Client
+	logCl *kgo.Client
+	ctx   context.Context // the outbox's
+	txn   *txnState
+}
+
+func (w *txnWriter) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	w.txn.produced.Add(1)
+	w.cl.Produce(w.ctx, kr, cb)
+}
+
+// retry gives the write up: the transaction can only abort now; the
+// checkpoint does it, and the records are processed again.
+func (w *txnWriter) retry(got *kgo.Record, _ func(*kgo.Record, error), err error) bool {
+	w.r.txnFail(fmt.Errorf("write %s: %w", got.Topic, err))
+	return false
+}
+
+// flush: the transaction's writes do not linger (its commit flushes).
+func (w *txnWriter) flush() {
+	if w.r.m.cfg.BatchWindow > 0 {
+		_ = w.cl.Flush(flushed)
+	}
+}
+
+// changelog writes a checkpoint's records in its transaction; a fence
+// (not a checkpoint's) beside it, with the log client.
+func (w *txnWriter) changelog(ctx context.Context, recs []*kgo.Record, checkpoint bool) (kgo.ProduceResults, error) {
+	if !checkpoint {
+		return produceAll(ctx, w.logCl, recs)
+	}
+	w.txn.produced.Add(int64(len(recs)))
+	return produceAll(ctx, w.cl, recs)
+}
+
+func (w *txnWriter) aside(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	w.logCl.Produce(w.ctx, kr, cb)
+}
+
 // commitTxnCuts commits every pending cut in one transaction; cut is held
 // (dispatch paused) by the caller and stays held. On success the next
 // transaction has begun. On failure the transaction is aborted and the
@@ -217,7 +262,7 @@ func (r *route) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error 
 		return r.abortTxn(err)
 	}
 	r.setTxnState("committing")
-	if r.abandoned.Load() {
+	if r.out.abandoned.Load() {
 		return r.abortTxn(errors.New("outputs abandoned at stop"))
 	}
 	if p := r.txn.failed.Load(); p != nil {

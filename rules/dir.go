@@ -244,6 +244,7 @@ func LoadDirWith(dir string, o Options) ([]*Route, []error) {
 		results[i] = loadPath(dir, f, o)
 	}
 	checkNames(results, true)
+	checkGraph(results) // graph.go
 	var routes []*Route
 	var errs []error
 	for _, fr := range results {
@@ -315,6 +316,7 @@ func CheckPathsWith(w io.Writer, paths []string, o Options) bool {
 		}
 	}
 	checkNames(results, false)
+	checkGraph(results) // graph.go
 	for _, fr := range results {
 		if len(fr.res.errs) == 0 {
 			if g := fr.res.route.Guard; g != nil {

@@ -96,7 +96,7 @@ func TestDocsExamples(t *testing.T) {
 		p := filepath.Join(dir, b.name)
 		switch b.kind {
 		case "rule-file":
-			if _, err := LoadFile(p); err != nil {
+			if _, err := LoadFileWith(p, docsOptions); err != nil {
 				t.Errorf("%s:%d: example %s is refused:\n%v", doc, b.line, b.name, err)
 			}
 		case "refused":
@@ -123,3 +123,9 @@ func TestDocsExamples(t *testing.T) {
 		}
 	}
 }
+
+// docsOptions are the options of the proxy the docs' examples run under:
+// the allow-list of the config example in docs/RULES.md ("Avro and
+// Protobuf") and docs/OPERATIONS.md ("What rule files may name"), and the
+// endpoint of "An HTTP sink".
+var docsOptions = Options{Allow: &Allow{URLs: []string{"http://registry:8081", "http://hooks.internal:8080"}, Files: []string{"/etc/rtproxy"}, EnvNames: []string{"HOOKS_TOKEN"}}}

@@ -30,7 +30,7 @@ func TestFingerprintsGolden(t *testing.T) {
 		if b.kind != "rule-file" {
 			continue
 		}
-		r, err := LoadFile(filepath.Join(dir, b.name))
+		r, err := LoadFileWith(filepath.Join(dir, b.name), docsOptions)
 		if err != nil {
 			t.Fatalf("docs %s: %v", b.name, err)
 		}

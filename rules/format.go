@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -206,6 +207,7 @@ func (l *loader) schemaRegistry(kv *keyVal, r *Route) {
 			sr.Timeout = d
 		}
 	}
+	l.allowRegistry(f, sr)
 	basic := sr.BasicAuthFile != "" || sr.BasicAuthEnv != ""
 	bearer := sr.BearerTokenFile != "" || sr.BearerTokenEnv != ""
 	switch {
@@ -217,4 +219,44 @@ func (l *loader) schemaRegistry(kv *keyVal, r *Route) {
 		l.errAt(f["bearer_token_env"].key, "bearer_token_env", "schema_registry has bearer_token_file and bearer_token_env; use one")
 	}
 	r.SchemaRegistry = sr
+}
+
+// allowRegistry refuses a schema_registry block that names an environment
+// variable, a file or a URL the proxy's allow-list (Options.Allow) does not
+// hold: the proxy would read the secret and send it to the URL.
+func (l *loader) allowRegistry(f map[string]*keyVal, sr *SchemaRegistry) {
+	allow := l.opts.Allow.In(l.dir)
+	if sr.URL != "" {
+		for _, u := range strings.Split(sr.URL, ",") {
+			if u = strings.TrimSpace(u); u == "" {
+				continue
+			}
+			if err := allow.URL(u); err != nil && errors.Is(err, ErrNotAllowed) {
+				l.errAt(f["url"].val, sr.URL, "schema_registry.url: %v", err)
+				break
+			}
+		}
+	}
+	for _, k := range []struct {
+		key string
+		val string
+	}{{"basic_auth_env", sr.BasicAuthEnv}, {"bearer_token_env", sr.BearerTokenEnv}} {
+		if k.val == "" {
+			continue
+		}
+		if err := allow.Env(k.val); err != nil {
+			l.errAt(f[k.key].val, k.val, "schema_registry.%s: %v", k.key, err)
+		}
+	}
+	for _, k := range []struct {
+		key string
+		val string
+	}{{"basic_auth_file", sr.BasicAuthFile}, {"bearer_token_file", sr.BearerTokenFile}, {"ca_file", sr.CAFile}} {
+		if k.val == "" {
+			continue
+		}
+		if err := allow.File(k.val); err != nil {
+			l.errAt(f[k.key].val, f[k.key].val.Value, "schema_registry.%s: %v", k.key, err)
+		}
+	}
 }

@@ -23,7 +23,7 @@ steps:
 `,
 		"proto.yaml": "route: p\nsource: { topic: in, format: protobuf }\nsink: { topic: out }\n",
 	})
-	r, err := LoadFile(filepath.Join(dir, "avro.yaml"))
+	r, err := LoadFileWith(filepath.Join(dir, "avro.yaml"), Options{Allow: &Allow{URLs: []string{"http://registry:8081"}, Files: []string{"/etc/ca.pem"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

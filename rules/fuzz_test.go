@@ -21,13 +21,17 @@ func FuzzLoad(f *testing.F) {
 			f.Add(b)
 		}
 	}
+	// HTTP sinks (sink_http.go), under an allow-list that lets their URL
+	// and variables through, so the fuzzer reaches past the allow-list.
+	f.Add([]byte("route: h\nsource: { topic: a }\nsink:\n  http:\n    url: http://fuzz.example/x\n    method: PUT\n    timeout: 2s\n    max_in_flight: 3\n    headers: { X-A: b, Authorization: { env: FUZZ_TOKEN, prefix: \"Bearer \" } }\n"))
+	f.Add([]byte("route: h\nsource: { topic: a }\nsink: { http: { url: http://fuzz.example/x, headers: { Cookie: c } }, delivery: exactly_once }\n"))
 	dir := f.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "t.jsonl"), []byte(`{"id":"a","x":1}`+"\n"), 0o644); err != nil {
 		f.Fatal(err)
 	}
 	path := filepath.Join(dir, "f.yaml")
 	f.Fuzz(func(t *testing.T, data []byte) {
-		res := loadBytes(path, data, Options{})
+		res := loadBytes(path, data, Options{Allow: &Allow{URLs: []string{"http://fuzz.example"}, EnvNames: []string{"FUZZ_*"}}})
 		if (res.route == nil) == (len(res.errs) == 0) {
 			t.Fatalf("route %v with %d errors", res.route != nil, len(res.errs))
 		}
@@ -42,7 +46,10 @@ func FuzzLoad(f *testing.F) {
 		if r := res.route; r != nil && r.Guard != nil {
 			checkFuzzedGuard(t, r)
 		} else if r != nil {
-			if r.Name == "" || r.Source.Topic == "" || r.Sink.Topic == "" || r.Sink.Topic == r.Source.Topic || !hex64.MatchString(r.Hash) {
+			if h := r.Sink.HTTP; h != nil && (r.Sink.Topic != "" || h.URL == "" || h.Method == "" || h.Timeout <= 0 || h.MaxInFlight < 1 || r.Sink.ExactlyOnce()) {
+				t.Fatalf("incomplete HTTP sink: %+v %+v", r.Sink, h)
+			}
+			if r.Name == "" || r.Source.Topic == "" || r.Sink.Target() == "" || r.Sink.Topic == r.Source.Topic || !hex64.MatchString(r.Hash) {
 				t.Fatalf("incomplete route: %+v", r)
 			}
 			// Defaults are filled in here, never left to the pipeline.

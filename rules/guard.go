@@ -38,6 +38,12 @@ type Guard struct {
 	// skip scanner (operators.Record.SetJSONMembers), which refuses
 	// exactly what a whole decode refuses. Nil: decode the value whole.
 	Members jsoncodec.Fields
+	// Closed is set on the stand-in the watcher puts in force for a guard
+	// file that is invalid and has no valid version to keep (at start, or
+	// a new file): the guard fails closed, every record produced to Topic
+	// ("*" when the file does not say) fails GuardInvalid with Closed as
+	// its message, until the file is fixed.
+	Closed string
 }
 
 // Values of a guard file.
@@ -46,6 +52,8 @@ const (
 	GuardDeadLetter = "dead_letter"
 	// ValidJSON is the built-in check: the value is valid JSON.
 	ValidJSON = "valid_json"
+	// GuardInvalid is the check a closed guard (Guard.Closed) fails.
+	GuardInvalid = "guard_invalid"
 	// DefaultGuardDeadLetterSuffix makes a guard's default dead-letter
 	// topic, "<guard name>.rejected".
 	DefaultGuardDeadLetterSuffix = ".rejected"
@@ -97,6 +105,9 @@ func (g *Guard) Matches(topic string) bool {
 // check whose evaluation fails fails the record with the error (its first
 // line) as the message.
 func (g *Guard) Check(r *operators.Record) (check, message string, ok bool) {
+	if g.Closed != "" {
+		return GuardInvalid, g.Closed, false
+	}
 	cur := -1
 	defer func() {
 		if p := recover(); p != nil {
@@ -219,6 +230,7 @@ func (l *loader) loadGuard(root *yaml.Node) *Route {
 		l.errAt(root, "", "missing `topic`: the topic whose produced records the guard checks, or a glob such as `payments.*`")
 	} else if t, ok := l.guardTopic(kv); ok {
 		g.Topic, topicOK = t, true
+		l.res.guardTopic = t
 	}
 
 	if kv := f["format"]; kv != nil {
@@ -459,4 +471,61 @@ func (l *loader) noOffset(n *yaml.Node, src string) {
 		line, col := l.nodePos(n, src, id)
 		l.errAtPos(line, col, src, "check reads `offset`, but a guard checks records as they are produced, before they have an offset")
 	}
+}
+
+// guessGuard reads, from the lines of a file whose YAML does not parse,
+// whether it is a guard file (a top-level `guard:` line) and its topic (a
+// top-level `topic:` line holding a valid topic or glob; "" when none):
+// a guard that does not load fails closed, so the proxy must know it is
+// one even when the YAML is broken.
+func guessGuard(lines []string) (guard bool, topic string) {
+	for _, ln := range lines {
+		k, v, ok := strings.Cut(strings.TrimRight(ln, "\r"), ":")
+		if !ok || k != strings.TrimSpace(k) {
+			continue // indented, or not a key
+		}
+		switch k {
+		case "guard":
+			guard = true
+		case "topic":
+			if i := strings.Index(v, " #"); i >= 0 {
+				v = v[:i]
+			}
+			v = strings.Trim(strings.TrimSpace(v), `"'`)
+			if topicNameRe.MatchString(v) || (isGlob(v) && validGlob(v)) {
+				topic = v
+			}
+		}
+	}
+	if !guard {
+		topic = ""
+	}
+	return guard, topic
+}
+
+// validGlob reports whether p is a path.Match pattern that compiles.
+func validGlob(p string) bool {
+	_, err := path.Match(p, "")
+	return err == nil
+}
+
+// closedGuard is the stand-in put in force for a guard file with nothing
+// valid to run (Guard.Closed): it refuses every record produced to its
+// topic, all topics when the file does not say which.
+func closedGuard(file, name, topic, contentHash string) *Route {
+	if topic == "" {
+		topic = "*"
+	}
+	if name == "" || !routeNameRe.MatchString(name) {
+		name = strings.TrimSuffix(filepath.Base(file), filepath.Ext(file))
+	}
+	what := "its topic " + topic
+	if topic == "*" {
+		what = "every topic (the file does not say which topic it guards)"
+	}
+	// The message goes to producing clients: it names the guard, not what
+	// is wrong in its file (that is on /routes and in the proxy's log).
+	msg := fmt.Sprintf("guard `%s` does not load and has no valid version to keep, so it fails closed: records produced to %s are refused until its file is fixed (the proxy's /routes and log say what is wrong)", name, what)
+	return &Route{Name: name, File: file, Hash: "closed:" + contentHash,
+		Guard: &Guard{Topic: topic, Format: "raw", OnReject: GuardReject, Closed: msg}}
 }

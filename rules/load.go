@@ -47,7 +47,7 @@ const (
 var (
 	topKeys    = []string{"route", "source", "sink", "dead_letter", "checkpoint_interval", "tables", "steps", "schema_registry"}
 	sourceKeys = []string{"topic", "format", "event_time", "watermark", "idle_timeout", "start", "group", "message_indexes"}
-	sinkKeys   = []string{"topic", "key", "delivery", "format", "subject", "schema", "message", "message_indexes"}
+	sinkKeys   = []string{"topic", "http", "key", "delivery", "format", "subject", "schema", "message", "message_indexes"}
 	tableKeys  = []string{"file", "key", "topic"}
 )
 
@@ -73,6 +73,10 @@ type Options struct {
 	// besides the rules directory (the proxy's tables_dir). Empty: only
 	// files inside the rules directory.
 	TablesDir string
+	// Allow lists the environment variables, files and URLs a rule file
+	// may name (allow.go). nil: the safe default, no variable, files inside
+	// the rules directory only, no URL.
+	Allow *Allow
 }
 
 // LoadFileWith is LoadFile with o.
@@ -99,6 +103,9 @@ type loadResult struct {
 	name       string   // the route (or guard) name as written, even when invalid
 	nameNode   position // where the name is written
 	guard      bool     // the file is a guard file
+	// guardTopic is a guard file's topic when it could be read, even if
+	// the file is refused (a closed guard blocks it: closedGuard).
+	guardTopic string
 }
 
 type position struct{ line, col int }
@@ -137,6 +144,9 @@ func loadBytes(path string, src []byte, o Options) *loadResult {
 		res:   res,
 	}
 	route := l.loadGuarded()
+	if len(l.errs) > 0 && !res.guard {
+		res.guard, res.guardTopic = guessGuard(l.lines) // YAML that does not parse
+	}
 	l.errs.sort()
 	res.errs = l.errs
 	if len(l.errs) == 0 {
@@ -232,7 +242,7 @@ func (l *loader) load() *Route {
 	}
 	top := l.fields(root, topKeys, "rule file")
 
-	r := &Route{Tables: map[string]TableSpec{}}
+	r := &Route{Tables: map[string]TableSpec{}, at: map[string]position{}}
 	if abs, err := filepath.Abs(l.file); err == nil {
 		r.File = abs
 	} else {
@@ -244,6 +254,7 @@ func (l *loader) load() *Route {
 		l.errAt(root, "", "missing `route`: name the route (letters, digits, `.`, `_`, `-`), e.g. `route: payments-risk`")
 	} else if name, ok := l.scalar(kv, "route"); ok {
 		l.res.name, l.res.nameNode = name, position{kv.val.Line, kv.val.Column}
+		r.at["route"] = l.res.nameNode
 		if !routeNameRe.MatchString(name) {
 			l.errAt(kv.val, name, "route name may contain only letters, digits, `.`, `_` and `-` (at most 200)")
 		}
@@ -259,6 +270,7 @@ func (l *loader) load() *Route {
 	if kv := top["dead_letter"]; kv != nil {
 		if t, ok := l.topicName(kv, "dead_letter"); ok {
 			r.DeadLetter = t
+			r.at["dead_letter"] = position{kv.val.Line, kv.val.Column}
 			switch {
 			case r.Source.Topic != "" && t == r.Source.Topic:
 				l.errAt(kv.val, t, "dead_letter topic is the source topic; dead letters would be read again as input. Choose another topic, e.g. `%s.dlq`", r.Source.Topic)
@@ -463,6 +475,7 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 		l.errAt(kv.key, "source", "missing `source.topic`: the topic this route reads")
 	} else if name, ok := l.topicName(t, "source.topic"); ok {
 		r.Source.Topic = name
+		r.at["source.topic"] = position{t.val.Line, t.val.Column}
 	}
 	if x := f["format"]; x != nil {
 		if s, ok := l.readFormat(x, "source.format", FormatJSON, FormatRaw, FormatAvro, FormatProtobuf); ok {
@@ -493,6 +506,7 @@ func (l *loader) source(kv *keyVal, root *yaml.Node, r *Route) {
 				l.errAt(x.val, name, "`source.group` is not a valid consumer group id here: use letters, digits, `.`, `_` and `-` (at most 249)")
 			} else {
 				r.Source.Group = name
+				r.at["source.group"] = position{x.val.Line, x.val.Column}
 			}
 		}
 	}
@@ -531,10 +545,16 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 	}
 	f := l.fields(kv.val, sinkKeys, "sink")
 	l.sinkFields = f
-	if t := f["topic"]; t == nil {
-		l.errAt(kv.key, "sink", "missing `sink.topic`: the topic results go to")
+	if hx := f["http"]; hx != nil {
+		if t := f["topic"]; t != nil {
+			l.errAt(t.key, "topic", "sink has `topic` and `http`; a route writes to one sink")
+		}
+		l.httpSink(hx, r)
+	} else if t := f["topic"]; t == nil {
+		l.errAt(kv.key, "sink", "missing `sink.topic`: the topic results go to (or `sink.http`: an HTTP endpoint)")
 	} else if name, ok := l.topicName(t, "sink.topic"); ok {
 		r.Sink.Topic = name
+		r.at["sink.topic"] = position{t.val.Line, t.val.Column}
 		if name == r.Source.Topic {
 			l.errAt(t.val, name, "sink topic is the source topic; the route would read its own output forever. Write results to another topic, e.g. `%s.out`", name)
 		}
@@ -543,6 +563,17 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 	if d := f["delivery"]; d != nil {
 		if v, ok := l.oneOf(d, "sink.delivery", DeliveryAtLeastOnce, DeliveryExactlyOnce); ok {
 			r.Sink.Delivery = v
+		}
+	}
+	if r.Sink.HTTP != nil {
+		if d := f["delivery"]; d != nil && r.Sink.ExactlyOnce() {
+			l.errAt(d.val, d.val.Value, "%v", errHTTPExactlyOnce)
+		}
+		for _, k := range []string{"format", "subject", "schema", "message"} {
+			if x := f[k]; x != nil {
+				l.errAt(x.key, k, "`sink.%s` is for a topic sink; an HTTP sink sends each output's value as JSON", k)
+				delete(f, k)
+			}
 		}
 	}
 	l.sinkFormat(f, r)

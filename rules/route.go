@@ -34,6 +34,10 @@ type Route struct {
 	// SchemaRegistry is the rule file's `schema_registry:`, overriding the
 	// proxy's for this route; nil: the proxy's.
 	SchemaRegistry *SchemaRegistry
+
+	// at is where the keys the route graph checks (graph.go) are written:
+	// "route", "source.topic", "source.group", "sink.topic", "dead_letter".
+	at map[string]position
 }
 
 // Source is the `source:` block.
@@ -70,6 +74,7 @@ func (r *Route) GroupID() string {
 // Sink is the `sink:` block.
 type Sink struct {
 	Topic string
+	HTTP  *HTTPSink       // sink.http (sink_http.go); Topic is empty then
 	Key   *operators.Expr // nil: the source key (window rows: the window key)
 	// Delivery is DeliveryAtLeastOnce (the default) or DeliveryExactlyOnce.
 	Delivery string
@@ -94,6 +99,15 @@ const (
 	// the route's outputs, dead letters, changelog writes and group offsets.
 	DeliveryExactlyOnce = "exactly_once"
 )
+
+// Target names where the sink writes: its topic, or what a sink of
+// another kind writes to.
+func (s Sink) Target() string {
+	if s.HTTP != nil {
+		return s.HTTP.URL
+	}
+	return s.Topic
+}
 
 // ExactlyOnce reports whether the route's outputs are transactional.
 func (s Sink) ExactlyOnce() bool { return s.Delivery == DeliveryExactlyOnce }

@@ -84,6 +84,8 @@ type Watcher struct {
 // watchedFile is what the watcher remembers of one rule file.
 type watchedFile struct {
 	contentHash string
+	guard       bool   // a guard file (or, not parsed, looks like one)
+	guardTopic  string // its topic when it could be read
 	tableFiles  []string
 	tableHash   string
 	name        string   // route name of the current content
@@ -357,6 +359,7 @@ func (w *Watcher) scan() {
 		wf.tableFiles = res.tableFiles
 		wf.tableHash = hashFiles(res.tableFiles)
 		wf.name, wf.namePos = res.name, res.nameNode
+		wf.guard, wf.guardTopic = res.guard, res.guardTopic
 		wf.cur, wf.errs = res.route, res.errs
 		for _, e := range res.warns {
 			w.log.Warn("rules: "+e.Msg, "at", fmt.Sprintf("%s:%d:%d", e.File, e.Line, e.Col))
@@ -405,17 +408,32 @@ func (w *Watcher) scan() {
 
 // resolve decides the desired set: each file's current route if valid,
 // else its last good one; a route name already taken by a file that
-// claimed it earlier is refused. Files whose running route holds a name
-// claim it first, so a new file cannot take over a running route's name.
+// claimed it earlier is refused, and so is a route that conflicts in the
+// route graph (graph.go: a shared group, a cycle, an internal topic) with
+// one accepted earlier. Files whose running route holds a name claim it
+// first, so a new file cannot take over a running route's name.
 func (w *Watcher) resolve() ([]*Route, []error) {
 	paths := make([]string, 0, len(w.files))
 	for p := range w.files {
 		paths = append(paths, p)
 	}
+	// Claims go first to files that run unchanged (or whose edit is
+	// invalid, so they run unchanged), then to running files whose edit
+	// is valid, then to new files: an edit or a new file that conflicts
+	// with a running route (a name, a group, a cycle) is the one refused.
+	rank := func(wf *watchedFile) int {
+		switch {
+		case wf.good != nil && (wf.cur == nil || wf.cur == wf.good):
+			return 0
+		case wf.good != nil:
+			return 1
+		}
+		return 2
+	}
 	sort.Slice(paths, func(i, j int) bool {
-		gi, gj := w.files[paths[i]].good != nil, w.files[paths[j]].good != nil
-		if gi != gj {
-			return gi
+		ri, rj := rank(w.files[paths[i]]), rank(w.files[paths[j]])
+		if ri != rj {
+			return ri < rj
 		}
 		return paths[i] < paths[j]
 	})
@@ -423,7 +441,9 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 		at    string // "file:line:col"
 		guard bool
 	}
-	taken := map[string]claim{} // route or guard name -> who holds it
+	taken := map[string]claim{}  // route or guard name -> who holds it
+	g := newGraph()              // groups, cycles and internal topics (graph.go)
+	inForce := map[string]bool{} // files with a route or guard in the set
 	var routes []*Route
 	var errs []error
 	for _, p := range paths {
@@ -453,11 +473,38 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 				continue
 			}
 		}
+		if gerrs := g.check(cand); len(gerrs) > 0 {
+			// The file conflicts with a route accepted before it (one
+			// that runs, or an earlier file): it is refused, and its
+			// previous version runs on if that one fits.
+			for _, e := range gerrs {
+				e.File = p
+				errs = append(errs, e)
+			}
+			if cand == wf.cur && wf.good != nil && wf.good != wf.cur && len(g.check(wf.good)) == 0 {
+				if _, dup := taken[wf.good.Name]; !dup {
+					cand = wf.good
+				} else {
+					continue
+				}
+			} else {
+				continue
+			}
+		}
 		if cand == wf.cur {
 			wf.good = wf.cur
 		}
+		g.add(cand)
 		taken[cand.Name] = claim{fmt.Sprintf("%s:%d:%d", p, wf.namePos.line, wf.namePos.col), cand.Guard != nil}
 		routes = append(routes, cand)
+		inForce[p] = true
+	}
+	// A guard file with nothing in force fails closed: a stand-in refuses
+	// what is produced to its topic until the file loads (closedGuard).
+	for _, p := range paths {
+		if wf := w.files[p]; wf.guard && !inForce[p] {
+			routes = append(routes, closedGuard(p, wf.name, wf.guardTopic, wf.contentHash))
+		}
 	}
 	sort.Slice(routes, func(i, j int) bool { return routes[i].File < routes[j].File })
 	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Error() < errs[j].Error() })

@@ -85,7 +85,7 @@ func TestBinaryCheck(t *testing.T) {
 		t.Fatalf("check missing file: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	code, _, errOut = runBinary(t, nil, "check")
-	if code != 2 || !strings.Contains(errOut, "usage: rtproxy check [--tables-dir DIR] PATH...") {
+	if code != 2 || !strings.Contains(errOut, "usage: rtproxy check [--config FILE] [--tables-dir DIR] PATH...") {
 		t.Fatalf("check without paths: exit %d, %q", code, errOut)
 	}
 	// A table outside the rules directory passes only with --tables-dir.

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +27,10 @@ type guards struct {
 	rejected *prometheus.CounterVec // guard, check
 	sink     *guardSink
 	set      func(protocol.Guards)
+	// closed names the guards in force that fail closed (rules.Guard.Closed):
+	// their files do not load and have no valid version. While one is,
+	// the proxy is not ready (notReady).
+	closed atomic.Pointer[[]string]
 }
 
 func newGuards(log *slog.Logger, reg prometheus.Registerer, seeds []string, opts []kgo.Opt, set func(protocol.Guards)) (*guards, error) {
@@ -43,6 +48,15 @@ func newGuards(log *slog.Logger, reg prometheus.Registerer, seeds []string, opts
 // apply puts the guard files of a rule set in force (none: the produce path
 // is untouched again).
 func (g *guards) apply(files []*rules.Route) {
+	var closed []string
+	for _, f := range files {
+		if f.Guard.Closed != "" {
+			closed = append(closed, f.Name)
+			g.log.Error("guard fails closed: its file does not load and has no valid version; produce to its topics is refused and the proxy is not ready until the file is fixed",
+				"guard", f.Name, "file", f.File, "topic", f.Guard.Topic)
+		}
+	}
+	g.closed.Store(&closed)
 	if len(files) == 0 {
 		g.set(nil)
 		return
@@ -52,6 +66,16 @@ func (g *guards) apply(files []*rules.Route) {
 		s.all = append(s.all, &guardOf{name: f.Name, g: f.Guard, gs: g})
 	}
 	g.set(s)
+}
+
+// notReady says why the proxy is not ready because of guards: one fails
+// closed. "" when none does.
+func (g *guards) notReady() string {
+	p := g.closed.Load()
+	if p == nil || len(*p) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("guard %s does not load (no valid version to keep): produce to its topics is refused until its file is fixed; see /routes", strings.Join(*p, ", "))
 }
 
 func (g *guards) close() { g.sink.close() }

@@ -24,7 +24,7 @@ Usage:
   rtproxy run [--config FILE] [--listen ADDR] [--advertise-host HOST] [--broker-ports FIRST]
               [--upstream HOST:PORT[,HOST:PORT...]] [--rules-dir DIR] [--state-dir DIR]
               [--admin-listen ADDR] [--log-level LEVEL]
-  rtproxy check PATH...            lint rule files or directories; exit 1 on any problem
+  rtproxy check [--config FILE] PATH...  lint rule files or directories; exit 1 on any problem
   rtproxy test [-v] [--run REGEXP] [--format text|json] PATH...
                                    run the tests beside rule files (NAME.test.yaml);
                                    exit 1 when one fails, 2 on a malformed test file

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -74,7 +75,7 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	return &routes{m: m, dir: cfg.RulesDir, opts: rules.Options{TablesDir: cfg.TablesDir}, log: log, reg: reg, guards: guards}, nil
+	return &routes{m: m, dir: cfg.RulesDir, opts: rulesOptions(cfg), log: log, reg: reg, guards: guards}, nil
 }
 
 // apply hands the watcher's rule set to the pipelines. The watcher keeps a
@@ -145,4 +146,21 @@ func (r *routes) Run(ctx context.Context) error {
 	err = r.m.Run(ctx)
 	w.Close()
 	return err
+}
+
+// rulesOptions is what the proxy's config tells the rules loader: where
+// tables may be, and what rule files may name (rules.allow). The proxy's
+// own schema_registry.url is always allowed: the proxy trusts it already.
+func rulesOptions(cfg *config.Config) rules.Options {
+	a := &rules.Allow{
+		EnvNames: append([]string(nil), cfg.Rules.Allow.Env...),
+		Files:    append([]string(nil), cfg.Rules.Allow.Files...),
+		URLs:     append([]string(nil), cfg.Rules.Allow.URLs...),
+	}
+	for _, u := range strings.Split(cfg.SchemaRegistry.URL, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			a.URLs = append(a.URLs, u)
+		}
+	}
+	return rules.Options{TablesDir: cfg.TablesDir, Allow: a}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"strings"
 
@@ -13,9 +12,10 @@ import (
 // cmdTest is `rtproxy test`: the tests beside rule files, run through the
 // same pipeline code as `rtproxy run`, with no broker.
 func cmdTest(args []string, stdout, stderr io.Writer) int {
-	const usage = "usage: rtproxy test [-v] [--run REGEXP] [--format text|json] [--tables-dir DIR] PATH...   (test files, rule files or directories)"
+	const usage = "usage: rtproxy test [-v] [--run REGEXP] [--format text|json] [--config FILE] [--tables-dir DIR] PATH...   (test files, rule files or directories)"
 	var o ruletest.Options
 	var paths []string
+	configFile := ""
 	value := func(i *int, a string) (string, bool) {
 		if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(k, "-") {
 			return v, true
@@ -65,6 +65,12 @@ func cmdTest(args []string, stdout, stderr io.Writer) int {
 				return 2
 			}
 			o.Rules.TablesDir = v
+		case flag == "-config" || flag == "config":
+			v, ok := value(&i, a)
+			if !ok {
+				return 2
+			}
+			configFile = v
 		case len(a) > 1 && a[0] == '-':
 			fmt.Fprintf(stderr, "rtproxy test: unknown flag %s\n%s\n", a, usage)
 			return 2
@@ -76,8 +82,15 @@ func cmdTest(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, usage)
 		return 2
 	}
-	if o.Rules.TablesDir == "" {
-		o.Rules.TablesDir = os.Getenv("RTPROXY_TABLES_DIR")
+	tablesDir := o.Rules.TablesDir
+	ro, err := rulesOptionsFrom(configFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "rtproxy test: %v\n", err)
+		return 2
+	}
+	o.Rules = ro
+	if tablesDir != "" {
+		o.Rules.TablesDir = tablesDir
 	}
 	return ruletest.Main(stdout, paths, o)
 }

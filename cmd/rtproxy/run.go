@@ -254,6 +254,9 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		if !px.Ready() {
 			return false, "upstream metadata not fetched yet"
 		}
+		if why := gd.notReady(); why != "" {
+			return false, why // a guard fails closed (guards.go)
+		}
 		return true, ""
 	})
 	adm.setRoutes(routes.Status)

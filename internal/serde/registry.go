@@ -71,6 +71,13 @@ func (c Config) Check() error {
 	return nil
 }
 
+// Secret reads a secret from a file or an environment variable (lookup:
+// os.LookupEnv), trimmed: the one way the proxy resolves a secret a rule
+// file names (the registry's credentials, an HTTP sink's headers).
+func Secret(file, env string, lookup func(string) (string, bool)) (string, error) {
+	return secret(file, env, lookup)
+}
+
 // secret reads a secret from a file or an environment variable.
 func secret(file, env string, lookup func(string) (string, bool)) (string, error) {
 	if file != "" {

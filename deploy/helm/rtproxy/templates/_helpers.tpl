@@ -110,6 +110,15 @@ batch_window: {{ $p.batchWindow | default "0" | quote }}
 {{- if $p.pprof }}
 pprof: true
 {{- end }}
+{{- with (.Values.rules.allow | default dict) }}
+{{- if or .env .files .urls }}
+rules:
+  allow:
+    env: {{ .env | default list | toJson }}
+    files: {{ .files | default list | toJson }}
+    urls: {{ .urls | default list | toJson }}
+{{- end }}
+{{- end }}
 {{- if or .Values.tls.client.enabled .Values.tls.upstream.enabled }}
 tls:
 {{- with .Values.tls.client }}
