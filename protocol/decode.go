@@ -359,8 +359,8 @@ func recordHeaderCount(b []byte) (int64, bool) {
 		}
 	}
 	c, n := binary.Varint(b)
-	if n <= 0 || c < 0 {
+	if n <= 0 {
 		return 0, false
 	}
-	return c, true
+	return max(c, 0), true // a negative count decodes as no header
 }
