@@ -307,6 +307,16 @@ func (pr *pair) clientLoop() {
 	var size [4]byte
 	first := true
 	var lastKey, lastVersion int16 = -1, -1
+	// held is the request's reservation of max_held_bytes, given back
+	// here too if the loop panics (a guard's bug): a reservation that
+	// stayed would keep its bytes, and its need would weigh on every
+	// later grant (held.go). release is idempotent.
+	var held *hold
+	defer func() {
+		if held != nil {
+			held.release()
+		}
+	}()
 	for {
 		pr.armRead(0) // between requests: idleLoop watches
 		frame, rest, err := readFrameHead(pr.client, &size, p.cfg.MaxFrameBytes, first)
@@ -374,7 +384,7 @@ func (pr *pair) clientLoop() {
 		var refused []refusedPart
 		var taps []tapPart
 		var keep []byte // the request buffer taps alias, released with the response
-		var held *hold  // a produce read whole (max_held_bytes)
+		held = nil      // a produce read whole (max_held_bytes)
 		if h.APIKey == int16(kmsg.Produce) {
 			var gs Guards
 			if g := p.guards.Load(); g != nil {

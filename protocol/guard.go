@@ -152,6 +152,7 @@ func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, 
 	}
 	tapping := tap != nil && acks == -1 && req.TransactionID == nil
 	m := pr.p.newMeter(pr.done, pr.p.guardBufs)
+	defer m.endPart() // its lease goes back even if a guard panics
 	for ti := range req.Topics {
 		t := &req.Topics[ti]
 		name := t.Topic
@@ -456,6 +457,7 @@ func (p *Proxy) deliverTaps(tap Tap, version int16, body []byte, taps []tapPart)
 	}
 	resp := r.(*kmsg.ProduceResponse)
 	m := p.newMeter(nil, p.guardBufs)
+	defer m.endPart()
 	for _, tp := range taps {
 		for _, rt := range resp.Topics {
 			if (version >= 13 && rt.TopicID != tp.topicID) || (version < 13 && rt.Topic != tp.topic) {

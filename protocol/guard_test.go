@@ -427,7 +427,7 @@ func (g *panickyGuards) Check(topic string, p int32, r *ProducedRecord) (string,
 // counted, and the process and the other connections go on.
 func TestPanicClosesOnlyItsConnection(t *testing.T) {
 	upstream := startKfake(t, "-topics", "guarded:1,plain:1")
-	tp := startProxy(t, upstream, nil)
+	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = 64 << 20 })
 	tp.SetGuards(&panickyGuards{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -461,5 +461,23 @@ func TestPanicClosesOnlyItsConnection(t *testing.T) {
 	}
 	if err := bad.ProduceSync(ctx, &kgo.Record{Topic: "guarded", Value: []byte("fine")}).FirstErr(); err != nil {
 		t.Fatalf("the panicked connection's client, once reconnected: %v", err)
+	}
+	// The panicked request's reservations went back: nothing is held, and
+	// no reservation still arriving weighs on later grants. (The last
+	// request's own goes back just after it is written upstream, which
+	// can be after its response arrived: wait a little.)
+	var h, d float64
+	var n int
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		h, d = metricValue(t, tp.m.heldBytes), metricValue(t, tp.m.decodedBytes)
+		tp.held.mu.Lock()
+		n = len(tp.held.growing)
+		tp.held.mu.Unlock()
+		if h == 0 && d == 0 && n == 0 {
+			break
+		}
+	}
+	if h != 0 || d != 0 || n != 0 {
+		t.Errorf("after the panic: held_bytes %v, decoded_bytes %v, %d growing reservations; want none", h, d, n)
 	}
 }
