@@ -394,7 +394,7 @@ func (pr *pair) clientLoop() {
 			if t := p.tap.Load(); t != nil && acks == -1 {
 				tap = *t
 			}
-			if gs != nil || tap != nil {
+			if (gs != nil || tap != nil) && !pr.unguardedSoleTopic(gs, tap, frame[4:], h) {
 				// Read whole, checked and its tapped partitions picked
 				// (guard.go); its bytes count against max_held_bytes
 				// while held.
@@ -645,6 +645,25 @@ func (pr *pair) mergeRefused(req inflight, frame []byte) ([]byte, error) {
 	}
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
 	return out, nil
+}
+
+// unguardedSoleTopic reports whether a Produce request names a single
+// topic that no guard checks and the tap does not want: it then streams
+// as without guards, never read whole, so guarded traffic (and its
+// reservations of max_held_bytes) cannot keep it waiting. A request that
+// names several topics, or one the proxy must look up by an id it does
+// not know, is read whole and checked.
+func (pr *pair) unguardedSoleTopic(gs Guards, tap Tap, payload []byte, h RequestHeader) bool {
+	name, id, ok := produceSoleTopic(payload, h)
+	if !ok {
+		return false
+	}
+	if h.APIVersion >= 13 {
+		if name, ok = pr.p.TopicName(id); !ok {
+			return false
+		}
+	}
+	return (gs == nil || gs.For(name) == nil) && (tap == nil || !tap.Wants(name))
 }
 
 // needsBody reports whether a response must be held whole because it may
