@@ -308,7 +308,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.log.Info("proxy listening", "bootstrap", p.Addr(), "advertise_host", p.cfg.AdvertiseHost,
 		"broker_ports", fmt.Sprintf("%d-%d", p.cfg.BrokerPortFirst, p.cfg.BrokerPortFirst+p.cfg.BrokerPortCount-1),
 		"upstream", p.cfg.Upstream)
-	if p.maxConns != int64(p.cfg.MaxConnections) {
+	if p.cfg.MaxConnections > 0 && p.maxConns < int64(p.cfg.MaxConnections) {
 		p.log.Warn("max_connections lowered to fit the open-file limit: a busy client connection holds two descriptors",
 			"max_connections", p.cfg.MaxConnections, "in_force", p.maxConns, "rlimit_nofile", p.fdLimit,
 			"reserved", fdReserve(p.fdLimit))
