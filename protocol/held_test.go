@@ -466,3 +466,27 @@ func TestUnguardedSoleTopicStreams(t *testing.T) {
 		t.Errorf("a 200 KiB produce to a guarded topic held %d bytes, want it read whole", p)
 	}
 }
+
+// TestEffectiveMaxConns: the cap in force is the configured one, at most
+// half of what the descriptor limit leaves after its reserve; no limit
+// known leaves the configured one.
+func TestEffectiveMaxConns(t *testing.T) {
+	for _, c := range []struct {
+		configured int
+		limit      uint64
+		want       int64
+	}{
+		{10000, 1200, 525},      // (1200 - 150) / 2
+		{100, 1200, 100},        // under what fits
+		{0, 1200, 525},          // no cap configured: the limit's
+		{10000, 1 << 20, 10000}, // a large limit
+		{0, 0, 0},               // unknown limit, no cap
+		{500, 0, 500},           // unknown limit
+		{10000, 100, 1},         // a limit under the reserve still lets one in
+		{10000, 1 << 62, 10000}, // RLIM_INFINITY
+	} {
+		if got := effectiveMaxConns(c.configured, c.limit); got != c.want {
+			t.Errorf("configured %d, limit %d: %d, want %d", c.configured, c.limit, got, c.want)
+		}
+	}
+}
