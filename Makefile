@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-scale bench-footprint soak fuzz clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-scale bench-footprint soak fuzz fuzz-shapes clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -98,6 +98,13 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$pkg; \
 		done; \
 	done
+
+## fuzz-shapes: the differential test of route shapes (test/shapes) for SHAPES_DURATION
+## (default 3m) from SHAPES_SEED (default: the clock); prints the number of shapes run
+SHAPES_DURATION ?= 3m
+fuzz-shapes:
+	SHAPES_SEED=$${SHAPES_SEED:-$$(date +%s)}; echo "+ first seed $$SHAPES_SEED"; \
+	SHAPES_SEED=$$SHAPES_SEED SHAPES_DURATION=$(SHAPES_DURATION) $(GO) test -count=1 -v -timeout 0 -run '^TestShapesDriver$$' ./test/shapes/
 
 clean:
 	rm -rf bin dist

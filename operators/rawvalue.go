@@ -80,6 +80,17 @@ func (r *Record) ValueBytes() (raw []byte, ok bool) {
 	return r.Raw, true
 }
 
+// Rewritten reports whether Value was decoded from Raw (SetJSON or
+// SetJSONMembers) and a step changed it since, so Raw no longer holds the
+// value as it is: a dead letter then encodes Value (EncodeValue).
+func (r *Record) Rewritten() bool {
+	if !r.rawSet {
+		return false
+	}
+	_, same := r.ValueBytes()
+	return !same
+}
+
 // ValueChanged records that r.Value was changed in place (a member of the
 // object set or deleted), so ValueBytes no longer returns Raw. Assigning a
 // new Value needs no call.

@@ -414,6 +414,25 @@ type OwnedPartition struct {
 	// lateness (what it hands on); for a keyed step's partition, the
 	// watermark its windows close by.
 	Watermark *time.Time `json:"watermark,omitempty"`
+	// HeldBy is, for a keyed step's partition that keeps a watermark, the
+	// upstream partition holding it back: the writer (a source partition,
+	// or a partition of the keyed step before) with the lowest frontier
+	// among those not idle. A partition stuck behind the others names the
+	// writer whose frontier does not reach it.
+	HeldBy *WatermarkHolder `json:"watermark_held_by,omitempty"`
+}
+
+// WatermarkHolder is the upstream partition a keyed partition's watermark
+// waits for.
+type WatermarkHolder struct {
+	// Writer is the writer's partition: of the source topic for the first
+	// keyed step, of the previous keyed step's repartition topic after it.
+	Writer int32 `json:"writer"`
+	// Frontier is the writer's newest frontier this partition has heard
+	// (records and markers); nil when it has heard nothing from it yet.
+	Frontier *time.Time `json:"frontier,omitempty"`
+	// LastHeard is when this partition last heard from that writer.
+	LastHeard *time.Time `json:"last_heard,omitempty"`
 }
 
 // PartitionOwner is which member of the route's group owns one partition

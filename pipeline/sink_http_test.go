@@ -104,7 +104,7 @@ steps:
 		"refuse": `"poison"`, "refuse_status": 422})
 
 	reg := prometheus.NewRegistry()
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg, StopTimeout: 5 * time.Second})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg, StopTimeout: 5 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,7 +231,7 @@ checkpoint_interval: 100ms
 steps:
   - filter: value.n >= 0
 `, srv.URL), &rules.Allow{URLs: []string{srv.URL}})
-	m, err := New(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: prometheus.NewRegistry(), StopTimeout: 2 * time.Second})
+	m, err := New(testConfig(Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: prometheus.NewRegistry(), StopTimeout: 2 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}

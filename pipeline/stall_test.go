@@ -13,12 +13,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
 
@@ -307,4 +309,270 @@ func TestChainedKeyedStepsKeepTime(t *testing.T) {
 	}
 	compareStallRows(t, got, want)
 	t.Logf("%d payments, %d windows written %v after the last record", len(in), len(got), took.Round(time.Millisecond))
+}
+
+// TestStatusNamesTheWriterHoldingAWatermark: /routes shows, for every
+// keyed partition that keeps a watermark, the upstream partition it waits
+// for: a partition stuck behind the others names the writer whose
+// frontier does not reach it.
+func TestStatusNamesTheWriterHoldingAWatermark(t *testing.T) {
+	def := loadStallRoute(t)
+	d, err := NewDriver(def, DriverConfig{Partitions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	send := func(p int32, txn string, ts int64) {
+		v, _ := json.Marshal(map[string]any{"txn_id": txn, "user_id": "u1", "amount": 5, "status": "ok", "ts": ts})
+		if err := d.Send(DriverInput{Partition: p, Offset: -1, Value: v}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := d.r.status()
+	for _, o := range st.Owned {
+		if o.HeldBy != nil && o.Topic != def.Source.Topic && o.HeldBy.Frontier != nil {
+			t.Errorf("%s[%d] held by %+v before any record", o.Topic, o.Partition, *o.HeldBy)
+		}
+	}
+	// Partition 1 stops early; partition 0 goes on for five minutes.
+	send(1, "a", stallBase+1000)
+	for i := range 30 {
+		send(0, fmt.Sprint("b", i), stallBase+int64(i)*10000)
+	}
+	st = d.r.status()
+	dedup, win := 0, 0
+	for _, o := range st.Owned {
+		switch o.Topic {
+		case def.Source.Topic:
+			if o.HeldBy != nil {
+				t.Errorf("source partition %d has a holder: %+v", o.Partition, *o.HeldBy)
+			}
+		case "payments-sliding.01-drop_duplicates.repartition":
+			dedup++
+			h := o.HeldBy
+			if h == nil || h.Writer != 1 || h.Frontier == nil || h.Frontier.UnixMilli() != stallBase+1000-10000 || h.LastHeard == nil {
+				t.Errorf("%s[%d] held by %+v, want writer 1 at its frontier", o.Topic, o.Partition, h)
+			}
+		case "payments-sliding.02-window.repartition":
+			win++
+			if h := o.HeldBy; h == nil || h.Frontier == nil || h.Frontier.UnixMilli() != stallBase+1000-10000 {
+				t.Errorf("%s[%d] held by %+v, want a drop_duplicates partition at source partition 1's frontier", o.Topic, o.Partition, h)
+			}
+		}
+	}
+	if dedup != 2 || win != 2 {
+		t.Errorf("status lists %d drop_duplicates and %d window partitions, want 2 and 2", dedup, win)
+	}
+}
+
+// TestRowsOfOneAdvanceReachTheNextWindowTogether: the rows a window emits
+// when its watermark moves carry the frontier from before that move, and
+// the new one follows them (a marker): otherwise the first row would
+// carry a watermark past the others' event time (window_end − 1), and
+// the next window would close before the rest arrived, counting them
+// late. Found by the differential test of shapes (test/shapes).
+func TestRowsOfOneAdvanceReachTheNextWindowTogether(t *testing.T) {
+	const src = `route: rows
+source: { topic: rows, event_time: value.ts, watermark: 0s, idle_timeout: 30s }
+sink: { topic: rows.out }
+steps:
+  - window: { kind: tumbling, size: 1s, key: value.k, aggregate: { n: count() } }
+  - window: { kind: tumbling, size: 1s, key: '"all"', aggregate: { keys: count(), n: sum(value.n) } }
+`
+	p := filepath.Join(t.TempDir(), "rows.yaml")
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	def, err := rules.LoadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, parts := range []int{1, 3} {
+		t.Run(fmt.Sprint(parts), func(t *testing.T) {
+			d, err := NewDriver(def, DriverConfig{Partitions: parts})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			send := func(p int32, k string, ts int64) {
+				v, _ := json.Marshal(map[string]any{"k": k, "ts": stallBase + ts})
+				if err := d.Send(DriverInput{Partition: p, Offset: -1, Value: v}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Five keys in the first second, then every partition past it.
+			for i, k := range []string{"a", "b", "c", "d", "e"} {
+				send(int32(i%parts), k, int64(100*(i+1)))
+			}
+			for p := range parts {
+				send(int32(p), "z", 1500)
+			}
+			d.AdvanceWatermark(time.UnixMilli(stallBase + 10000))
+			var rows []string
+			for _, o := range d.Outputs() {
+				if o.DeadLetter {
+					t.Errorf("dead letter: %s", o.Value)
+					continue
+				}
+				rows = append(rows, string(o.Value))
+			}
+			want := []string{
+				fmt.Sprintf(`{"key":"all","keys":5,"n":5,"window_end":%d,"window_start":%d}`, stallBase+1000, stallBase),
+				fmt.Sprintf(`{"key":"all","keys":1,"n":%d,"window_end":%d,"window_start":%d}`, parts, stallBase+2000, stallBase+1000),
+			}
+			if !slices.Equal(rows, want) {
+				t.Errorf("rows:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+			}
+		})
+	}
+}
+
+// TestDeadLetterCarriesTheValueAsItFailed: a record that fails after a
+// set or a map is a dead letter with the value as it was when it failed
+// (docs/RULES.md, dead_letter), in the segment that changed it as across
+// a repartition; one no step changed keeps its bytes as they came. Found
+// by the differential test of shapes (test/shapes): the same failure gave
+// the source bytes before a keyed step and the changed value after one.
+func TestDeadLetterCarriesTheValueAsItFailed(t *testing.T) {
+	const src = `route: dlv
+source: { topic: dlv }
+sink: { topic: dlv.out }
+steps:
+  - set: { g: value.g + "!" }
+  - filter: value.a > 1
+  - map: { a: value.a, g: value.g, b: value.a * 2 }
+  - drop_duplicates: { key: value.g }
+  - set: { c: value.b + 1 }
+  - filter: value.a < 100
+`
+	p := filepath.Join(t.TempDir(), "dlv.yaml")
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	def, err := rules.LoadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := NewDriver(def, DriverConfig{Partitions: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for _, v := range []string{
+		`{"a": "x", "g": "s", "zz": 1}`, // fails at step 1, after the set
+		`{"a": 5, "g": 1}`,              // fails at step 0 (string + int): as it came
+		`{"a": 5, "g": "t", "zz": 1}`,   // passes
+	} {
+		if err := d.Send(DriverInput{Partition: 0, Offset: -1, Value: []byte(v)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, o := range d.Outputs() {
+		got = append(got, fmt.Sprintf("dl=%v %s %s", o.DeadLetter, headerOf(o.Headers, HeaderStep), o.Value))
+	}
+	want := []string{
+		`dl=true 1:filter {"a":"x","g":"s!","zz": 1}`,
+		`dl=true 0:set {"a": 5, "g": 1}`,
+		`dl=false  {"a":5,"b":10,"c":11,"g":"t!"}`,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("wrote:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func headerOf(hs []operators.Header, k string) string {
+	for _, h := range hs {
+		if h.Key == k {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// TestIdleAdvanceWhileRecordsFlow: a keyed task's watermark moved by the
+// idle loop (a writer went idle) while its dispatch goroutine runs records
+// through the same window: both run the task's chain, so the task's steps
+// lock keeps them apart (run it with -race). Every row is the brute-force
+// count of its window, and no record is late.
+func TestIdleAdvanceWhileRecordsFlow(t *testing.T) {
+	const src = `route: idlerace
+source: { topic: idlerace, event_time: value.ts, watermark: 0s, idle_timeout: 300ms }
+sink: { topic: idlerace.out }
+steps:
+  - window: { kind: tumbling, size: 100ms, key: value.k, aggregate: { n: count() } }
+`
+	p := filepath.Join(t.TempDir(), "idlerace.yaml")
+	if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	def, err := rules.LoadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startBroker(t, map[string]int{"idlerace": 2})
+	m, stop := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: prometheus.NewRegistry()}, def)
+	defer stop()
+	waitFor(t, 30*time.Second, "the route owns its partitions", func() bool {
+		for _, s := range m.Routes() {
+			if s.State == "running" && len(s.Owned) == 4 {
+				return true
+			}
+		}
+		return false
+	})
+	cl := b.client(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	rec := func(p int32, k string, ts int64) *kgo.Record {
+		v, _ := json.Marshal(map[string]any{"k": k, "ts": ts})
+		return &kgo.Record{Topic: "idlerace", Partition: p, Value: v}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Partition 1 speaks once and goes quiet; partition 0 streams for 1.5 s
+	// of wall clock, so partition 1 turns idle while records flow.
+	if err := cl.ProduceSync(ctx, rec(1, "a", stallBase)).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]int{}
+	ts := stallBase
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); {
+		var rs []*kgo.Record
+		for range 20 {
+			ts += 7
+			rs = append(rs, rec(0, "a", ts))
+			want[ts/100*100]++
+		}
+		if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	want[stallBase/100*100]++ // partition 1's record
+	// The window holding the last record, and those after the watermark,
+	// stay open: compare the windows that closed.
+	last := ts / 100 * 100
+	n := 0
+	for s := range want {
+		if s < last-100 {
+			n++
+		}
+	}
+	out := b.consume(t, "idlerace.out", n, 20*time.Second, 0)
+	for _, r := range out {
+		var v struct {
+			Start int64 `json:"window_start"`
+			N     int   `json:"n"`
+		}
+		if err := json.Unmarshal(r.Value, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.N != want[v.Start] {
+			t.Errorf("window %d: n=%d, want %d", v.Start, v.N, want[v.Start])
+		}
+	}
+	for _, s := range m.Routes() {
+		if s.LastError != "" {
+			t.Errorf("route error: %s", s.LastError)
+		}
+	}
 }

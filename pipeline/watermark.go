@@ -132,3 +132,27 @@ func (w *watermark) computeLocked(now time.Time) (int64, bool) {
 	w.cur, w.has = cand, true
 	return cand, true
 }
+
+// holder is the upstream partition that holds the watermark back now: the
+// active one with the lowest frontier, or one not heard from yet while
+// the route is younger than idle_timeout (seen false). ok is false when
+// every upstream partition is idle (the watermark moves with the clock)
+// or there are none.
+func (w *watermark) holder(now time.Time) (p int32, frontier int64, last time.Time, seen, ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	low := int64(math.MaxInt64)
+	for q := range w.maxEv {
+		if !w.seen[q] {
+			if now.Sub(w.started) < w.idle {
+				return int32(q), 0, time.Time{}, false, true
+			}
+			continue
+		}
+		if now.Sub(w.lastActive[q]) >= w.idle || w.maxEv[q] >= low {
+			continue
+		}
+		low, p, last, ok = w.maxEv[q], int32(q), w.lastActive[q], true
+	}
+	return p, low, last, true, ok
+}

@@ -30,6 +30,9 @@ func TestNewRequiresEveryValue(t *testing.T) {
 		"max frame":      {func(c *Config) { c.MaxFrameBytes = 0 }, "MaxFrameBytes 0 is too small"},
 		"grace":          {func(c *Config) { c.ShutdownGrace = 0 }, "ShutdownGrace 0s must be positive"},
 		"listen":         {func(c *Config) { c.Listen = "" }, "Listen is required"},
+		"decoded bytes":  {func(c *Config) { c.MaxDecodedBytes = 0 }, "decode budgets"},
+		"records":        {func(c *Config) { c.MaxRecordsPerRequest = 0 }, "decode budgets"},
+		"decoded total":  {func(c *Config) { c.MaxDecodedBytesTotal = 0 }, "decode budgets"},
 	} {
 		cfg := full()
 		c.mod(&cfg)

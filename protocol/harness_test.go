@@ -96,12 +96,12 @@ func startProxyNoWait(t testing.TB, upstream []string, mods ...func(*Config)) *t
 		BrokerPortFirst: randomPortFirst(),
 		BrokerPortCount: 100,
 		MaxFrameBytes:   100 << 20,
-		Upstream:        upstream,
-		ShutdownGrace:   2 * time.Second,
 		// config.Default's decode budgets
 		MaxDecodedBytes:      32 << 20,
 		MaxRecordsPerRequest: 200_000,
 		MaxDecodedBytesTotal: 128 << 20,
+		Upstream:             upstream,
+		ShutdownGrace:        2 * time.Second,
 		Logger:               slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:           reg,
 	}

@@ -62,14 +62,15 @@ type Config struct {
 	MaxHeldBytes int64
 	// MaxDecodedBytes bounds what one guarded or tapped Produce request's
 	// records may cost once decompressed and decoded (decode.go); a
-	// partition over it is refused with MESSAGE_TOO_LARGE (required).
+	// partition over it is refused with MESSAGE_TOO_LARGE. Positive
+	// (required).
 	MaxDecodedBytes int64
 	// MaxRecordsPerRequest bounds the records one guarded or tapped
-	// Produce request may hold (required).
+	// Produce request may hold. Positive (required).
 	MaxRecordsPerRequest int
 	// MaxDecodedBytesTotal bounds what the decodes in progress hold, all
-	// connections together; a decode waits for room (at least
-	// MaxDecodedBytes).
+	// connections together; a decode waits for room. At least
+	// MaxDecodedBytes (required).
 	MaxDecodedBytesTotal int64
 	Logger               *slog.Logger // default: discard
 	Registerer           prometheus.Registerer

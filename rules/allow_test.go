@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -149,4 +150,45 @@ func TestRuleFileRegistryAllowList(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzAllowURL: the URL check never panics, and what it allows has the
+// prefix's scheme and host and a cleaned path at or below the prefix's.
+func FuzzAllowURL(f *testing.F) {
+	f.Add("https://api.example.com/v1", "https://api.example.com/v1/../admin")
+	f.Add("http://r:8081", "http://R:8081/subjects/x")
+	f.Add("http://r", "http://r:80/%2e%2e/x")
+	f.Add("http://[::1]:1", "http://[::1]:1/a")
+	f.Fuzz(func(t *testing.T, entry, cand string) {
+		a := &Allow{URLs: []string{entry}}
+		if a.URL(cand) != nil {
+			return
+		}
+		e, err1 := parseAllowURL(entry)
+		c, err2 := parseAllowURL(cand)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("allowed %q under %q, but one does not parse: %v %v", cand, entry, err1, err2)
+		}
+		if e.Scheme != c.Scheme || e.Host != c.Host {
+			t.Fatalf("allowed %q under %q: another origin", cand, entry)
+		}
+		ep := strings.TrimSuffix(path.Clean("/"+e.Path), "/")
+		if cp := path.Clean("/" + c.Path); ep != "" && cp != ep && !strings.HasPrefix(cp, ep+"/") {
+			t.Fatalf("allowed %q under %q: path %q is not below %q", cand, entry, cp, ep)
+		}
+	})
+}
+
+// FuzzGuessGuard: reading a broken file's lines never panics, and a topic
+// it returns is one a guard may name.
+func FuzzGuessGuard(f *testing.F) {
+	f.Add("guard: g\ntopic: payments\nchecks: [valid_json\n")
+	f.Add("guard: g\ntopic: \"pay.*\" # comment\n")
+	f.Add("topic: x\n")
+	f.Fuzz(func(t *testing.T, src string) {
+		guard, topic := guessGuard(strings.Split(src, "\n"))
+		if topic != "" && (!guard || !(topicNameRe.MatchString(topic) || validGlob(topic))) {
+			t.Fatalf("guessGuard(%q) = %v, %q", src, guard, topic)
+		}
+	})
 }

@@ -80,7 +80,7 @@ func TestRefusals(t *testing.T) {
 		{
 			name: "unknown field far from any known one lists them",
 			file: base + "  colour: red\n",
-			want: []string{"r.yaml:6:3: unknown field `colour` in sink; known fields: topic, key, delivery, format, subject, schema, message, message_indexes (near `colour`)"},
+			want: []string{"r.yaml:6:3: unknown field `colour` in sink; known fields: topic, http, key, delivery, format, subject, schema, message, message_indexes (near `colour`)"},
 		},
 		{
 			name: "bad duration",
@@ -230,7 +230,7 @@ func TestRefusals(t *testing.T) {
 		{
 			name: "missing sink.topic",
 			file: "route: r1\nsource: { topic: in }\nsink:\n  key: key\n",
-			want: []string{"r.yaml:3:1: missing `sink.topic`: the topic results go to (near `sink`)"},
+			want: []string{"r.yaml:3:1: missing `sink.topic`: the topic results go to (or `sink.http`: an HTTP endpoint) (near `sink`)"},
 		},
 		{
 			name: "missing source and sink",

@@ -117,3 +117,33 @@ func TestBinaryRuleFileSecretsAllowList(t *testing.T) {
 		t.Error("a secret is shown on /routes or in the logs")
 	}
 }
+
+// TestBinaryCheckAllowList is finding 10 at `rtproxy check`: the rule file
+// that names a variable and a registry is refused with the defaults and
+// accepted with a config whose rules.allow and schema_registry.url allow
+// them (--config, or RTPROXY_CONFIG).
+func TestBinaryCheckAllowList(t *testing.T) {
+	dir := t.TempDir()
+	rule := filepath.Join(dir, "r.yaml")
+	os.WriteFile(rule, []byte("route: r\nsource: { topic: in, format: avro }\nsink: { topic: out }\nschema_registry: { url: \"http://registry:8081\", bearer_token_env: SR_TOKEN }\n"), 0o644)
+	code, out, _ := runBinary(t, nil, "check", dir)
+	for _, want := range []string{
+		rule + ":4:25: schema_registry.url: the URL http://registry:8081 is not allowed by the proxy's rules.allow",
+		rule + ":4:67: schema_registry.bearer_token_env: the environment variable SR_TOKEN is not allowed",
+	} {
+		if code != 1 || !strings.Contains(out, want) {
+			t.Errorf("check with the defaults: exit %d, want %q in:\n%s", code, want, out)
+		}
+	}
+	cfg := filepath.Join(t.TempDir(), "rtproxy.yaml")
+	os.WriteFile(cfg, []byte("upstream: [kafka:9092]\nschema_registry: { url: \"http://registry:8081\" }\nrules:\n  allow:\n    env: [SR_*]\n"), 0o644)
+	if code, out, errOut := runBinary(t, nil, "check", "--config", cfg, dir); code != 0 {
+		t.Errorf("check --config: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := runBinary(t, []string{"RTPROXY_CONFIG=" + cfg}, "check", dir); code != 0 {
+		t.Errorf("check with RTPROXY_CONFIG: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut := runBinary(t, nil, "check", "--config", filepath.Join(dir, "missing.yaml"), dir); code != 2 || !strings.Contains(errOut, "rtproxy check: config:") {
+		t.Errorf("check with a missing config: exit %d %q", code, errOut)
+	}
+}

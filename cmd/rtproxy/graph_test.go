@@ -45,14 +45,18 @@ func TestBinaryCheckRouteGraph(t *testing.T) {
 	}
 }
 
-// TestBinarySharedGroupRefused is finding 1 at run time: with two route
-// files in one group, the second is refused (its error on /routes names
-// the first) and the first reads every record of the source, none lost to
-// a group split.
+// TestBinarySharedGroupRefused is findings 1 and 2 at run time: with two
+// route files in one group, the second is refused (its error on /routes
+// names the first) and the first reads every record of the source, none
+// lost to a group split; of two files that form a loop, the second is
+// refused and a record produced into the loop does not come back.
 func TestBinarySharedGroupRefused(t *testing.T) {
 	rulesDir := t.TempDir()
 	os.WriteFile(filepath.Join(rulesDir, "a.yaml"), []byte("route: a\nsource: { topic: split, group: shared, start: earliest }\nsink: { topic: split.a }\n"), 0o644)
 	os.WriteFile(filepath.Join(rulesDir, "b.yaml"), []byte("route: b\nsource: { topic: split, group: shared, start: earliest }\nsink: { topic: split.b }\n"), 0o644)
+	// Finding 2 beside it: a loop between two files, one of them exploding.
+	os.WriteFile(filepath.Join(rulesDir, "x.yaml"), []byte("route: x\nsource: { topic: loop.x, start: earliest }\nsink: { topic: loop.y }\nsteps:\n  - explode: { each: value.items, as: item }\n"), 0o644)
+	os.WriteFile(filepath.Join(rulesDir, "y.yaml"), []byte("route: y\nsource: { topic: loop.y, start: earliest }\nsink: { topic: loop.x }\n"), 0o644)
 	p := startRun(t, rulesDir)
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
@@ -93,6 +97,43 @@ func TestBinarySharedGroupRefused(t *testing.T) {
 	}
 	if !strings.Contains(p.Logs(), "rule file refused") {
 		t.Error("the refusal is not logged")
+	}
+	if want := filepath.Join(rulesDir, "y.yaml") + ":3:16: the routes form a cycle"; !strings.Contains(body, want) {
+		t.Errorf("/routes does not show y.yaml refused for the loop (%q):\n%s", want, body)
+	}
+	// One record into the loop: x explodes it into loop.y, and nothing
+	// comes back to loop.x.
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "loop.x", Value: []byte(`{"items":[1,2,3]}`)}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	count := func(topic string, want int, settle time.Duration) int {
+		c, err := kgo.NewClient(kgo.SeedBrokers(p.listen), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		n := 0
+		deadline := time.Now().Add(30 * time.Second)
+		quietUntil := time.Time{}
+		for time.Now().Before(deadline) {
+			pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			fs := c.PollFetches(pctx)
+			pcancel()
+			fs.EachRecord(func(*kgo.Record) { n++ })
+			if n >= want && quietUntil.IsZero() {
+				quietUntil = time.Now().Add(settle)
+			}
+			if !quietUntil.IsZero() && time.Now().After(quietUntil) {
+				break
+			}
+		}
+		return n
+	}
+	if n := count("loop.y", 3, time.Second); n != 3 {
+		t.Errorf("loop.y holds %d records, want the 3 x exploded", n)
+	}
+	if n := count("loop.x", 1, 2*time.Second); n != 1 {
+		t.Errorf("loop.x holds %d records, want the 1 produced: the loop ran", n)
 	}
 	cl.Close()
 	p.stop(t)

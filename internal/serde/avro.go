@@ -22,7 +22,8 @@ import (
 //	a union → the value of its branch (null → nil), not wrapped;
 //	decimal → float64; date → "YYYY-MM-DD"; time-millis, time-micros →
 //	milliseconds since midnight; timestamp-* and local-timestamp-* →
-//	epoch milliseconds (float64, micros as the fraction); uuid → string.
+//	epoch milliseconds (float64, micros or nanos as the fraction); uuid →
+//	string.
 
 // avroMaxDepth bounds nesting of a recursive schema's value.
 const avroMaxDepth = 1000
@@ -30,7 +31,7 @@ const avroMaxDepth = 1000
 // avroDecode reads one value of schema s from b (the bytes after the
 // header) into the value tree.
 func avroDecode(s avro.Schema, b []byte) (any, error) {
-	d := avroDec{r: avroReader{b: b}, budget: 1024 + 8*len(b)}
+	d := avroDec{r: avroReader{all: b, b: b}, budget: 1024 + 8*len(b)}
 	v := d.value(s, 0)
 	err := d.r.err
 	if err == nil {
@@ -50,8 +51,13 @@ func avroDecode(s avro.Schema, b []byte) (any, error) {
 // record before anything is allocated for it: a schema or a record that
 // claims more is refused, whatever the size (issue 25, finding 5).
 type avroReader struct {
-	b   []byte // what is left
+	all []byte // the record
+	b   []byte // what is left of it
 	err error
+	// src is the record copied once, on the first string: strings are
+	// substrings of it, as the JSON and Protobuf decoders' are (one
+	// retained string keeps the record's copy alive).
+	src string
 }
 
 var errAvroEOF = errors.New("unexpected end of the record")
@@ -65,6 +71,11 @@ func (r *avroReader) fail(err error) {
 
 // varint reads a zigzag varint of at most max bytes.
 func (r *avroReader) varint(max int) int64 {
+	if len(r.b) > 0 && r.b[0] < 0x80 { // one byte: most lengths, counts, indexes
+		v := int64(r.b[0])
+		r.b = r.b[1:]
+		return v>>1 ^ -(v & 1)
+	}
 	var v uint64
 	var shift uint
 	for i := 0; i < len(r.b); i++ {
@@ -144,7 +155,23 @@ func (r *avroReader) bytes(what string) []byte {
 	return r.take(n, what)
 }
 
-func (r *avroReader) string() string { return string(r.bytes("string")) }
+func (r *avroReader) string() string {
+	n := r.long()
+	if r.err != nil {
+		return ""
+	}
+	off := len(r.all) - len(r.b)
+	if r.take(n, "string") == nil && r.err != nil {
+		return ""
+	}
+	if n == 0 {
+		return ""
+	}
+	if r.src == "" {
+		r.src = string(r.all)
+	}
+	return r.src[off : off+int(n)]
+}
 
 // blockHeader reads an array or map block's item count (a negative count
 // is followed by the block's size in bytes, which is skipped).
@@ -205,6 +232,9 @@ func (d *avroDec) value(s avro.Schema, depth int) any {
 			case avro.TimeMicros, avro.TimestampMicros, avro.LocalTimestampMicros:
 				return float64(n) / 1000
 			}
+		} else if nanosLogical(s) {
+			// Whole milliseconds exact, the nanoseconds as the fraction.
+			return float64(n/1e6) + float64(n%1e6)/1e6
 		}
 		return float64(n)
 	case avro.Float:
@@ -304,6 +334,21 @@ func (d *avroDec) block() int64 {
 	}
 	d.budget -= int(n)
 	return n
+}
+
+// nanosLogical reports whether s is a long with logicalType
+// timestamp-nanos or local-timestamp-nanos (Avro 1.12), which hamba/avro
+// keeps as a plain long with the property.
+func nanosLogical(s avro.Schema) bool {
+	ps, ok := s.(*avro.PrimitiveSchema)
+	if !ok || ps.Logical() != nil {
+		return false
+	}
+	switch ps.Prop("logicalType") {
+	case "timestamp-nanos", "local-timestamp-nanos":
+		return true
+	}
+	return false
 }
 
 func logical(s avro.Schema) avro.LogicalSchema {

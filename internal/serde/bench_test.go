@@ -1,6 +1,6 @@
 package serde
 
-// Decode cost per record of the 1 KiB payment of the operators'
+// Decode and encode cost per record of the 1 KiB payment of the operators'
 // benchmarks (internal/benchkit), the same record in Avro and in Protobuf
 // (testdata/bench-payment.*), against the JSON path (jsoncodec.Decode,
 // what Record.SetJSON runs). Run:
@@ -110,4 +110,48 @@ func BenchmarkDecodePayment(b *testing.B) {
 	b.Run("json", func(b *testing.B) { run(b, js, jsoncodec.Decode) })
 	b.Run("avro", func(b *testing.B) { run(b, av, func(x []byte) (any, error) { return ad.Decode(ctx, x) }) })
 	b.Run("protobuf", func(b *testing.B) { run(b, pb, func(x []byte) (any, error) { return pd.Decode(ctx, x) }) })
+}
+
+// BenchmarkEncodePayment is the other direction, side by side with
+// BenchmarkDecodePayment: the value tree of each payment (as the JSON
+// path decodes it) written as compact JSON (jsoncodec.Append, what a JSON
+// sink writes for a value built by map), Avro and Protobuf (Encoder.Encode,
+// what sink.format avro | protobuf runs), the output schema resolved.
+func BenchmarkEncodePayment(b *testing.B) {
+	js, _, _, as, ps := benchInputs(b)
+	trees := make([]any, len(js))
+	for i, j := range js {
+		v, err := jsoncodec.Decode(j)
+		if err != nil {
+			b.Fatal(err)
+		}
+		trees[i] = v
+	}
+	md, _ := pickMessage(ps.proto, "")
+	ae := &Encoder{format: Avro, s: as}
+	pe := &Encoder{format: Protobuf, s: ps, md: md, index: protoIndexOf(md)}
+	run := func(b *testing.B, encode func(any) ([]byte, error)) {
+		n := 0
+		for _, v := range trees[:256] {
+			out, err := encode(v)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n += len(out)
+		}
+		b.SetBytes(int64(n / 256))
+		b.ReportAllocs()
+		i := 0
+		cpu0 := benchkit.CPUNow()
+		for b.Loop() {
+			if _, err := encode(trees[i%len(trees)]); err != nil {
+				b.Fatal(err)
+			}
+			i++
+		}
+		benchkit.RecPerSec(b, cpu0)
+	}
+	b.Run("json", func(b *testing.B) { run(b, func(v any) ([]byte, error) { return jsoncodec.Append(nil, v) }) })
+	b.Run("avro", func(b *testing.B) { run(b, ae.Encode) })
+	b.Run("protobuf", func(b *testing.B) { run(b, pe.Encode) })
 }

@@ -116,6 +116,16 @@ func (h *hostileRegistry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a(w)
 		return
 	}
+	// A chain of subjects, each referencing the next: /subjects/cN/versions/1.
+	var n int
+	if _, err := fmt.Sscanf(r.URL.Path, "/subjects/c%d/versions/1", &n); err == nil {
+		next := fmt.Sprintf("c%d", n+1)
+		b, _ := json.Marshal(map[string]any{"subject": fmt.Sprintf("c%d", n), "version": 1, "id": 1000 + n, "schemaType": "PROTOBUF",
+			"schema":     fmt.Sprintf("syntax = \"proto3\";\nimport \"%s.proto\";\nmessage C%d {}\n", next, n),
+			"references": []sr.SchemaReference{{Name: next + ".proto", Subject: next, Version: 1}}})
+		w.Write(b)
+		return
+	}
 	w.WriteHeader(http.StatusNotFound)
 	w.Write([]byte(`{"error_code":40403,"message":"Schema not found"}`))
 }
@@ -157,6 +167,8 @@ func TestRegistryBounds(t *testing.T) {
 		"/schemas/ids/7": schemaAnswer("PROTOBUF", "syntax = \"proto3\";\nmessage M {}\n", refsN(70)...),
 		"/schemas/ids/8": schemaAnswer("PROTOBUF", asDescriptorNested(t, 200)),
 		"/schemas/ids/9": schemaAnswer("AVRO", `{"type":"fixed","name":"F","size":100000000000}`),
+		// References without end: c0 → c1 → c2 → …
+		"/schemas/ids/10": schemaAnswer("PROTOBUF", "syntax = \"proto3\";\nimport \"c0.proto\";\n", sr.SchemaReference{Name: "c0.proto", Subject: "c0", Version: 1}),
 	}}
 	srv := httptest.NewServer(h)
 	defer srv.Close()
@@ -170,7 +182,7 @@ func TestRegistryBounds(t *testing.T) {
 		t.Fatal(err)
 	}
 	for id, bound := range map[int]string{1: "max_response_bytes", 2: "max_response_bytes", 3: "max_schema_depth", 4: "max_schema_depth",
-		5: "max_schema_depth", 6: "max_schema_bytes", 7: "max_references", 8: "max_schema_depth"} {
+		5: "max_schema_depth", 6: "max_schema_bytes", 7: "max_references", 8: "max_schema_depth", 10: "max_references"} {
 		var err error
 		n := allocated(func() { _, err = r.Schema(context.Background(), id) })
 		var de *DecodeError
@@ -188,7 +200,17 @@ func TestRegistryBounds(t *testing.T) {
 			t.Errorf("id %d: asked %d times", id, got)
 		}
 	}
-	for bound, want := range map[string]float64{"max_response_bytes": 2, "max_schema_depth": 4, "max_schema_bytes": 1, "max_references": 1} {
+	// The chain was followed as far as the bound, no further.
+	chain := 0
+	for p, n := range h.hits {
+		if strings.HasPrefix(p, "/subjects/c") {
+			chain += n
+		}
+	}
+	if chain != DefaultMaxReferences {
+		t.Errorf("followed %d references of the endless chain, want %d", chain, DefaultMaxReferences)
+	}
+	for bound, want := range map[string]float64{"max_response_bytes": 2, "max_schema_depth": 4, "max_schema_bytes": 1, "max_references": 2} {
 		var m dto.Metric
 		if err := met.refused.WithLabelValues(bound).Write(&m); err != nil {
 			t.Fatal(err)

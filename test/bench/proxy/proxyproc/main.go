@@ -51,12 +51,12 @@ func main() {
 		BrokerPortFirst: *portFirst,
 		BrokerPortCount: 100,
 		MaxFrameBytes:   100 << 20,
-		Upstream:        strings.Split(*upstream, ","),
-		ShutdownGrace:   2 * time.Second,
-		// config.Default's decode budgets (the proxy keeps no defaults)
+		// config.Default's decode budgets
 		MaxDecodedBytes:      32 << 20,
 		MaxRecordsPerRequest: 200_000,
 		MaxDecodedBytesTotal: 128 << 20,
+		Upstream:             strings.Split(*upstream, ","),
+		ShutdownGrace:        2 * time.Second,
 		Logger:               slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Registerer:           prometheus.NewRegistry(),
 	})

@@ -1,0 +1,84 @@
+package shapes
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rtproxy/rtproxy/internal/testkit"
+	"github.com/rtproxy/rtproxy/pipeline"
+	"github.com/rtproxy/rtproxy/rules"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testkit.Cleanup()
+	os.Exit(code)
+}
+
+// LiveSeeds are the fixed seeds of the live variants (here and in
+// test/integration/shapes_test.go).
+var liveSeeds = []uint64{4, 82}
+
+// TestShapesLive: live shapes through one in-process instance against
+// kfake, every output and dead letter equal to the reference's (what the
+// flush records cause left out).
+func TestShapesLive(t *testing.T) {
+	for _, seed := range liveSeeds {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) {
+			s := Generate(seed, true, 3)
+			def := load(t, s)
+			addrs, _ := testkit.StartKfake(t, "-topics", fmt.Sprintf("%s:%d,%s:2,%s:1", s.Topic, s.Partitions, s.Sink, s.DLQ))
+			// The settings whose defaults live in config (pipeline.New
+			// requires them), as pipeline's own tests give them.
+			m, err := pipeline.New(pipeline.Config{Seeds: addrs, StateDir: t.TempDir(), Registerer: prometheus.NewRegistry(),
+				SessionTimeout: 10 * time.Second, GroupProtocol: "auto", StopTimeout: 8 * time.Second,
+				Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			m.Apply([]*rules.Route{def})
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- m.Run(ctx) }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			}()
+			keyed := 0
+			for _, st := range s.Steps {
+				if st.Keyed {
+					keyed++
+				}
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				owned := 0
+				for _, rs := range m.Routes() {
+					if rs.Name == s.Name && rs.State == "running" {
+						owned = len(rs.Owned)
+					}
+				}
+				if owned == s.Partitions*(1+keyed) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the route owns %d of its %d partitions after 30s", owned, s.Partitions*(1+keyed))
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			got := RunLive(t, addrs, s)
+			if d := Diff(s.Expected(), got); d != "" {
+				t.Fatalf("%s\n%s", s.Describe(), d)
+			}
+			t.Logf("%d inputs, %d outputs and dead letters as the reference's", len(s.Inputs), len(got))
+		})
+	}
+}

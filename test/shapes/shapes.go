@@ -1,0 +1,893 @@
+// Package shapes is a differential test of route shapes (issue 24): it
+// generates random routes — chains of filter, set, map, explode, tumbling
+// and sliding windows and drop_duplicates, with one to three keyed steps
+// and random keys — and random out-of-order inputs with late records and
+// records that fail, and computes what the route must write with a
+// brute-force reference written here from the rule semantics
+// (docs/RULES.md, docs/ARCHITECTURE.md), sharing no code with operators/
+// or pipeline/. Tests run the same shape through pipeline.Driver, through
+// one in-process instance against kfake, and through three rtproxy
+// binaries (test/integration), and compare every output and dead letter.
+//
+// # The reference's assumptions
+//
+// The reference processes the source records one at a time in the order
+// given, as the Driver does (each record and everything it causes, then
+// the next). Its watermark is the rule's: the minimum over the source
+// partitions of (newest event time − source.watermark), undefined until
+// every partition has had a record with an event time (the Driver's clock
+// does not move while records are sent, so a partition not heard from
+// holds it back and nothing is idle). Every keyed step reads the same
+// watermark: a repartition hands each writer's frontier to every
+// partition (invariant 39), so a record is applied at every keyed step
+// under the watermark from before its own source record, and the rows a
+// window emits when the watermark moves reach later keyed steps before
+// those move (a writer's rows go before its marker). After the last
+// record the test moves every source partition's frontier far ahead
+// (Driver.AdvanceWatermark), which closes every window.
+//
+// What depends on arrival order across partitions is kept out of the
+// shapes or made not to matter: a drop_duplicates after a window is keyed
+// by the row's key (one writer, rows in window order), a window after a
+// window by the row key, a function of it or a constant, and aggregates
+// are count and sum of integers; emit: on_update (every intermediate
+// state) only on a window of events, which arrive in the order sent. The
+// live variants (Live true) go further: each partition's event times
+// rise with less disorder than source.watermark (no record is late
+// whatever the interleaving), duplicates are exact copies,
+// drop_duplicates has no ttl and no key that different records share,
+// windows emit on close only, and one flush record per partition an hour
+// ahead closes the windows instead of AdvanceWatermark (its own outputs
+// are left out of the comparison).
+package shapes
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/pipeline"
+)
+
+// Base is the event time the inputs start at (the Driver's default start).
+var Base = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
+
+// FlushID is the id prefix of the live variants' flush records.
+const FlushID = "flush-"
+
+// Shape is one generated route with its input.
+type Shape struct {
+	Seed       uint64
+	Live       bool
+	Name       string // route name
+	Topic      string // source topic
+	Sink, DLQ  string
+	Partitions int
+	Lateness   int64 // source.watermark, millis
+	Steps      []Step
+	Inputs     []Input
+	// Far is where the test moves every frontier after the last record
+	// (not used by the live variants: their flush records do it).
+	Far int64
+}
+
+// Input is one source record.
+type Input struct {
+	Partition int32
+	Key       []byte
+	Value     []byte
+}
+
+// Output is one record the route wrote, in the form both sides are
+// compared in.
+type Output struct {
+	DeadLetter bool
+	Reason     string // dead letters: rtproxy-reason
+	Step       string // dead letters: rtproxy-step
+	Key        string
+	Value      string // canonical JSON, or the bytes when not JSON
+}
+
+func (o Output) String() string {
+	if o.DeadLetter {
+		return fmt.Sprintf("DLQ reason=%s step=%s key=%q value=%s", o.Reason, o.Step, o.Key, o.Value)
+	}
+	return fmt.Sprintf("OUT key=%q value=%s", o.Key, o.Value)
+}
+
+// Canonical is the comparable form of a written value: JSON decoded and
+// encoded again (sorted members, numbers as float64 print), or the bytes.
+func Canonical(b []byte) string {
+	var v any
+	if err := json.Unmarshal(b, &v); err != nil {
+		return "raw:" + string(b)
+	}
+	c, _ := json.Marshal(v)
+	return string(c)
+}
+
+func canonicalValue(v any) string {
+	if r, ok := v.(rawText); ok {
+		return "raw:" + string(r)
+	}
+	c, err := json.Marshal(v)
+	if err != nil {
+		return "unencodable:" + err.Error()
+	}
+	return Canonical(c)
+}
+
+// rawText is a source value that is not JSON.
+type rawText string
+
+// shapeKind is what a step sees: a source-shaped event, or a window row.
+type shapeKind int
+
+const (
+	event shapeKind = iota
+	row
+)
+
+// Step is one generated step: its YAML and its reference semantics.
+type Step struct {
+	YAML  string
+	Kind  string // the rule's step kind
+	Keyed bool
+	// the reference
+	process func(st *stepState, r *rec, emit func(*rec), dl func(*rec, string))
+	advance func(st *stepState, wm int64, emit func(*rec)) // timed steps only
+	live    bool                                           // allowed in the live variants
+}
+
+// stepState is one run's state of a step.
+type stepState struct {
+	hasWM bool
+	wm    int64
+	// windows: end → key → accumulators
+	wins map[int64]map[string]*acc
+	// drop_duplicates: key → event time of the record that passed
+	seen map[string]int64
+}
+
+type acc struct {
+	n   float64
+	sum float64
+}
+
+// rec is a record in the reference.
+type rec struct {
+	key   []byte
+	val   any // map[string]any, or rawText
+	ev    int64
+	bound map[string]any
+}
+
+func (r *rec) obj() map[string]any { m, _ := r.val.(map[string]any); return m }
+
+// copyObj is a shallow copy of r's object (set and map never change a
+// value other records share).
+func copyObj(m map[string]any) map[string]any {
+	c := make(map[string]any, len(m)+2)
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+func num(v any) (float64, error) {
+	if f, ok := v.(float64); ok {
+		return f, nil
+	}
+	return 0, fmt.Errorf("not a number: %v", v)
+}
+
+// Generate makes the shape of seed. live restricts it to what a live run
+// can check whatever the interleaving of partitions; the source gets at
+// least minParts partitions.
+func Generate(seed uint64, live bool, minParts int) *Shape {
+	rng := rand.New(rand.NewPCG(seed, 0x5ea1))
+	s := &Shape{Seed: seed, Live: live, Name: fmt.Sprintf("shape-%d", seed), Partitions: max(1+rng.IntN(5), minParts)}
+	s.Topic = s.Name + ".in"
+	s.Sink, s.DLQ = s.Name+".out", s.Name+".dlq"
+	s.Lateness = []int64{0, 500, 1000, 2000}[rng.IntN(4)]
+	if live {
+		s.Lateness = []int64{1000, 2000}[rng.IntN(2)]
+	}
+	genSteps(s, rng)
+	genInputs(s, rng)
+	return s
+}
+
+// YAML is the shape's rule file.
+func (s *Shape) YAML() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "route: %s\n", s.Name)
+	fmt.Fprintf(&b, "source: { topic: %s, event_time: value.ts, watermark: %dms, idle_timeout: 30s }\n", s.Topic, s.Lateness)
+	fmt.Fprintf(&b, "sink: { topic: %s }\n", s.Sink)
+	fmt.Fprintf(&b, "dead_letter: %s\n", s.DLQ)
+	b.WriteString("checkpoint_interval: 200ms\n")
+	b.WriteString("steps:\n")
+	for _, st := range s.Steps {
+		fmt.Fprintf(&b, "  - %s\n", st.YAML)
+	}
+	return b.String()
+}
+
+// --- steps ---------------------------------------------------------------
+
+func genSteps(s *Shape, rng *rand.Rand) {
+	keyed := 1 + rng.IntN(3)
+	shape := event
+	explodes := 0
+	add := func(st Step) { s.Steps = append(s.Steps, st) }
+	stateless := func() {
+		for range rng.IntN(3) {
+			switch shape {
+			case event:
+				switch rng.IntN(5) {
+				case 0, 1:
+					add(eventFilter(rng))
+				case 2:
+					add(eventSet(rng))
+				case 3:
+					add(eventMap(rng))
+				case 4:
+					explodes++
+					name := fmt.Sprint("tg", explodes)
+					add(Step{YAML: fmt.Sprintf("explode: { each: value.tags, as: %s }", name), Kind: "explode", live: true,
+						process: explodeProc(name)})
+					add(Step{YAML: fmt.Sprintf("set: { tag: %s }", name), Kind: "set", live: true,
+						process: func(_ *stepState, r *rec, emit func(*rec), _ func(*rec, string)) {
+							m := copyObj(r.obj())
+							m["tag"] = r.bound[name]
+							emit(&rec{key: r.key, val: m, ev: r.ev, bound: r.bound})
+						}})
+				}
+			case row:
+				switch rng.IntN(3) {
+				case 0:
+					add(rowFilter(rng))
+				case 1:
+					add(Step{YAML: "set: { avg: value.s / value.n }", Kind: "set", live: true,
+						process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+							m := copyObj(r.obj())
+							m["avg"] = m["s"].(float64) / m["n"].(float64)
+							emit(&rec{key: r.key, val: m, ev: r.ev})
+						}})
+				case 2:
+					add(Step{YAML: "map: { key: value.key, n: value.n, s: value.s * 2 }", Kind: "map", live: true,
+						process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+							m := r.obj()
+							emit(&rec{key: r.key, val: map[string]any{"key": m["key"], "n": m["n"], "s": m["s"].(float64) * 2}, ev: r.ev})
+						}})
+				}
+			}
+		}
+	}
+	stateless()
+	for k := 0; k < keyed; k++ {
+		choice := rng.IntN(3)
+		switch {
+		case choice == 0 && shape == event:
+			add(eventDedup(rng, s.Live))
+		case choice == 0:
+			add(dedupStep("value.key", ttlFor(rng, s.Live), func(r *rec) string { return r.obj()["key"].(string) }))
+		default:
+			// on_update rows show every intermediate state, so they need
+			// the window's input in one order: events come in the order
+			// sent (the Driver), rows of an earlier window from several
+			// tasks would not.
+			add(windowStep(rng, shape, choice == 1, !s.Live && shape == event && rng.IntN(4) == 0))
+			shape = row
+		}
+		stateless()
+	}
+}
+
+func eventFilter(rng *rand.Rand) Step {
+	c := rng.IntN(60)
+	switch rng.IntN(3) {
+	case 0:
+		return Step{YAML: fmt.Sprintf("filter: value.a > %d", c), Kind: "filter", live: true,
+			process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+				a, err := num(r.obj()["a"])
+				if err != nil {
+					dl(r, "error")
+					return
+				}
+				if a > float64(c) {
+					emit(r)
+				}
+			}}
+	case 1:
+		return Step{YAML: `filter: value.g != "x"`, Kind: "filter", live: true,
+			process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+				if r.obj()["g"] != "x" {
+					emit(r)
+				}
+			}}
+	}
+	return Step{YAML: fmt.Sprintf(`filter: value.g == "y" || value.a < %d`, c), Kind: "filter", live: true,
+		process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+			if r.obj()["g"] == "y" {
+				emit(r)
+				return
+			}
+			a, err := num(r.obj()["a"])
+			if err != nil {
+				dl(r, "error")
+				return
+			}
+			if a < float64(c) {
+				emit(r)
+			}
+		}}
+}
+
+func rowFilter(rng *rand.Rand) Step {
+	if rng.IntN(2) == 0 {
+		c := 1 + rng.IntN(3)
+		return Step{YAML: fmt.Sprintf("filter: value.n >= %d", c), Kind: "filter", live: true,
+			process: func(_ *stepState, r *rec, emit func(*rec), _ func(*rec, string)) {
+				if r.obj()["n"].(float64) >= float64(c) {
+					emit(r)
+				}
+			}}
+	}
+	c := rng.IntN(100)
+	return Step{YAML: fmt.Sprintf("filter: value.s > %d", c), Kind: "filter", live: true,
+		process: func(_ *stepState, r *rec, emit func(*rec), _ func(*rec, string)) {
+			if r.obj()["s"].(float64) > float64(c) {
+				emit(r)
+			}
+		}}
+}
+
+func eventSet(rng *rand.Rand) Step {
+	c := 1 + rng.IntN(9)
+	switch rng.IntN(3) {
+	case 0:
+		return Step{YAML: fmt.Sprintf("set: { a: value.a + %d }", c), Kind: "set", live: true,
+			process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+				a, err := num(r.obj()["a"])
+				if err != nil {
+					dl(r, "error")
+					return
+				}
+				m := copyObj(r.obj())
+				m["a"] = a + float64(c)
+				emit(&rec{key: r.key, val: m, ev: r.ev, bound: r.bound})
+			}}
+	case 1:
+		return Step{YAML: "set: { b: value.a * 2, g: value.g + \"!\" }", Kind: "set", live: true,
+			process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+				a, err := num(r.obj()["a"])
+				if err != nil {
+					dl(r, "error")
+					return
+				}
+				m := copyObj(r.obj())
+				m["b"] = a * 2
+				m["g"] = m["g"].(string) + "!"
+				emit(&rec{key: r.key, val: m, ev: r.ev, bound: r.bound})
+			}}
+	}
+	return Step{YAML: `set: { g: value.g + "y", k2: value.k2 + value.g }`, Kind: "set", live: true,
+		process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+			m := copyObj(r.obj())
+			g := m["g"].(string)
+			m["g"] = g + "y"
+			m["k2"] = m["k2"].(string) + g
+			emit(&rec{key: r.key, val: m, ev: r.ev, bound: r.bound})
+		}}
+}
+
+// eventMap keeps the source's fields (later steps read them) but for
+// what set added, and changes a.
+func eventMap(rng *rand.Rand) Step {
+	c := 1 + rng.IntN(9)
+	return Step{YAML: fmt.Sprintf("map: { id: value.id, k1: value.k1, k2: value.k2, g: value.g, ts: value.ts, tags: value.tags, a: value.a - %d }", c),
+		Kind: "map", live: true,
+		process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+			o := r.obj()
+			a, err := num(o["a"])
+			if err != nil {
+				dl(r, "error")
+				return
+			}
+			m := map[string]any{"id": o["id"], "k1": o["k1"], "k2": o["k2"], "g": o["g"], "ts": o["ts"], "tags": o["tags"], "a": a - float64(c)}
+			emit(&rec{key: r.key, val: m, ev: r.ev, bound: r.bound})
+		}}
+}
+
+func explodeProc(name string) func(*stepState, *rec, func(*rec), func(*rec, string)) {
+	return func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+		switch l := r.obj()["tags"].(type) {
+		case nil:
+			return
+		case []any:
+			for _, e := range l {
+				b := make(map[string]any, len(r.bound)+1)
+				for k, v := range r.bound {
+					b[k] = v
+				}
+				b[name] = e
+				emit(&rec{key: r.key, val: r.val, ev: r.ev, bound: b})
+			}
+		default:
+			dl(r, "error")
+		}
+	}
+}
+
+func ttlFor(rng *rand.Rand, live bool) int64 {
+	if live || rng.IntN(2) == 0 {
+		return 0
+	}
+	return []int64{1000, 3000, 10000}[rng.IntN(3)]
+}
+
+func eventDedup(rng *rand.Rand, live bool) Step {
+	ttl := ttlFor(rng, live)
+	if live || rng.IntN(2) == 0 {
+		return dedupStep("value.id", ttl, func(r *rec) string { return r.obj()["id"].(string) })
+	}
+	return dedupStep("value.k2", ttl, func(r *rec) string { return r.obj()["k2"].(string) })
+}
+
+// dedupStep: a record passes when its key is unknown, or known from a
+// record whose event time + ttl is at or before its own; it is then the
+// one the key is remembered by. Advance forgets keys whose time + ttl is
+// at or before the watermark.
+func dedupStep(keyExpr string, ttl int64, key func(*rec) string) Step {
+	y := fmt.Sprintf("drop_duplicates: { key: %s }", keyExpr)
+	if ttl > 0 {
+		y = fmt.Sprintf("drop_duplicates: { key: %s, ttl: %dms }", keyExpr, ttl)
+	}
+	st := Step{YAML: y, Kind: "drop_duplicates", Keyed: true, live: ttl == 0,
+		process: func(st *stepState, r *rec, emit func(*rec), _ func(*rec, string)) {
+			k := key(r)
+			if t, ok := st.seen[k]; ok && (ttl == 0 || r.ev < t+ttl) {
+				return
+			}
+			st.seen[k] = r.ev
+			emit(r)
+		}}
+	if ttl > 0 {
+		st.advance = func(st *stepState, wm int64, _ func(*rec)) {
+			for k, t := range st.seen {
+				if t+ttl <= wm {
+					delete(st.seen, k)
+				}
+			}
+		}
+	}
+	return st
+}
+
+// windowStep is a tumbling or sliding window with the aggregates n:
+// count() and s: sum of a (events) or of s (rows), emitting on close, or
+// with onUpdate the window's row after every change (ascending end) and
+// nothing at close.
+func windowStep(rng *rand.Rand, shape shapeKind, tumbling, onUpdate bool) Step {
+	var size, slide int64
+	if shape == event {
+		size = []int64{1000, 2000, 5000}[rng.IntN(3)]
+	} else {
+		size = []int64{5000, 10000, 20000}[rng.IntN(3)]
+	}
+	slide = size
+	kind := "tumbling"
+	if !tumbling {
+		kind = "sliding"
+		slide = size / int64(2+rng.IntN(2))
+		size = max(size, slide*2)
+	}
+	var keyExpr, sumOf string
+	var key func(*rec) string
+	if shape == event {
+		sumOf = "value.a"
+		switch rng.IntN(3) {
+		case 0:
+			keyExpr, key = "value.k1", func(r *rec) string { return r.obj()["k1"].(string) }
+		case 1:
+			keyExpr, key = "value.k2", func(r *rec) string { return r.obj()["k2"].(string) }
+		default:
+			keyExpr, key = `value.k1 + "-" + value.g`, func(r *rec) string { return r.obj()["k1"].(string) + "-" + r.obj()["g"].(string) }
+		}
+	} else {
+		sumOf = "value.s"
+		switch rng.IntN(3) {
+		case 0:
+			keyExpr, key = "value.key", func(r *rec) string { return r.obj()["key"].(string) }
+		case 1:
+			keyExpr, key = `value.key + "~"`, func(r *rec) string { return r.obj()["key"].(string) + "~" }
+		default:
+			keyExpr, key = `'"all"'`, func(*rec) string { return "all" }
+		}
+	}
+	y := fmt.Sprintf("window: { kind: %s, size: %dms, ", kind, size)
+	if kind == "sliding" {
+		y += fmt.Sprintf("slide: %dms, ", slide)
+	}
+	emit := "on_close"
+	if onUpdate {
+		emit = "on_update"
+	}
+	y += fmt.Sprintf("key: %s, emit: %s, aggregate: { n: count(), s: sum(%s) } }", keyExpr, emit, sumOf)
+	mkRow := func(end int64, k string, a *acc) *rec {
+		return &rec{key: []byte(k), ev: end - 1, val: map[string]any{"key": k, "window_start": float64(end - size),
+			"window_end": float64(end), "n": a.n, "s": a.sum}}
+	}
+	field := "a"
+	if shape == row {
+		field = "s"
+	}
+	return Step{YAML: y, Kind: "window", Keyed: true, live: true,
+		process: func(st *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+			k := key(r)
+			// Every window [j·slide, j·slide+size) holding ev that is
+			// still open (end > watermark).
+			var ends []int64
+			for j := floorDiv(r.ev-size, slide) + 1; j*slide <= r.ev; j++ {
+				if end := j*slide + size; !st.hasWM || end > st.wm {
+					ends = append(ends, end)
+				}
+			}
+			if len(ends) == 0 {
+				dl(r, "late")
+				return
+			}
+			v, err := num(r.obj()[field])
+			if err != nil && r.obj()[field] != nil {
+				dl(r, "error")
+				return
+			}
+			for _, end := range ends {
+				m := st.wins[end]
+				if m == nil {
+					m = map[string]*acc{}
+					st.wins[end] = m
+				}
+				a := m[k]
+				if a == nil {
+					a = &acc{}
+					m[k] = a
+				}
+				a.n++
+				a.sum += v
+				if onUpdate {
+					emit(mkRow(end, k, a))
+				}
+			}
+		},
+		advance: func(st *stepState, wm int64, emit func(*rec)) {
+			var ends []int64
+			for end := range st.wins {
+				if end <= wm {
+					ends = append(ends, end)
+				}
+			}
+			slices.Sort(ends)
+			for _, end := range ends {
+				keys := make([]string, 0, len(st.wins[end]))
+				for k := range st.wins[end] {
+					keys = append(keys, k)
+				}
+				sort.Strings(keys)
+				for _, k := range keys {
+					if !onUpdate {
+						emit(mkRow(end, k, st.wins[end][k]))
+					}
+				}
+				delete(st.wins, end)
+			}
+		}}
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if (a%b != 0) && ((a < 0) != (b < 0)) {
+		q--
+	}
+	return q
+}
+
+// --- inputs --------------------------------------------------------------
+
+func genInputs(s *Shape, rng *rand.Rand) {
+	n := 40 + rng.IntN(160)
+	maxEv := make([]int64, s.Partitions)
+	for i := range maxEv {
+		maxEv[i] = Base
+	}
+	for i := range n {
+		p := int32(rng.IntN(s.Partitions))
+		if s.Live && i < s.Partitions {
+			p = int32(i) // every partition gets records
+		}
+		ev := maxEv[p] + int64(rng.IntN(700))
+		switch {
+		case s.Live:
+			// Disorder below the allowed lateness: never late.
+			ev = maxEv[p] - int64(rng.IntN(int(s.Lateness))) + int64(rng.IntN(600))
+		case rng.IntN(8) == 0:
+			ev = maxEv[p] - int64(rng.IntN(15000)) // behind: late or not
+		}
+		maxEv[p] = max(maxEv[p], ev)
+		id := fmt.Sprint("r", i)
+		v := map[string]any{"id": id, "k1": fmt.Sprint("k", rng.IntN(4)), "k2": fmt.Sprint("q", rng.IntN(12)),
+			"a": float64(rng.IntN(50)), "g": []string{"x", "y", "z"}[rng.IntN(3)], "ts": float64(ev)}
+		var tags []any
+		for j := range rng.IntN(4) {
+			tags = append(tags, fmt.Sprint("t", j))
+		}
+		v["tags"] = tags
+		if tags == nil {
+			v["tags"] = []any{}
+		}
+		var raw []byte
+		switch rng.IntN(40) {
+		case 0:
+			raw = []byte(fmt.Sprintf("not json %d {", i))
+		case 1:
+			delete(v, "ts")
+		case 2:
+			v["a"] = "many"
+		case 3:
+			v["tags"] = "none"
+		case 4:
+			delete(v, "tags")
+		}
+		if raw == nil {
+			raw, _ = json.Marshal(v)
+		}
+		s.Inputs = append(s.Inputs, Input{Partition: p, Key: []byte(id), Value: raw})
+		if rng.IntN(6) == 0 {
+			// A copy on another partition (the live variants: an exact
+			// copy; the Driver's: maybe another event time).
+			q := int32(rng.IntN(s.Partitions))
+			cp := raw
+			if !s.Live && rng.IntN(2) == 0 && v["ts"] != nil {
+				c := copyObj(v)
+				c["ts"] = float64(maxEv[q] + int64(rng.IntN(900)))
+				cp, _ = json.Marshal(c)
+			}
+			if s.Live {
+				var cv map[string]any
+				if json.Unmarshal(cp, &cv) == nil && cv["ts"] != nil && cv["ts"].(float64) < float64(maxEv[q]-s.Lateness+1) {
+					continue // would be late on q
+				}
+			}
+			if json.Valid(cp) {
+				var cv map[string]any
+				json.Unmarshal(cp, &cv)
+				if t, ok := cv["ts"].(float64); ok {
+					maxEv[q] = max(maxEv[q], int64(t))
+				}
+			}
+			s.Inputs = append(s.Inputs, Input{Partition: q, Key: []byte(id), Value: cp})
+		}
+	}
+	top := slices.Max(maxEv)
+	s.Far = top + 24*time.Hour.Milliseconds()
+	if s.Live {
+		for p := range s.Partitions {
+			id := fmt.Sprint(FlushID, p)
+			v, _ := json.Marshal(map[string]any{"id": id, "k1": "kf", "k2": id, "a": 1.0, "g": "z", "tags": []any{"t0"},
+				"ts": float64(top + time.Hour.Milliseconds())})
+			s.Inputs = append(s.Inputs, Input{Partition: int32(p), Key: []byte(id), Value: v})
+		}
+	}
+}
+
+// --- the reference -------------------------------------------------------
+
+// Expected runs the reference over the shape's inputs: every output and
+// dead letter the route must write, in no particular order. The live
+// variants leave out what their flush records cause.
+func (s *Shape) Expected() []Output {
+	states := make([]*stepState, len(s.Steps))
+	for i := range states {
+		states[i] = &stepState{wins: map[int64]map[string]*acc{}, seen: map[string]int64{}}
+	}
+	var outs []Output
+	var run func(i int, r *rec)
+	run = func(i int, r *rec) {
+		if i == len(s.Steps) {
+			outs = append(outs, Output{Key: string(r.key), Value: canonicalValue(r.val)})
+			return
+		}
+		st := s.Steps[i]
+		st.process(states[i], r, func(o *rec) { run(i+1, o) }, func(o *rec, reason string) {
+			outs = append(outs, Output{DeadLetter: true, Reason: reason, Step: fmt.Sprintf("%d:%s", i, st.Kind),
+				Key: string(o.key), Value: canonicalValue(o.val)})
+		})
+	}
+	advance := func(wm int64) {
+		for i, st := range s.Steps {
+			if st.advance == nil {
+				continue
+			}
+			if states[i].hasWM && wm <= states[i].wm {
+				continue
+			}
+			states[i].hasWM, states[i].wm = true, wm
+			st.advance(states[i], wm, func(o *rec) { run(i+1, o) })
+		}
+	}
+	front := make([]int64, s.Partitions)
+	seen := make([]bool, s.Partitions)
+	var wm int64
+	hasWM := false
+	for _, in := range s.Inputs {
+		var v any
+		if err := json.Unmarshal(in.Value, &v); err != nil {
+			outs = append(outs, Output{DeadLetter: true, Reason: "decode", Step: "source", Key: string(in.Key), Value: "raw:" + string(in.Value)})
+			continue
+		}
+		m := v.(map[string]any)
+		t, ok := m["ts"].(float64)
+		if !ok {
+			outs = append(outs, Output{DeadLetter: true, Reason: "error", Step: "source", Key: string(in.Key), Value: canonicalValue(v)})
+			continue
+		}
+		ev := int64(t)
+		run(0, &rec{key: in.Key, val: m, ev: ev})
+		f := ev - s.Lateness
+		if !seen[in.Partition] || f > front[in.Partition] {
+			front[in.Partition], seen[in.Partition] = f, true
+		}
+		if !slices.Contains(seen, false) {
+			if w := slices.Min(front); !hasWM || w > wm {
+				wm, hasWM = w, true
+				advance(wm)
+			}
+		}
+	}
+	if !s.Live {
+		advance(s.Far)
+		return outs
+	}
+	// The live variants: leave out what the flush records caused (their
+	// own outputs and dead letters; their windows never close).
+	kept := outs[:0]
+	for _, o := range outs {
+		if !strings.Contains(o.Value, `"`+FlushID) && !strings.HasPrefix(o.Key, FlushID) {
+			kept = append(kept, o)
+		}
+	}
+	return kept
+}
+
+// Diff compares what a run wrote with what the reference expects, as
+// multisets; "" when equal.
+func Diff(want, got []Output) string {
+	count := map[string]int{}
+	for _, o := range want {
+		count[o.String()]++
+	}
+	for _, o := range got {
+		count[o.String()]--
+	}
+	var lines []string
+	for k, n := range count {
+		switch {
+		case n > 0:
+			lines = append(lines, fmt.Sprintf("missing %d× %s", n, k))
+		case n < 0:
+			lines = append(lines, fmt.Sprintf("extra   %d× %s", -n, k))
+		}
+	}
+	sort.Strings(lines)
+	if len(lines) > 30 {
+		lines = append(lines[:30], fmt.Sprintf("... and %d more", len(lines)-30))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Filter drops, for the live variants, what the flush records caused.
+func (s *Shape) Filter(got []Output) []Output {
+	if !s.Live {
+		return got
+	}
+	var kept []Output
+	for _, o := range got {
+		if !strings.Contains(o.Value, `"`+FlushID) && !strings.HasPrefix(o.Key, FlushID) {
+			kept = append(kept, o)
+		}
+	}
+	return kept
+}
+
+// Describe is the shape for a failure message.
+func (s *Shape) Describe() string {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "seed %d (live %v), %d partitions, %d inputs\n%s", s.Seed, s.Live, s.Partitions, len(s.Inputs), s.YAML())
+	return b.String()
+}
+
+// --- running live --------------------------------------------------------
+
+// RepartitionTopics are the shape's source topic and the repartition
+// topics of its keyed steps, with their partitions (a route's group
+// reads them all).
+func (s *Shape) RepartitionTopics() map[string]int {
+	m := map[string]int{s.Topic: s.Partitions}
+	for i, st := range s.Steps {
+		if st.Keyed {
+			m[fmt.Sprintf("%s.%02d-%s.repartition", s.Name, i, st.Kind)] = s.Partitions
+		}
+	}
+	return m
+}
+
+// RunLive produces the shape's inputs to the brokers at addrs and reads
+// the sink and the dead-letter topic until they hold what the reference
+// expects (or 60 s passed), then a little longer for extras.
+func RunLive(t testing.TB, addrs []string, s *Shape) []Output {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var rs []*kgo.Record
+	for _, in := range s.Inputs {
+		rs = append(rs, &kgo.Record{Topic: s.Topic, Partition: in.Partition, Key: in.Key, Value: in.Value})
+	}
+	pctx, pcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer pcancel()
+	if err := cl.ProduceSync(pctx, rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	want := len(s.Expected())
+	rd, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(s.Sink, s.DLQ),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	var got []Output
+	read := func(d time.Duration) {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		rd.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			got = append(got, fromWritten(r.Topic == s.DLQ, r.Key, r.Value, func(k string) string {
+				for _, h := range r.Headers {
+					if h.Key == k {
+						return string(h.Value)
+					}
+				}
+				return ""
+			}))
+		})
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for len(s.Filter(got)) < want && time.Now().Before(deadline) {
+		read(time.Second)
+	}
+	quiet := time.Now().Add(time.Second)
+	for time.Now().Before(quiet) {
+		read(200 * time.Millisecond)
+	}
+	return s.Filter(got)
+}
+
+// fromWritten is a written record in the form outputs are compared in.
+func fromWritten(dl bool, key, value []byte, hdr func(string) string) Output {
+	o := Output{DeadLetter: dl, Key: string(key), Value: Canonical(value)}
+	if dl {
+		o.Reason, o.Step = hdr(pipeline.HeaderReason), hdr(pipeline.HeaderStep)
+	}
+	return o
+}
