@@ -10,7 +10,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -247,5 +249,66 @@ checks:
 	}
 	if v, _ := srMetric(m, "rtproxy_guard_registry_unavailable_total", `guard="pay-avro"`); v < 1 {
 		t.Errorf("rtproxy_guard_registry_unavailable_total = %v, want at least 1", v)
+	}
+}
+
+// A registry that accepts connections and never answers: the guarded
+// produce is refused (retriably) within the bound, not held forever, and
+// an unguarded topic through the same proxy is not held at all.
+func TestGuardsRegistryBlackHole(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var held []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c) // read nothing, answer nothing
+			mu.Unlock()
+		}
+	}()
+	defer func() {
+		mu.Lock()
+		for _, c := range held {
+			c.Close()
+		}
+		mu.Unlock()
+	}()
+	k := StartKfake(t, KfakeOpts{Topics: map[string]int{"g.avro": 1, "gfree": 1}})
+	rulesDir := t.TempDir()
+	WriteRuleFile(t, rulesDir, "avro.yaml", "guard: pay-avro\ntopic: g.avro\nformat: avro\nchecks:\n  - check: value.amount > 0\n")
+	p := StartProxy(t, ProxyOpts{Upstream: k.Addrs, RulesDir: rulesDir,
+		Env: []string{"RTPROXY_SCHEMA_REGISTRY_URL=http://" + ln.Addr().String(), "RTPROXY_SCHEMA_REGISTRY_TIMEOUT=2s"}})
+	cl := NewClient(t, []string{p.Addr}, kgo.ProducerLinger(0), kgo.DisableIdempotentWrite(), kgo.RecordRetries(0))
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	srWait(t, 30*time.Second, "the guard is in force", func() error {
+		if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "g.avro", Value: []byte("probe")}).FirstErr(); !errors.Is(err, kerr.InvalidRecord) {
+			return fmt.Errorf("probe: %v", err)
+		}
+		return nil
+	})
+	start := time.Now()
+	err = cl.ProduceSync(ctx, &kgo.Record{Topic: "g.avro", Value: framed(7, nil, []byte{2, 'x', 0, 0, 0, 0, 0, 0, 0, 0})}).FirstErr()
+	took := time.Since(start)
+	if err == nil || errors.Is(err, kerr.InvalidRecord) {
+		t.Errorf("record while the registry does not answer: %v, want a retriable refusal", err)
+	}
+	// The lookup waits schema_registry.timeout (2 s here; never more than 5 s).
+	if took < 1500*time.Millisecond || took > 8*time.Second {
+		t.Errorf("refused after %s, want about 2 s", took)
+	}
+	t.Logf("refused after %s: %v", took, err)
+	start = time.Now()
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "gfree", Value: []byte("x")}).FirstErr(); err != nil || time.Since(start) > time.Second {
+		t.Errorf("unguarded topic: %v after %s", err, time.Since(start))
 	}
 }
