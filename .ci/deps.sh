@@ -80,3 +80,13 @@ if [ -f "$lock" ]; then
 		echo "deps: test/integration/node_modules matches package-lock.json"
 	fi
 fi
+
+# gotestsum, a consumer of go test -json, reads `rtproxy test --format json`
+# in cmd/rtproxy/test2json_test.go. Fetched and built through the Go module
+# proxy (the version pinned there), so the test's `go run` finds it cached.
+gotestsum=gotest.tools/gotestsum@v1.13.0
+if ! GOFLAGS=-mod=mod go run "$gotestsum" --version >/dev/null 2>&1; then
+	fail "cannot fetch $gotestsum through the Go module proxy"
+else
+	echo "deps: $gotestsum: present"
+fi

@@ -92,6 +92,9 @@ type Config struct {
 
 	SchemaRegistry SchemaRegistry `yaml:"schema_registry"`
 
+	// Limits are the per-record budgets of rule expressions and steps.
+	Limits Limits `yaml:"limits"`
+
 	Rules Rules `yaml:"rules"`
 }
 
@@ -280,6 +283,13 @@ func Default() *Config {
 		Admin:               Admin{RedactHeaders: DefaultRedactHeaders},
 		SchemaRegistry: SchemaRegistry{Timeout: 10 * time.Second, MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20,
 			MaxSchemaDepth: 64, MaxReferences: 64},
+		Limits: Limits{
+			ExprMemoryBytes: 32 << 20,
+			ExprSteps:       1_000_000,
+			ExprTime:        100 * time.Millisecond,
+			MaxFanout:       100_000,
+			MaxOpenWindows:  1_000_000,
+		},
 		Proxy: ProxyLimits{
 			MaxConnections:       10000,
 			MaxHeldBytes:         256 << 20,
@@ -386,6 +396,7 @@ func (c *Config) Validate() error {
 	if c.BatchWindow < 0 || c.BatchWindow > time.Second {
 		bad("batch_window", "must be between 0 (off) and 1s (e.g. 5ms), got %s", c.BatchWindow)
 	}
+	c.Limits.validate(bad)
 	if c.Proxy.MaxHeldBytes < 0 {
 		bad("proxy.max_held_bytes", "must be 0 (no bound) or positive, got %d", c.Proxy.MaxHeldBytes)
 	}
@@ -589,4 +600,47 @@ func loopbackListen(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// Limits are the per-record budgets of what rule files make the proxy do
+// (operators/budget.go): an expression of a guard check or a route step,
+// and the records and window updates one input record may cause. A record
+// over one is refused (a guard) or a dead letter with reason `budget` (a
+// route), counted in rtproxy_budget_exceeded_total{budget}.
+type Limits struct {
+	// ExprMemoryBytes bounds the bytes one evaluation of an expression
+	// may build with repeat, split, join, replace, toJSON, `+` and the
+	// other built-ins that allocate in proportion to their input,
+	// charged before they allocate. Default 32 MiB.
+	ExprMemoryBytes int64 `yaml:"expr_memory_bytes"`
+	// ExprSteps bounds the predicate iterations (all, any, map, filter,
+	// reduce, ...) and sort comparisons of one evaluation. Default 1e6.
+	ExprSteps int64 `yaml:"expr_steps"`
+	// ExprTime bounds the wall time of one evaluation. Default 100ms.
+	ExprTime time.Duration `yaml:"expr_time"`
+	// MaxFanout bounds the records and window updates one input record
+	// causes along a route's steps (explode copies times the windows each
+	// updates). Default 100000.
+	MaxFanout int64 `yaml:"max_fanout"`
+	// MaxOpenWindows bounds the open window states (window × key) of one
+	// window step on one partition. Default 1000000.
+	MaxOpenWindows int64 `yaml:"max_open_windows"`
+}
+
+func (l Limits) validate(bad func(key, format string, args ...any)) {
+	if l.ExprMemoryBytes < 1024 {
+		bad("limits.expr_memory_bytes", "must be at least 1024, got %d", l.ExprMemoryBytes)
+	}
+	if l.ExprSteps < 1000 {
+		bad("limits.expr_steps", "must be at least 1000, got %d", l.ExprSteps)
+	}
+	if l.ExprTime < time.Millisecond {
+		bad("limits.expr_time", "must be at least 1ms, got %v", l.ExprTime)
+	}
+	if l.MaxFanout < 1 {
+		bad("limits.max_fanout", "must be at least 1, got %d", l.MaxFanout)
+	}
+	if l.MaxOpenWindows < 1 {
+		bad("limits.max_open_windows", "must be at least 1, got %d", l.MaxOpenWindows)
+	}
 }

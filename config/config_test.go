@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -47,6 +48,7 @@ func TestParseFullFile(t *testing.T) {
 		SchemaRegistry: SchemaRegistry{URL: "https://registry.example:8081", BearerTokenFile: "/secrets/registry-token",
 			CAFile: "/tls/registry-ca.crt", Timeout: 5 * time.Second,
 			MaxResponseBytes: 8 << 20, MaxSchemaBytes: 1 << 20, MaxSchemaDepth: 64, MaxReferences: 64},
+		Limits: Default().Limits,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("parsed\n%+v\nwant\n%+v", c, want)
@@ -132,8 +134,8 @@ func TestEnvNames(t *testing.T) {
 			t.Errorf("%s: env %q, want %q", p, got[p], e)
 		}
 	}
-	if len(got) != 57 {
-		t.Errorf("%d keys, want 57 (a field was added or lost its yaml tag?)", len(got))
+	if len(got) != 62 {
+		t.Errorf("%d keys, want 62 (a field was added or lost its yaml tag?)", len(got))
 	}
 }
 
@@ -356,6 +358,42 @@ func TestRedactPattern(t *testing.T) {
 	re, err = c.Admin.RedactPattern()
 	if err != nil || !c.Admin.ShowRecords || !re.MatchString("X-Secret") || re.MatchString("authorization") {
 		t.Fatalf("from the environment: show_records %v, pattern %v %v", c.Admin.ShowRecords, re, err)
+	}
+}
+
+// The per-record budgets (issue 25) are configurable and validated.
+func TestLimitsKeys(t *testing.T) {
+	c := Default()
+	if err := c.Parse("l.yaml", []byte("limits:\n  expr_memory_bytes: 1048576\n  expr_steps: 5000\n  expr_time: 20ms\n  max_fanout: 50\n  max_open_windows: 7\n")); err != nil {
+		t.Fatal(err)
+	}
+	want := Limits{ExprMemoryBytes: 1 << 20, ExprSteps: 5000, ExprTime: 20 * time.Millisecond, MaxFanout: 50, MaxOpenWindows: 7}
+	if c.Limits != want {
+		t.Fatalf("limits %+v, want %+v", c.Limits, want)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	c.Limits = Limits{ExprMemoryBytes: 10, ExprSteps: 0, ExprTime: 0, MaxFanout: 0, MaxOpenWindows: -1}
+	err := c.Validate()
+	for _, k := range []string{"limits.expr_memory_bytes", "limits.expr_steps", "limits.expr_time", "limits.max_fanout", "limits.max_open_windows"} {
+		if err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("%s not refused: %v", k, err)
+		}
+	}
+}
+
+// Issue 25, finding 7: the config file's aliases have the same budget as
+// every other YAML file rtproxy reads.
+func TestConfigAliasBomb(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("x0: &a0 [x, x, x, x, x, x, x, x, x]\n")
+	for i := 1; i <= 9; i++ {
+		fmt.Fprintf(&b, "x%d: &a%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*a%d, ", i-1), 9), ", "))
+	}
+	err := Default().Parse("rtproxy.yaml", []byte(b.String()))
+	if err == nil || !strings.HasPrefix(err.Error(), "rtproxy.yaml:7:") || !strings.Contains(err.Error(), "aliases here expand to more than") {
+		t.Fatalf("got %v, want the alias budget refusing line 7", err)
 	}
 }
 

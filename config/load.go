@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/rtproxy/rtproxy/internal/yamlbudget"
 )
 
 // EnvPrefix starts every environment variable the proxy reads.
@@ -222,6 +224,9 @@ func (c *Config) parse(name string, data []byte) (set []string, err error) {
 		return nil, fmt.Errorf("%s:%d:%d: a config file holds one YAML document; found a second", name, extra.Line, extra.Column)
 	} else if !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: %v", name, err)
+	}
+	if err := yamlbudget.Check(&doc); err != nil {
+		return nil, fmt.Errorf("%s:%v", name, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {

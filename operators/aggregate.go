@@ -146,7 +146,7 @@ type numberArg struct{}
 func (numberArg) arity() int                      { return 1 }
 func (numberArg) fits(Aggregate, *acc, any) error { return nil }
 func (numberArg) check(a Aggregate, v any) (any, error) {
-	f, ok := ToFloat(v)
+	f, ok := jsoncodec.ToFloat(v)
 	if !ok {
 		return nil, fmt.Errorf("%s(%s) got %s, want a number", a.Func, a.Arg.Source, jsonKind(v))
 	}
@@ -210,7 +210,7 @@ type extremumAgg struct{ max bool }
 func (extremumAgg) arity() int { return 1 }
 
 func (extremumAgg) check(a Aggregate, v any) (any, error) {
-	if f, ok := ToFloat(v); ok {
+	if f, ok := jsoncodec.ToFloat(v); ok {
 		return f, nil
 	}
 	if _, ok := v.(string); ok {
@@ -389,7 +389,7 @@ func distinctKey(v any) (string, error) {
 	case bool:
 		return "b" + strconv.FormatBool(x), nil
 	}
-	if f, ok := ToFloat(v); ok {
+	if f, ok := jsoncodec.ToFloat(v); ok {
 		return "n" + strconv.FormatFloat(f, 'g', -1, 64), nil
 	}
 	b, err := jsoncodec.Append([]byte{'j'}, v)

@@ -394,7 +394,7 @@ func BenchmarkWindowTumbling10kKeys(b *testing.B) {
 func BenchmarkDropDuplicates1MKeys(b *testing.B) {
 	const keys = 1_000_000
 	in := benchkit.Inputs(4096)
-	run := func(b *testing.B, mode string, kv state.KV, checkpoint func()) {
+	run := func(b *testing.B, mode string, kv KV, checkpoint func()) {
 		d := NewDropDuplicates(mustExpr(b, "value.txn_id"), time.Hour, kv)
 		fill := map[string]any{"txn_id": ""}
 		for k := range keys {
@@ -714,7 +714,7 @@ func BenchmarkLargeStateGC(b *testing.B) {
 		b.Run(name+"/filetable", func(b *testing.B) { gcOnce(b, table(false)) })
 		b.Run(name+"/oldmap", func(b *testing.B) { gcOnce(b, table(true)) })
 	}
-	dedup := func(kv state.KV) func(b *testing.B) any {
+	dedup := func(kv KV) func(b *testing.B) any {
 		return func(b *testing.B) any {
 			d := NewDropDuplicates(mustExpr(b, "value.txn_id"), time.Hour, kv)
 			fill := map[string]any{"txn_id": ""}

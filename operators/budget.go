@@ -90,9 +90,6 @@ func CurrentLimits() Limits { return *limits.Load() }
 // ErrBudget is wrapped by every error of a budget that tripped.
 var ErrBudget = errors.New("budget exceeded")
 
-// ReasonBudget is the dead-letter reason of a record over a budget.
-const ReasonBudget Reason = "budget"
-
 // The budgets, as BudgetTrips names them.
 const (
 	BudgetExprMemory  = "expr_memory"

@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"math"
 	"time"
-
-	"github.com/rtproxy/rtproxy/state"
 )
 
-// drop_duplicates keeps its memory in a state.KV, never in a Go map, so
+// drop_duplicates keeps its memory in a KV, never in a Go map, so
 // that tens of millions of keys can live in pebble. The layout of the
 // namespace (byte by byte):
 //
@@ -37,7 +35,7 @@ import (
 type dropDuplicates struct {
 	key *Expr
 	ttl int64 // millis; 0 = forever
-	kv  state.KV
+	kv  KV
 
 	// Scratch buffers: a Keyed step instance is driven by one task, so they are
 	// reused instead of allocating two keys per record.
@@ -83,7 +81,7 @@ steps:
 
 // NewDropDuplicates returns the `drop_duplicates:` step. ttl 0 remembers
 // keys forever. kv holds its state; nil gives it a private MemKV (tests).
-func NewDropDuplicates(key *Expr, ttl time.Duration, kv state.KV) Keyed {
+func NewDropDuplicates(key *Expr, ttl time.Duration, kv KV) Keyed {
 	if kv == nil {
 		kv = NewMemKV()
 	}

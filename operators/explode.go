@@ -30,8 +30,9 @@ steps:
 		Compile: func(a *Args) (*Plan, error) {
 			each, as := a.Expr("each"), a.String("as")
 			return &Plan{
-				New:   func(BuildEnv) (Step, error) { return &explode{each: each, as: as}, nil },
-				Binds: as,
+				New:    func(BuildEnv) (Step, error) { return &explode{each: each, as: as}, nil },
+				Binds:  as,
+				FanOut: MaxExplode, FanOutUnit: "records",
 			}, nil
 		},
 	})
@@ -50,7 +51,21 @@ const MaxExplode = 10000
 type explode struct {
 	each *Expr
 	as   string
+	// after is how many window updates each copy causes in the steps
+	// after it (the sliding windows' windows per record, multiplied; 1
+	// when none): the explode charges the fan-out budget for them too,
+	// before it makes a copy (SetFanOutAfter).
+	after int64
 }
+
+// FanOutSetter is a step told, when the route is built, the fan-out each
+// record it emits causes in the steps after it.
+type FanOutSetter interface {
+	SetFanOutAfter(n int64)
+}
+
+// SetFanOutAfter implements FanOutSetter.
+func (e *explode) SetFanOutAfter(n int64) { e.after = n }
 
 func (e *explode) Kind() string { return "explode" }
 
@@ -74,7 +89,12 @@ func (e *explode) Process(r *Record, out Emitter) {
 		out.DeadLetter(r, ReasonError, fmt.Errorf("explode %s: each (%s) gave %d elements, more than %d", e.as, e.each.Source, n, MaxExplode))
 		return
 	}
-	if err := chargeFanOut(r, "explode "+e.as, int64(n)); err != nil {
+	cost, what := int64(n), "explode "+e.as
+	if e.after > 1 {
+		cost = mulSize(cost, e.after+1)
+		what = fmt.Sprintf("explode %s (%d elements, each updating %d windows after it)", e.as, n, e.after)
+	}
+	if err := chargeFanOut(r, what, cost); err != nil {
 		if err != errFanOutSpent {
 			out.DeadLetter(r, ReasonBudget, fmt.Errorf("explode %s: %w", e.as, err))
 		}
@@ -95,6 +115,8 @@ func (e *explode) copyWith(r *Record, elem any) *Record {
 		Key: r.Key, Value: r.Value, Raw: r.Raw, Headers: r.Headers,
 		Timestamp: r.Timestamp, EventTime: r.EventTime, Window: r.Window,
 		fan: r.fan, // the copies share the input record's fan-out budget
+		// The windows after the explode are paid for.
+		fanPaid: e.after > 1,
 	}
 	if obj, ok := r.Value.(map[string]any); ok {
 		c.Value = maps.Clone(obj)

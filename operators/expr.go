@@ -3,7 +3,6 @@ package operators
 import (
 	"errors"
 	"fmt"
-	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/vm"
 	"github.com/expr-lang/expr/vm/runtime"
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // Expr is one compiled expr-lang expression of a rule file, evaluated
@@ -323,42 +323,10 @@ func keyString(v any) (string, error) {
 	case []byte:
 		return string(x), nil
 	}
-	if f, ok := ToFloat(v); ok {
+	if f, ok := jsoncodec.ToFloat(v); ok {
 		return strconv.FormatFloat(f, 'f', -1, 64), nil
 	}
 	return "", fmt.Errorf("%w, got %T", errKeyType, v)
-}
-
-// ToFloat reports v as a float64 if it is any Go number (NaN, false when
-// it is not one).
-func ToFloat(v any) (float64, bool) {
-	switch x := v.(type) {
-	case float64:
-		return x, true
-	case int:
-		return float64(x), true
-	case int64:
-		return float64(x), true
-	case int32:
-		return float64(x), true
-	case float32:
-		return float64(x), true
-	case int8:
-		return float64(x), true
-	case int16:
-		return float64(x), true
-	case uint:
-		return float64(x), true
-	case uint8:
-		return float64(x), true
-	case uint16:
-		return float64(x), true
-	case uint32:
-		return float64(x), true
-	case uint64:
-		return float64(x), true
-	}
-	return math.NaN(), false
 }
 
 // MaxStringBytes bounds a string that `+` builds during one evaluation.

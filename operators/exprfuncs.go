@@ -218,6 +218,11 @@ func costRepeat(m *meter, args []any) error {
 	if !ok || !ok2 || n < 0 {
 		return nil
 	}
+	if n > 1e6 {
+		// expr-lang's own repeat refuses it too, with a bare "memory
+		// budget exceeded".
+		return tripped(BudgetExprMemory, "expression budget exceeded: repeat %d times, more than expr-lang's 1000000", n)
+	}
 	return m.alloc("repeat", mulSize(int64(len(s)), n))
 }
 

@@ -4,11 +4,9 @@ import (
 	"bytes"
 
 	"github.com/google/btree"
-
-	"github.com/rtproxy/rtproxy/state"
 )
 
-// MemKV is an in-memory, ordered state.KV for tests and benchmarks, and
+// MemKV is an in-memory, ordered KV for tests and benchmarks, and
 // the state of a drop_duplicates step built without a KV. It is not safe
 // for concurrent use (a Keyed step instance is only ever driven by one task) and
 // it is not durable: only the pebble-backed KV of package state survives a
@@ -43,7 +41,7 @@ const (
 	compactMin = 1 << 20
 )
 
-var _ state.KV = (*MemKV)(nil)
+var _ KV = (*MemKV)(nil)
 
 // NewMemKV returns an empty MemKV.
 func NewMemKV() *MemKV {
@@ -76,7 +74,7 @@ func (m *MemKV) val(it memItem) []byte {
 // Len is the number of live keys.
 func (m *MemKV) Len() int { return m.tree.Len() }
 
-// Get implements state.KV. The value stays valid after later calls: the
+// Get implements KV. The value stays valid after later calls: the
 // arena is only ever appended to or replaced, never written over.
 func (m *MemKV) Get(key []byte) ([]byte, bool, error) {
 	m.probe = key
@@ -88,7 +86,7 @@ func (m *MemKV) Get(key []byte) ([]byte, bool, error) {
 	return m.val(it), true, nil
 }
 
-// Set implements state.KV; it copies key and val.
+// Set implements KV; it copies key and val.
 func (m *MemKV) Set(key, val []byte) error {
 	it := memItem{off: uint64(len(m.arena)), klen: uint32(len(key)), vlen: uint32(len(val))}
 	m.arena = append(append(m.arena, key...), val...)
@@ -98,7 +96,7 @@ func (m *MemKV) Set(key, val []byte) error {
 	return nil
 }
 
-// Delete implements state.KV.
+// Delete implements KV.
 func (m *MemKV) Delete(key []byte) error {
 	m.probe = key
 	old, ok := m.tree.Delete(memItem{off: probeOff})
@@ -133,7 +131,7 @@ func (m *MemKV) dropped(it memItem) {
 	}
 }
 
-// Scan implements state.KV.
+// Scan implements KV.
 func (m *MemKV) Scan(start, end []byte, fn func(key, val []byte) bool) error {
 	prev := m.from
 	m.from = start

@@ -49,6 +49,9 @@ type Record struct {
 	// every record a step made of it.
 	meter meter
 	fan   *fanout
+	// fanPaid says an explode already charged the window updates this
+	// copy causes.
+	fanPaid bool
 	// shuffleKey caches the key a Keyed step computed in ShuffleKey so
 	// Process does not evaluate the key expression a second time.
 	shuffleKey    string
@@ -92,6 +95,7 @@ type Reason string
 const (
 	ReasonDecode  Reason = "decode"  // the value could not be decoded (not JSON)
 	ReasonError   Reason = "error"   // an expression failed at runtime
+	ReasonBudget  Reason = "budget"  // the record went over a per-record budget (budget.go)
 	ReasonLate    Reason = "late"    // every window of the record had closed
 	ReasonMissing Reason = "missing" // a join found no row and missing: dead_letter
 )

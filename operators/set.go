@@ -1,6 +1,10 @@
 package operators
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+)
 
 // Field is one `name: expression` entry of a set or map step.
 type Field struct {
@@ -145,7 +149,7 @@ func jsonKind(v any) string {
 	case bool:
 		return "a bool"
 	}
-	if _, ok := ToFloat(v); ok {
+	if _, ok := jsoncodec.ToFloat(v); ok {
 		return "a number"
 	}
 	return fmt.Sprintf("%T", v)

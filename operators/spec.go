@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/rtproxy/rtproxy/state"
 )
 
 // A step kind is declared once, by a Spec in the kind's own file. Every
@@ -147,6 +145,19 @@ type Plan struct {
 	// step's state, its work per record); the rule runs, and `rtproxy
 	// check` shows them.
 	Warnings KeyErrors
+	// FanOut is the most records or window updates the step makes of one
+	// record it gets (explode: MaxExplode; a sliding window: its windows
+	// per record); 0 or 1: one at most. EndsFanOut says what the step
+	// emits is no longer per record (a window emitting on close). The
+	// analyzer multiplies them along the steps (limits.max_fanout).
+	FanOut     int64
+	EndsFanOut bool
+	// FanOutExact says FanOut is what every record costs (a window's
+	// windows per record), not an upper bound that depends on the record
+	// (an explode's list); FanOutUnit names what is made ("records",
+	// "window updates").
+	FanOutExact bool
+	FanOutUnit  string
 }
 
 // Traits are what the pipeline and the docs need to know of a step
@@ -214,7 +225,7 @@ const (
 
 // BuildEnv is what a step instance is built with.
 type BuildEnv struct {
-	KV     state.KV         // the step's state namespace (Keyed steps)
+	KV     KV               // the step's state namespace (Keyed steps)
 	Tables map[string]Table // every table of the route, by name
 }
 

@@ -1,7 +1,5 @@
 package operators
 
-import "github.com/rtproxy/rtproxy/state"
-
 // Step is one compiled step of a route. Process must never panic on bad
 // input: a runtime failure becomes a dead letter with ReasonError.
 type Step interface {
@@ -54,8 +52,8 @@ type Closer interface {
 // writes the step's full state into w; Restore replaces the state with what
 // r holds. Both are called with the step quiesced (no concurrent Process).
 type Stateful interface {
-	Snapshot(w state.Writer) error
-	Restore(r state.Reader) error
+	Snapshot(w Writer) error
+	Restore(r Reader) error
 }
 
 // Table is what a broadcast join looks up. File tables and topic tables
@@ -67,7 +65,7 @@ type Table interface {
 // StateSizer is implemented by steps that can say cheaply how many keys
 // their state holds (the rtproxy_state_keys gauge). A window counts its
 // open (key, window) pairs. drop_duplicates does not implement it: its
-// keys live in the state.KV, which knows its own size.
+// keys live in the KV, which knows its own size.
 type StateSizer interface {
 	StateKeys() int
 }

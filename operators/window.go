@@ -36,8 +36,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/rtproxy/rtproxy/state"
 )
 
 func init() {
@@ -112,8 +110,13 @@ func compileWindow(a *Args) (*Plan, error) {
 			Value: ValueReplaced},
 		Fields:      fields,
 		ClearsNames: true,
+		FanOut:      1,
+		EndsFanOut:  !ws.EmitOnUpdate,
+		FanOutExact: true,
+		FanOutUnit:  "window updates",
 	}
 	if ws.Kind == "sliding" {
+		plan.FanOut = WindowsPerRecord(ws.Size, ws.Slide)
 		if n := WindowsPerRecord(ws.Size, ws.Slide); n > warnWindowsPerRecord {
 			plan.Warnings = append(plan.Warnings, &KeyError{Key: "slide",
 				Msg: fmt.Sprintf("every record updates %d windows (size / slide), and the open windows per key are as many: a larger slide costs less", n)})
@@ -456,11 +459,13 @@ func (w *window) Process(r *Record, out Emitter) {
 	// The record's windows count against the fan-out budget of the input
 	// record it came from, and the states it would open against the
 	// open-windows budget, before any window changes.
-	if err := chargeFanOut(r, "window", int64(len(w.wins))); err != nil {
-		if err != errFanOutSpent {
-			out.DeadLetter(r, ReasonBudget, fmt.Errorf("window: %w", err))
+	if !r.fanPaid {
+		if err := chargeFanOut(r, "window", int64(len(w.wins))); err != nil {
+			if err != errFanOutSpent {
+				out.DeadLetter(r, ReasonBudget, fmt.Errorf("window: %w", err))
+			}
+			return
 		}
-		return
 	}
 	if lim := limits.Load().OpenWindows; w.open+int64(len(w.wins)) > lim {
 		fresh := int64(0)
@@ -607,7 +612,7 @@ func (w *window) Resume(watermark int64, applied map[int32]int64) {
 }
 
 // Snapshot implements Stateful; the layout is at the top of this file.
-func (w *window) Snapshot(sw state.Writer) error {
+func (w *window) Snapshot(sw Writer) error {
 	meta := []byte{1, 0}
 	if w.hasWM {
 		meta[1] = 1
@@ -651,7 +656,7 @@ var errSnapshot = errors.New("window snapshot is corrupt")
 
 // Restore implements Stateful: it replaces the state with the snapshot.
 // On error the state is left empty.
-func (w *window) Restore(sr state.Reader) error {
+func (w *window) Restore(sr Reader) error {
 	w.byEnd = make(map[int64]map[string]*winState)
 	w.open = 0
 	w.ends = w.ends[:0]

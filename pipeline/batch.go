@@ -119,7 +119,7 @@ func (p *pollPace) wait(r *route) bool {
 		return true
 	case <-r.ctx.Done():
 		return false
-	case <-r.halt:
+	case <-r.life.halt:
 		return false
 	}
 }

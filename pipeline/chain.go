@@ -59,9 +59,9 @@ func (e *emitter) DeadLetter(rec *operators.Record, reason operators.Reason, err
 func (c *chain) run(i int, rec *operators.Record) {
 	if i == len(c.steps) {
 		if c.next != nil {
-			c.r.repartition(c.t, rec, c.cur)
+			c.t.repartition(rec, c.cur)
 		} else {
-			c.r.output(c.t, rec, c.cur)
+			c.t.output(rec, c.cur)
 		}
 		return
 	}
@@ -167,8 +167,8 @@ func (t *ticket) release() {
 }
 
 func (r *route) recordDone(t *ticket) {
-	r.tracker.Done(t.p, t.off)
-	r.mProc.Observe(time.Since(t.fetched).Seconds())
+	r.tm.tracker.Done(t.p, t.off)
+	r.mx.proc.Observe(time.Since(t.fetched).Seconds())
 }
 
 // minWatermark is "no watermark yet".

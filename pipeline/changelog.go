@@ -210,10 +210,10 @@ func (r *route) produceChangelog(recs []*kgo.Record) (map[string]map[int32]int64
 
 // tasksSnapshot returns the owned tasks.
 func (r *route) tasksSnapshot() []*task {
-	r.tg.Lock()
-	defer r.tg.Unlock()
+	r.tm.mu.Lock()
+	defer r.tm.mu.Unlock()
 	var out []*task
-	for _, m := range r.tg.byTopic {
+	for _, m := range r.tm.byTopic {
 		for _, t := range m {
 			out = append(out, t)
 		}

@@ -17,7 +17,8 @@ import (
 type stateCheckpoint = state.Checkpoint
 
 // checkpointLoop writes a checkpoint every checkpoint_interval.
-func (r *route) checkpointLoop() {
+func (cp *checkpointer) checkpointLoop() {
+	r := cp.r
 	iv := r.def.CheckpointInterval
 	if iv <= 0 {
 		iv = 5 * time.Second
@@ -26,63 +27,94 @@ func (r *route) checkpointLoop() {
 	defer t.Stop()
 	for {
 		select {
-		case <-r.stopping:
+		case <-r.life.stopping:
 			return
 		case <-t.C:
 		}
-		if r.txn.on {
-			if !r.checkpointTxn() {
-				return
-			}
-			continue
-		}
-		end, err := r.checkpointOnce()
-		if end {
+		if !cp.mode.tick(cp) {
 			return
-		}
-		if errors.Is(err, state.ErrBroken) {
-			r.stateFailed(err)
-			return
-		}
-		if err != nil && !errors.Is(err, errStopping) {
-			r.noteError(fmt.Errorf("checkpoint: %w", err))
 		}
 	}
+}
+
+// checkpointMode is how a route's checkpoints commit, chosen with its
+// writer at setup (newWriter): at least once (the cut commits once its
+// writes are acknowledged, dispatch running meanwhile), or exactly once
+// (each cut is one transaction, dispatch paused throughout: txn.go).
+type checkpointMode interface {
+	// tick takes and commits one checkpoint; false ends the loop.
+	tick(cp *checkpointer) bool
+	// commit commits the pending cuts; cp.mu is held.
+	commit(cp *checkpointer, limit time.Duration, abort <-chan struct{}) error
+}
+
+// atLeastOnce is the checkpoint mode of an at-least-once route (and the
+// Driver's, which never checkpoints).
+type atLeastOnce struct{}
+
+func (atLeastOnce) tick(cp *checkpointer) bool {
+	r := cp.r
+	end, err := cp.checkpointOnce()
+	if end {
+		return false
+	}
+	if errors.Is(err, state.ErrBroken) {
+		r.stateFailed(err)
+		return false
+	}
+	if err != nil && !errors.Is(err, errStopping) {
+		r.noteError(fmt.Errorf("checkpoint: %w", err))
+	}
+	return true
+}
+
+func (atLeastOnce) commit(cp *checkpointer, limit time.Duration, abort <-chan struct{}) error {
+	return cp.commitAcked(limit, abort)
+}
+
+// exactlyOnce is the checkpoint mode of an exactly-once route (txn.go).
+type exactlyOnce struct{}
+
+func (exactlyOnce) tick(cp *checkpointer) bool { return cp.checkpointTxn() }
+func (exactlyOnce) commit(cp *checkpointer, limit time.Duration, abort <-chan struct{}) error {
+	return cp.commitTxnCuts(limit, abort)
 }
 
 // checkpointOnce takes a cut of an at-least-once route and commits it;
 // end says the checkpoint loop should end. Its locks are released by
 // defers, so a panic in it (survive restarts the route) leaves none held
 // for the stop to wait on.
-func (r *route) checkpointOnce() (end bool, err error) {
-	r.cpMu.Lock()
-	defer r.cpMu.Unlock()
-	if isClosed(r.stopping) {
+func (cp *checkpointer) checkpointOnce() (end bool, err error) {
+	r := cp.r
+	r.cp.mu.Lock()
+	defer r.cp.mu.Unlock()
+	if isClosed(r.life.stopping) {
 		return true, nil // the stop took (or takes) the final checkpoint
 	}
-	if len(r.pendingCuts) > 0 {
+	if len(r.cp.pending) > 0 {
 		// The last commit failed (brokers refused the changelog, the
 		// disk is full): commit what is pending before cutting again,
 		// so at most one cut (with its copies of snapshots) waits.
-		if err := r.commitCuts(0, r.stopping); err != nil {
+		if err := r.cp.commitCuts(0, r.life.stopping); err != nil {
 			return false, err
 		}
 	}
-	c, halted, err := r.takeCutPaused()
+	c, halted, err := r.cp.takeCutPaused()
 	if halted {
 		return true, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	r.pendingCuts = append(r.pendingCuts, c)
+	r.cp.pending = append(r.cp.pending, c)
 	// Dispatch runs again while the cut waits for its outputs.
-	return false, r.commitCuts(0, r.stopping)
+	return false, r.cp.commitCuts(0, r.life.stopping)
 }
 
 // takeCutPaused takes a cut with dispatch paused (cut held) and notes the
 // pause; halted when the route is halting.
-func (r *route) takeCutPaused() (c *cutPoint, halted bool, err error) {
+func (cp *checkpointer) takeCutPaused() (c *cutPoint, halted bool, err error) {
+	r := cp.r
 	r.cut.Lock()
 	defer r.cut.Unlock()
 	if r.halted {
@@ -93,7 +125,7 @@ func (r *route) takeCutPaused() (c *cutPoint, halted bool, err error) {
 	}
 	paused := time.Now()
 	defer func() { r.notePause(time.Since(paused)) }()
-	c, err = r.takeCutLocked()
+	c, err = r.cp.takeCutLocked()
 	return c, false, err
 }
 
@@ -101,10 +133,11 @@ func (r *route) takeCutPaused() (c *cutPoint, halted bool, err error) {
 // one transaction, with dispatch paused throughout (txn.go); a failed
 // transaction sends every task back to the last commit. It returns false
 // once the checkpoint loop should end.
-func (r *route) checkpointTxn() bool {
-	r.cpMu.Lock()
-	defer r.cpMu.Unlock()
-	if isClosed(r.stopping) {
+func (cp *checkpointer) checkpointTxn() bool {
+	r := cp.r
+	r.cp.mu.Lock()
+	defer r.cp.mu.Unlock()
+	if isClosed(r.life.stopping) {
 		return false // the stop takes the final checkpoint
 	}
 	r.cut.Lock()
@@ -113,10 +146,10 @@ func (r *route) checkpointTxn() bool {
 		return false
 	}
 	paused := time.Now()
-	c, err := r.takeCutLocked()
+	c, err := r.cp.takeCutLocked()
 	if err == nil {
-		r.pendingCuts = append(r.pendingCuts, c)
-		err = r.commitCuts(0, r.stopping)
+		r.cp.pending = append(r.cp.pending, c)
+		err = r.cp.commitCuts(0, r.life.stopping)
 	}
 	r.notePause(time.Since(paused))
 	switch {
@@ -181,9 +214,10 @@ var errStopping = errors.New("route stopping")
 // Dispatch stays paused only for the in-memory snapshot copy and the Freeze
 // swap; the wait for acknowledgements, the changelog and the pebble write
 // happen while records flow again.
-func (r *route) takeCutLocked() (*cutPoint, error) {
-	c := &cutPoint{t0: time.Now(), offs: make(map[int32]int64, len(r.tasks)), snaps: map[string]*memSnapshot{}}
-	for _, t := range r.tasks {
+func (cp *checkpointer) takeCutLocked() (*cutPoint, error) {
+	r := cp.r
+	c := &cutPoint{t0: time.Now(), offs: make(map[int32]int64, len(r.tm.tasks)), snaps: map[string]*memSnapshot{}}
+	for _, t := range r.tm.tasks {
 		c.offs[t.id] = t.pos
 		c.tasks = append(c.tasks, t)
 		if t.seg.idx == 0 {
@@ -214,12 +248,15 @@ func (r *route) takeCutLocked() (*cutPoint, error) {
 // commitCuts commits the pending cuts in order, each once its outputs are
 // acknowledged: changelog, then pebble, then the group. limit bounds the
 // wait (0: none); abort ends it early.
-func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
-	if r.txn.on {
-		return r.commitTxnCuts(limit, abort)
-	}
-	for len(r.pendingCuts) > 0 {
-		c := r.pendingCuts[0]
+func (cp *checkpointer) commitCuts(limit time.Duration, abort <-chan struct{}) error {
+	return cp.mode.commit(cp, limit, abort)
+}
+
+// commitAcked commits the pending cuts of an at-least-once route.
+func (cp *checkpointer) commitAcked(limit time.Duration, abort <-chan struct{}) error {
+	r := cp.r
+	for len(r.cp.pending) > 0 {
+		c := r.cp.pending[0]
 		if err := r.waitEpoch(c.epoch, limit, abort); err != nil {
 			return err
 		}
@@ -245,16 +282,17 @@ func (r *route) commitCuts(limit time.Duration, abort <-chan struct{}) error {
 		r.commitGroup(c)
 		// Cleared before it is sliced off: the backing array would keep
 		// the committed cut's snapshots reachable for several checkpoints.
-		r.pendingCuts[0] = nil
-		r.pendingCuts = r.pendingCuts[1:]
-		r.checkpointed(c)
+		r.cp.pending[0] = nil
+		r.cp.pending = r.cp.pending[1:]
+		r.cp.checkpointed(c)
 	}
 	return nil
 }
 
-func (r *route) checkpointed(c *cutPoint) {
+func (cp *checkpointer) checkpointed(c *cutPoint) {
+	r := cp.r
 	now := time.Now()
-	r.cpSeq.Add(1)
+	r.cp.seq.Add(1)
 	r.st.Lock()
 	r.st.lastCheckpoint = now
 	r.st.Unlock()

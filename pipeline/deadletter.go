@@ -58,6 +58,11 @@ func (r *route) deadLetter(rec *operators.Record, reason operators.Reason, err e
 	}...)
 	hs = append(hs, schemaHeaders(err)...)
 	kr := &kgo.Record{Topic: deadLetterTopic(r.def), Key: rec.Key, Value: val, Headers: hs}
+	if rec.Timestamp > 0 {
+		// The source record's time, as an output carries it (docs/RULES.md,
+		// dead_letter): not the time the dead letter was written.
+		kr.Timestamp = time.UnixMilli(rec.Timestamp)
+	}
 	// For the status page: kr carries rec's headers; the error text is
 	// shown without rec's values unless admin.show_records.
 	r.noteDeadLetter(kr, nil, time.UnixMilli(rec.Timestamp), r.shownError(err, rec))
@@ -87,7 +92,7 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 			hs = append(hs, h)
 		}
 		msg = fmt.Sprintf("%sthe dead letter was refused too, so it is written without its %d-byte value: %s", prev, len(got.Value), msg)
-		return &kgo.Record{Topic: got.Topic, Key: got.Key, Headers: append(hs, kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)})}
+		return &kgo.Record{Topic: got.Topic, Key: got.Key, Timestamp: got.Timestamp, Headers: append(hs, kgo.RecordHeader{Key: HeaderError, Value: []byte(msg)})}
 	}
 	for _, h := range got.Headers {
 		if h.Key == headerEnvelope {
@@ -110,7 +115,7 @@ func (r *route) sinkDeadLetter(got *kgo.Record, err error, bare bool) *kgo.Recor
 	if errors.As(err, &more) {
 		hs = append(hs, more.deadLetterHeaders()...) // what the sink said (writer.go)
 	}
-	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs}
+	dl := &kgo.Record{Topic: deadLetterTopic(r.def), Key: got.Key, Value: got.Value, Headers: hs, Timestamp: got.Timestamp}
 	r.noteDeadLetter(dl, nil, got.Timestamp, r.shownText(msg, nil)) // for the status page
 	return dl
 }

@@ -130,20 +130,20 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 		ends: map[string][]int64{}, keyed: map[string]map[int32]*task{}}
 	r := newRoute(m, def)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
-	r.clock = func() time.Time { return d.now }
+	r.plan.clock = func() time.Time { return d.now }
 	r.wr = d
 	r.snk = topicSink{w: d, topic: def.Sink.Target()} // every kind of sink is memory here
 	d.r = r
 
-	r.tableOf = map[string]operators.Table{}
+	r.plan.tableOf = map[string]operators.Table{}
 	for name, ts := range def.Tables {
 		switch t, ok := cfg.Tables[name]; {
 		case ok:
-			r.tableOf[name] = t
+			r.plan.tableOf[name] = t
 		case ts.Topic != "":
-			r.tableOf[name] = operators.NewMapTable()
+			r.plan.tableOf[name] = operators.NewMapTable()
 		default:
-			r.tableOf[name] = ts.Table
+			r.plan.tableOf[name] = ts.Table
 		}
 	}
 	for name := range cfg.Tables {
@@ -162,10 +162,10 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 		d.Close()
 		return nil, err
 	}
-	r.tracker = offsets.NewTracker()
-	r.tasks = map[int32]*task{}
-	r.tg.byTopic = map[string]map[int32]*task{}
-	for _, seg := range r.segs {
+	r.tm.tracker = offsets.NewTracker()
+	r.tm.tasks = map[int32]*task{}
+	r.tm.byTopic = map[string]map[int32]*task{}
+	for _, seg := range r.plan.segs {
 		if seg.idx > 0 {
 			d.keyed[seg.topic] = map[int32]*task{}
 			d.ends[seg.topic] = make([]int64, seg.nparts)
@@ -222,9 +222,9 @@ func (d *Driver) Send(in DriverInput) error {
 	}
 	t := d.src[in.Partition]
 	d.lastIn = d.now
-	d.r.processSource(t, kr)
+	t.processSource(kr)
 	t.pos = off + 1
-	d.r.nIn.Add(1)
+	d.r.mx.in.Add(1)
 	d.settle()
 	return nil
 }
@@ -353,7 +353,7 @@ func (d *Driver) settle() {
 			kr := d.queue[0]
 			d.queue = d.queue[1:]
 			t := d.keyed[kr.Topic][kr.Partition]
-			d.r.processRepartitioned(t, kr)
+			t.processRepartitioned(kr)
 			t.pos = kr.Offset + 1
 		}
 		for _, t := range d.tasksInOrder() {
@@ -368,8 +368,8 @@ func (d *Driver) settle() {
 // tasksInOrder lists the tasks by segment and partition, so that a run is
 // reproducible.
 func (d *Driver) tasksInOrder() []*task {
-	ts := make([]*task, 0, len(d.r.tasks))
-	for _, t := range d.r.tasks {
+	ts := make([]*task, 0, len(d.r.tm.tasks))
+	for _, t := range d.r.tm.tasks {
 		ts = append(ts, t)
 	}
 	sort.Slice(ts, func(i, j int) bool { return ts[i].id < ts[j].id })

@@ -110,7 +110,7 @@ const (
 // partition (whose later records must wait anyway), never a checkpoint or
 // another task. The wait is in /routes as the route's last error.
 func (r *route) awaitSchema(t *task, kr *kgo.Record) bool {
-	c := r.codec
+	c := r.plan.codec
 	if c == nil {
 		return true
 	}
@@ -137,7 +137,7 @@ func (r *route) awaitSchema(t *task, kr *kgo.Record) bool {
 		select {
 		case <-t.stop:
 			return false
-		case <-r.halt:
+		case <-r.life.halt:
 			return false
 		case <-time.After(wait):
 		}
@@ -154,7 +154,7 @@ func (r *route) decodeValue(rec *operators.Record, kr *kgo.Record, tk *ticket) b
 	// has in flight rather than fail with the route's context.
 	wait := schemaRetryMin
 	for {
-		v, err := r.codec.dec.Decode(context.Background(), kr.Value)
+		v, err := r.plan.codec.dec.Decode(context.Background(), kr.Value)
 		if err == nil {
 			rec.Value = v
 			return true
@@ -172,7 +172,7 @@ func (r *route) decodeValue(rec *operators.Record, kr *kgo.Record, tk *ticket) b
 // sinkValue is the sink value of rec: encoded with the sink's schema for
 // sink.format avro | protobuf, else as encodeValue writes it.
 func (r *route) sinkValue(rec *operators.Record) ([]byte, error) {
-	c := r.codec
+	c := r.plan.codec
 	if c == nil || c.enc == nil {
 		return r.encodeValue(rec)
 	}

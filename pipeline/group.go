@@ -31,6 +31,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -43,10 +44,20 @@ import (
 	"github.com/rtproxy/rtproxy/state"
 )
 
+// proto is the group protocol the route chose at its last setup ("" before).
+func (g *groupState) proto() string {
+	if p := g.protocol.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
 // groupState is what the route knows of its group.
 type groupState struct {
-	adm      *kadm.Client
-	protocol string            // "consumer" (KIP-848) or "classic"
+	adm *kadm.Client
+	// protocol is "consumer" (KIP-848) or "classic"; set by setup while
+	// the status page may read it (groupState.proto).
+	protocol atomic.Pointer[string]
 	local    *state.Checkpoint // the checkpoint found at setup
 	// sourceChanged: the route last ran on another source topic, so the
 	// local checkpoint's source offsets do not apply.
@@ -126,7 +137,7 @@ func groupProtocolOpts(ctx context.Context, adm *kadm.Client, want string, parti
 }
 
 func (r *route) segmentOf(topic string) *segment {
-	for _, s := range r.segs {
+	for _, s := range r.plan.segs {
 		if s.topic == topic {
 			return s
 		}
@@ -256,13 +267,13 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 		return out, nil
 	}
 	for _, t := range fresh {
-		if old := r.tasks[t.id]; old != nil {
+		if old := r.tm.tasks[t.id]; old != nil {
 			close(old.stop)
 		}
 		r.installTask(t)
-		go r.survive("dispatch", func() { r.dispatchLoop(t) })
+		go r.survive("dispatch", func() { t.dispatchLoop() })
 	}
-	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(float64(len(r.tasks)))
+	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(float64(len(r.tm.tasks)))
 	r.cut.Unlock()
 	return out, nil
 }
@@ -273,7 +284,7 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 	// A partition added to the source after the route started holds only
 	// records written since: it starts at its beginning whatever
 	// source.start says.
-	latest := seg.idx == 0 && r.def.Source.Start == "latest" && !r.sourceWasMissing
+	latest := seg.idx == 0 && r.def.Source.Start == "latest" && !r.life.sourceWasMissing
 	lo, err := r.grp.adm.ListStartOffsets(ctx, seg.topic)
 	var hi kadm.ListedOffsets
 	if err == nil && latest {
@@ -307,7 +318,7 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 // keyed task's steps are built later by prepareState, once its state is
 // in place.
 func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
-	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos, base: pos, expectBy: -1,
+	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos, resetPoint: resetPoint{base: pos, expectBy: -1},
 		ch: make(chan taskBatch, 16), stop: make(chan struct{}), done: make(chan struct{})}
 	if seg.idx == 0 {
 		t.label = partLabel(p)
@@ -316,12 +327,12 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 		t.label = fmt.Sprintf("%d:%d", seg.idx, p)
 		t.stepName = taskStepName(seg.keyStep, p)
 		t.inboxName = inboxName(seg.keyStep, p)
-		t.wm.init(r.def.Source, r.segs[seg.idx-1].nparts, r.clock())
+		t.wm.init(r.def.Source, r.plan.segs[seg.idx-1].nparts, r.plan.clock())
 		t.wm.lateness = 0 // writers subtract it (task.frontier)
 	}
 	if seg.next != nil {
 		// Build never touches state; this instance only evaluates the key.
-		k, err := seg.next.keyStep.Build(rules.BuildEnv{Tables: r.tableOf})
+		k, err := seg.next.keyStep.Build(rules.BuildEnv{Tables: r.plan.tableOf})
 		if err != nil {
 			return nil, err
 		}
@@ -339,23 +350,23 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 	return t, nil
 }
 
-// installTask makes t an owned task: in r.tasks (under cut.Lock), in the
+// installTask makes t an owned task: in r.tm.tasks (under cut.Lock), in the
 // offsets tracker from its position, and in the poll loop's index.
 func (r *route) installTask(t *task) {
-	r.tasks[t.id] = t
-	r.tracker.Start(t.id, t.pos)
-	r.tg.Lock()
-	if r.tg.byTopic[t.seg.topic] == nil {
-		r.tg.byTopic[t.seg.topic] = map[int32]*task{}
+	r.tm.tasks[t.id] = t
+	r.tm.tracker.Start(t.id, t.pos)
+	r.tm.mu.Lock()
+	if r.tm.byTopic[t.seg.topic] == nil {
+		r.tm.byTopic[t.seg.topic] = map[int32]*task{}
 	}
-	r.tg.byTopic[t.seg.topic][t.part] = t
-	r.tg.Unlock()
+	r.tm.byTopic[t.seg.topic][t.part] = t
+	r.tm.mu.Unlock()
 }
 
 // buildTaskChain builds t's steps, and for a keyed task hands them the
 // state pebble holds for it.
 func (r *route) buildTaskChain(t *task) error {
-	c, err := r.buildChain(t, r.tableOf)
+	c, err := r.buildChain(t, r.plan.tableOf)
 	if err != nil {
 		return err
 	}
@@ -395,13 +406,13 @@ func (r *route) buildTaskChain(t *task) error {
 // the given partitions go. commit says whether the group may still take
 // the offsets (a revoke) or not (lost: the checkpoint is local only).
 func (r *route) release(which map[string][]int32, why string) {
-	if isClosed(r.stopping) {
+	if isClosed(r.life.stopping) {
 		// stop writes the final checkpoint itself, then leaves the group,
 		// which revokes everything from inside its wait: nothing to do.
 		return
 	}
-	r.cpMu.Lock()
-	defer r.cpMu.Unlock()
+	r.cp.mu.Lock()
+	defer r.cp.mu.Unlock()
 	r.cut.Lock()
 	if r.halted {
 		r.cut.Unlock()
@@ -412,10 +423,10 @@ func (r *route) release(which map[string][]int32, why string) {
 		r.cut.Unlock()
 		return
 	}
-	c, err := r.takeCutLocked()
+	c, err := r.cp.takeCutLocked()
 	if err == nil {
-		r.pendingCuts = append(r.pendingCuts, c)
-		err = r.commitCuts(r.m.cfg.StopTimeout, nil)
+		r.cp.pending = append(r.cp.pending, c)
+		err = r.cp.commitCuts(r.m.cfg.StopTimeout, nil)
 	}
 	if err != nil {
 		r.log.Warn("checkpoint before releasing partitions not written; their next owner replays from the last one",
@@ -429,13 +440,13 @@ func (r *route) release(which map[string][]int32, why string) {
 	}
 	for _, t := range gone {
 		close(t.stop)
-		delete(r.tasks, t.id)
-		r.tg.Lock()
-		delete(r.tg.byTopic[t.seg.topic], t.part)
-		r.tg.Unlock()
+		delete(r.tm.tasks, t.id)
+		r.tm.mu.Lock()
+		delete(r.tm.byTopic[t.seg.topic], t.part)
+		r.tm.mu.Unlock()
 		r.m.met.lag.DeleteLabelValues(r.name, t.label)
 	}
-	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(float64(len(r.tasks)))
+	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(float64(len(r.tm.tasks)))
 	r.cut.Unlock()
 	for _, t := range gone {
 		<-t.done
@@ -465,9 +476,9 @@ func (r *route) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32
 }
 
 func (r *route) taskAt(topic string, p int32) *task {
-	r.tg.Lock()
-	defer r.tg.Unlock()
-	return r.tg.byTopic[topic][p]
+	r.tm.mu.Lock()
+	defer r.tm.mu.Unlock()
+	return r.tm.byTopic[topic][p]
 }
 
 // commitGroup commits a committed cut's offsets to the group, for the

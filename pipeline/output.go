@@ -32,7 +32,8 @@ const (
 )
 
 // output writes a record that left task t's last step to the sink.
-func (r *route) output(t *task, rec *operators.Record, tk *ticket) {
+func (t *task) output(rec *operators.Record, tk *ticket) {
+	r := t.r
 	key := rec.Key
 	if k := r.def.Sink.Key; k != nil {
 		v, err := k.Eval(rec)
@@ -109,13 +110,14 @@ func (o *outRecord) outputID(route string) string {
 
 // repartition writes a record that left task t's segment to the next
 // segment's repartition topic, keyed by the next keyed step's key.
-func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
+func (t *task) repartition(rec *operators.Record, tk *ticket) {
+	r := t.r
 	key, err := t.keyer.ShuffleKey(rec)
 	if err != nil {
 		r.deadLetter(rec, operators.ReasonError, err, stepLabel(t.seg.next.keyStep), tk)
 		return
 	}
-	val, raw := r.format.sourceBytes(rec)
+	val, raw := r.plan.format.sourceBytes(rec)
 	if !raw && !(rec.Value == nil && rec.Raw == nil) {
 		if val, err = r.encodeValue(rec); err != nil {
 			r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)
@@ -144,7 +146,7 @@ func (r *route) repartition(t *task, rec *operators.Record, tk *ticket) {
 	hs = append(hs, kgo.RecordHeader{Key: headerEnvelope, Value: env})
 	kr := &kgo.Record{Topic: t.seg.next.topic, Key: []byte(key), Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
 	r.produceTo(kr, tk, false, rec.Timestamp, func(got *kgo.Record) {
-		t.noteDelivered(got.Partition, f, r.clock())
+		t.noteDelivered(got.Partition, f, r.plan.clock())
 	})
 }
 
@@ -175,7 +177,7 @@ func (r *route) encodeValue(rec *operators.Record) ([]byte, error) {
 			return rec.EncodeValue(nil)
 		}
 	}
-	if b, ok := r.format.sourceBytes(rec); ok {
+	if b, ok := r.plan.format.sourceBytes(rec); ok {
 		return b, nil
 	}
 	if v, ok := rec.Value.([]byte); ok {

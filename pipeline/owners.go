@@ -35,7 +35,7 @@ func (r *route) describeOwners() {
 				Owner: ownerName(host, member), Self: member == self})
 		}
 	}
-	if r.grp.protocol == "consumer" {
+	if r.grp.proto() == "consumer" {
 		err = r.describeConsumerGroup(ctx, group, add)
 	} else {
 		var ds kadm.DescribedGroups
@@ -73,8 +73,8 @@ func (r *route) describeOwners() {
 // ConsumerGroupDescribe: a coordinator may name assigned topics by id only
 // (kadm's describe keeps the names), so ids are resolved from metadata.
 func (r *route) describeConsumerGroup(ctx context.Context, group string, add func(string, []int32, string, string)) error {
-	topics := make([]string, 0, len(r.segs))
-	for _, sg := range r.segs {
+	topics := make([]string, 0, len(r.plan.segs))
+	for _, sg := range r.plan.segs {
 		topics = append(topics, sg.topic)
 	}
 	md, err := r.grp.adm.Metadata(ctx, topics...)

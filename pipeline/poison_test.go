@@ -275,9 +275,9 @@ func TestFailedCommitKeepsOnePendingCut(t *testing.T) {
 	m.mu.Lock()
 	r := m.mu.routes["pc"]
 	m.mu.Unlock()
-	r.cpMu.Lock()
-	n := len(r.pendingCuts)
-	r.cpMu.Unlock()
+	r.cp.mu.Lock()
+	n := len(r.cp.pending)
+	r.cp.mu.Unlock()
 	if n > 1 {
 		t.Errorf("%d cuts wait to commit after ten failed checkpoints, want at most 1", n)
 	}
@@ -399,7 +399,7 @@ func TestTableCatchUpOutlivesSetupDeadline(t *testing.T) {
 	if string(out[0].Value) != `{"m":"m1","name":"one"}` {
 		t.Errorf("sink %s, want m1 joined with the row committed late", out[0].Value)
 	}
-	if n := r.setupAttempts.Load(); n != 1 {
+	if n := r.life.setupAttempts.Load(); n != 1 {
 		t.Errorf("%d setup attempts, want 1: the catch-up ran into the setup deadline", n)
 	}
 }

@@ -17,10 +17,11 @@ import (
 
 // processSource turns one fetched record into a step record and runs the
 // partition's chain on it.
-func (r *route) processSource(t *task, kr *kgo.Record) {
-	now := r.clock()
+func (t *task) processSource(kr *kgo.Record) {
+	r := t.r
+	now := r.plan.clock()
 	t.mIn.Inc()
-	r.tracker.Begin(t.id, kr.Offset)
+	r.tm.tracker.Begin(t.id, kr.Offset)
 	t.curOff, t.seq = kr.Offset, 0
 	// The ticket stays its own allocation: an output waiting for its
 	// acknowledgement (a sink down for minutes) holds the ticket, and must
@@ -50,7 +51,7 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 	if h := panicTestHook; h != nil {
 		h(r.name, "record")
 	}
-	if !r.format.decode(r, rec, kr, tk) {
+	if !r.plan.format.decode(r, rec, kr, tk) {
 		return
 	}
 	rec.EventTime = rec.Timestamp
@@ -64,7 +65,7 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 			return
 		}
 	}
-	if r.timed {
+	if r.plan.timed {
 		// The record's own event time is in the frontier it carries: the
 		// reader applies the record before the frontier, so a watermark
 		// never overtakes the record that raised it.
@@ -74,7 +75,7 @@ func (r *route) processSource(t *task, kr *kgo.Record) {
 	c.cur = tk
 	c.run(0, rec)
 	c.cur = nil
-	if r.timed {
+	if r.plan.timed {
 		t.sendMarkers(now, false)
 	}
 }
@@ -86,7 +87,7 @@ func (r *route) idleLoop() {
 	defer tick.Stop()
 	for {
 		select {
-		case <-r.halt:
+		case <-r.life.halt:
 			return
 		case now := <-tick.C:
 			r.cut.RLock()
@@ -109,7 +110,7 @@ func (r *route) idleInterval() time.Duration {
 
 // idleTick is one tick of the idle loop, under cut.RLock.
 func (r *route) idleTick(now time.Time) {
-	for _, t := range r.tasks {
+	for _, t := range r.tm.tasks {
 		r.idleTickTask(t, now)
 	}
 }
@@ -124,7 +125,7 @@ func (r *route) idleTickTask(t *task, now time.Time) {
 		if wm, moved := t.wm.tick(now); moved {
 			// An idle advance emits without a source record; its origin
 			// follows the last one.
-			r.advanceTask(t, wm, nil)
+			t.advanceTask(wm, nil)
 		}
 		t.steps.Unlock()
 	}

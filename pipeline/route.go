@@ -25,32 +25,76 @@ import (
 // route is one running version of a rules.Route. A swap stops one route
 // value and starts another for the same name.
 //
-// Concurrency. Task goroutines hold cut.RLock while they process one
-// record (or one watermark move), so cut.Lock is held only at record
-// boundaries: that is how a checkpoint or a stop pauses dispatch.
+// Its parts, each with its own state and lock (ARCHITECTURE.md, "The
+// route runtime in parts", with the lock order):
+//   - life (routeLife): start, stop and the channels that say how far;
+//   - plan (routePlan): what setup built from the definition (segments,
+//     tables, the source's decoding), fixed while the route runs;
+//   - tm (taskManager): the owned tasks and their offsets' tracker, for
+//     the poll loop and the checkpoint; assignment, revocation and restore
+//     are group.go;
+//   - dispatchGate: how dispatch pauses at record boundaries (cut);
+//   - each task (task.go): dispatch and processing of its records, its
+//     watermark and its state;
+//   - routeWrites (writer.go): the writes in flight per checkpoint epoch
+//     (out), the writer of the route's delivery (wr), and its sink (snk);
+//   - cp (checkpointer, checkpoint.go): cuts and their commits;
+//   - txn (txnState, txn.go): an exactly-once route's transaction;
+//   - st (routeStatus, status.go), mx (routeMetrics): what /routes and the
+//     metrics show.
 type route struct {
-	// logCl is the route's non-group client: admin requests (grp.adm) and
-	// changelog records (changelog.go, journal.go).
-	logCl *kgo.Client
-	// recreate: topics a write found missing (recreate.go).
-	recreate struct {
-		sync.Mutex
-		created map[string]bool      // sink and dead-letter topics a version of the route created
-		last    map[string]time.Time // last recreation attempt per topic
-	}
-
 	m    *Manager
 	def  *rules.Route
 	log  *slog.Logger
 	name string
-
-	ctx    context.Context
+	ctx  context.Context
+	// cancel ends ctx: the start loop, the poll and the route's loops.
 	cancel context.CancelFunc
-	done   chan struct{} // closed when the route has fully stopped
-	halt   chan struct{} // closed once dispatch stopped for good
+	life   routeLife
+
+	// cl is the group consumer, and the producer of every write but the
+	// changelog's; logCl the route's non-group client: admin requests
+	// (grp.adm) and changelog records (changelog.go, journal.go).
+	cl    *kgo.Client
+	logCl *kgo.Client
+	plan  routePlan
+	tm    taskManager
+	grp   groupState
+	dispatchGate
+	cp checkpointer
+	routeWrites
+	txn txnState // exactly-once routes (txn.go)
+
+	st routeStatus
+	mx routeMetrics
+	// recreate: topics a write found missing (recreate.go).
+	recreate recreateState
+}
+
+// dispatchGate is how dispatch is paused. Task goroutines hold cut.RLock
+// while they process one record, so cut.Lock is held only at record
+// boundaries: a checkpoint's cut, a release, a reset and a stop take it.
+type dispatchGate struct {
+	cut    sync.RWMutex
+	halted bool        // under cut: set once by stop
+	ready  atomic.Bool // setup done: plan, tracker and cl are set
+}
+
+// routeWrites are the route's writer part (writer.go): the writes in
+// flight per checkpoint epoch, the writer of its delivery and its sink.
+type routeWrites struct {
+	out *outbox
+	wr  writer
+	snk sink
+}
+
+// routeLife is how far a route's life has gone.
+type routeLife struct {
+	done     chan struct{} // closed when the route has fully stopped
+	halt     chan struct{} // closed once dispatch stopped for good
+	stopping chan struct{} // closed when a stop begins
 	// stopOnce runs stopNow once, whoever calls stop first.
 	stopOnce sync.Once
-
 	// setupSince is when the first setup attempt began.
 	setupSince time.Time
 	// sourceWasMissing is set once setup found no source topic. A route
@@ -61,86 +105,94 @@ type route struct {
 	sourceWasMissing bool
 	// setupAttempts counts setups tried (tests wait on it, not on time).
 	setupAttempts atomic.Int64
+}
 
-	cl      *kgo.Client // group consumer, and producer of every output
-	tables  []*topicTable
-	tableOf map[string]operators.Table
-	tracker *offsets.Tracker
+// routePlan is what setup built from the route's definition; it does not
+// change while the route runs.
+type routePlan struct {
 	segs    []*segment
 	timed   bool // some step reacts to the watermark
-
-	// tasks are the owned partitions; the map changes under cut.Lock only
-	// (assignment, release), so holding cut.RLock reads it safely.
-	tasks map[int32]*task
-	tg    struct {
-		sync.Mutex
-		byTopic map[string]map[int32]*task // for the poll loop
-	}
-	grp groupState
-
-	cut    sync.RWMutex
-	halted bool        // under cut: set once by stop
-	ready  atomic.Bool // setup done: parts, stages, tracker and cl are set
-
-	cpMu        sync.Mutex  // one checkpoint (cut → commit) at a time; also held by a release
-	pendingCuts []*cutPoint // under cpMu
-	stopping    chan struct{}
-
-	st struct {
-		sync.Mutex
-		state          string
-		lastErr        string
-		lastErrAt      time.Time
-		lastCheckpoint time.Time
-		sinkDown       bool
-		lastPause      time.Duration
-		maxPause       time.Duration
-	}
-
-	cpSeq atomic.Int64
-
-	// out counts writes in flight per checkpoint epoch (writer.go); wr
-	// carries every write but outputs, snk the outputs: both are chosen at
-	// setup (the Driver's: at NewDriver).
-	out *outbox
-	wr  writer
-	snk sink
-	txn txnState // exactly-once routes (txn.go)
-
-	// Metric children resolved once: a label lookup per record would cost
-	// more than the rest of a filter step.
-	mOut    prometheus.Counter
-	mE2E    prometheus.Observer
-	mProc   prometheus.Observer
-	mTapped prometheus.Counter
-
-	// Source records processed, and of them those from the tap (tap.go).
-	nIn, nTapped atomic.Int64
-
-	// clock is what watermarks and markers read as now: time.Now, or a
-	// Driver's clock (driver.go).
-	clock func() time.Time
+	tables  []*topicTable
+	tableOf map[string]operators.Table
 	// members are the only top-level members of a source value the route
 	// reads (rules.Source.Members): source records decode just those. nil:
 	// decode whole.
 	members jsoncodec.Fields
 	format  valueFormat // of the source, chosen once (valueformat.go)
 	codec   *codec      // source.format or sink.format avro | protobuf (format.go); nil otherwise
+	// clock is what watermarks and markers read as now: time.Now, or a
+	// Driver's clock (driver.go).
+	clock func() time.Time
+}
+
+// taskManager holds the owned tasks. tasks changes under cut.Lock only
+// (assignment, release, reset), so holding cut.RLock reads it safely;
+// byTopic, for the poll loop, is under mu.
+//
+// Lock order: cut, then mu.
+type taskManager struct {
+	tasks   map[int32]*task
+	tracker *offsets.Tracker // which offsets of each task are done
+	mu      sync.Mutex
+	byTopic map[string]map[int32]*task
+}
+
+// checkpointer is the route's cuts (checkpoint.go): one checkpoint (cut →
+// commit) at a time, under mu; a release holds it too.
+//
+// Lock order: cp.mu, then cut.
+type checkpointer struct {
+	r       *route
+	mode    checkpointMode // at least once, or exactly once (set with the writer)
+	mu      sync.Mutex
+	pending []*cutPoint // under mu: cuts taken, not yet committed
+	seq     atomic.Int64
+}
+
+// routeStatus is what /routes says of the route's health (status.go,
+// sinkdown.go). A leaf lock.
+type routeStatus struct {
+	sync.Mutex
+	state          string
+	lastErr        string
+	lastErrAt      time.Time
+	lastCheckpoint time.Time
+	sinkDown       bool
+	lastPause      time.Duration
+	maxPause       time.Duration
+}
+
+// routeMetrics are the route's metric children, resolved once (a label
+// lookup per record would cost more than the rest of a filter step), and
+// its counts of source records processed, and of them those from the tap.
+type routeMetrics struct {
+	out, tapped prometheus.Counter
+	e2e, proc   prometheus.Observer
+	in, nTapped atomic.Int64
+}
+
+// recreateState is the topics a version of the route created, and when
+// each missing one was last recreated (recreate.go). A leaf lock.
+type recreateState struct {
+	sync.Mutex
+	created map[string]bool      // sink and dead-letter topics a version of the route created
+	last    map[string]time.Time // last recreation attempt per topic
 }
 
 func newRoute(m *Manager, d *rules.Route) *route {
 	r := &route{m: m, def: d, name: d.Name, log: m.log.With("route", d.Name),
-		done: make(chan struct{}), halt: make(chan struct{}), stopping: make(chan struct{})}
+		life: routeLife{done: make(chan struct{}), halt: make(chan struct{}), stopping: make(chan struct{})}}
 	r.out = newOutbox()
-	r.mOut = m.met.recordsOut.WithLabelValues(d.Name)
-	r.mE2E = m.met.endToEnd.WithLabelValues(d.Name)
-	r.mProc = m.met.processing.WithLabelValues(d.Name)
-	r.mTapped = m.met.tapped.WithLabelValues(d.Name)
+	r.cp.r, r.cp.mode = r, atLeastOnce{}
+	r.mx.out = m.met.recordsOut.WithLabelValues(d.Name)
+	r.mx.e2e = m.met.endToEnd.WithLabelValues(d.Name)
+	r.mx.proc = m.met.processing.WithLabelValues(d.Name)
+	r.mx.tapped = m.met.tapped.WithLabelValues(d.Name)
 	r.st.state = "starting"
-	r.clock = time.Now
-	r.format = sourceFormatOf(d)
-	r.members = r.format.members()
-	r.codec = newCodec(m.cfg.SchemaRegistry, d)
+	r.plan.clock = time.Now
+	r.plan.format = sourceFormatOf(d)
+	r.plan.members = r.plan.format.members()
+	r.plan.codec = newCodec(m.cfg.SchemaRegistry, d)
 	return r
 }
 
@@ -153,14 +205,14 @@ func (r *route) start(parent context.Context) {
 		waiting := "" // the waiting message while the source topic is missing
 		for {
 			err := r.setup()
-			r.setupAttempts.Add(1)
+			r.life.setupAttempts.Add(1)
 			if err == nil {
 				r.cut.Lock()
 				if r.halted {
 					r.cut.Unlock()
 					r.teardown()
 					r.setState("stopped", "")
-					close(r.done)
+					close(r.life.done)
 					return
 				}
 				r.ready.Store(true)
@@ -183,12 +235,12 @@ func (r *route) start(parent context.Context) {
 			r.teardown()
 			if r.ctx.Err() != nil {
 				r.setState("stopped", "")
-				close(r.done)
+				close(r.life.done)
 				return
 			}
 			wait := backoff
 			if errors.Is(err, errSourceMissing) {
-				r.sourceWasMissing = true
+				r.life.sourceWasMissing = true
 				// Not a fault: routes are often written before anyone
 				// produced to their topic. Said once, then checked quietly.
 				wait = r.m.cfg.SourceRetry
@@ -207,7 +259,7 @@ func (r *route) start(parent context.Context) {
 			select {
 			case <-r.ctx.Done():
 				r.setState("stopped", "")
-				close(r.done)
+				close(r.life.done)
 				return
 			case <-time.After(wait):
 			}
@@ -219,25 +271,25 @@ func (r *route) start(parent context.Context) {
 // and lag tickers; the tasks come and go with the group's assignments. It
 // returns when the route is stopped.
 func (r *route) run() {
-	defer close(r.done)
+	defer close(r.life.done)
 	var twg sync.WaitGroup
 	twg.Add(1)
 	go func() { defer twg.Done(); r.survive("poll", r.pollLoop) }()
-	if r.timed {
+	if r.plan.timed {
 		twg.Add(1)
 		go func() { defer twg.Done(); r.survive("idle", r.idleLoop) }()
 	}
 	twg.Add(1)
-	go func() { defer twg.Done(); r.survive("checkpoint", r.checkpointLoop) }()
+	go func() { defer twg.Done(); r.survive("checkpoint", r.cp.checkpointLoop) }()
 	twg.Add(1)
 	go func() { defer twg.Done(); r.survive("lag", r.lagLoop) }()
 
-	<-r.halt
+	<-r.life.halt
 	for _, t := range r.tasksSnapshot() {
 		<-t.done
 	}
 	twg.Wait()
-	for _, t := range r.tables {
+	for _, t := range r.plan.tables {
 		t.close()
 	}
 	// Leaves the group: the final checkpoint (stop) committed the offsets
@@ -260,17 +312,17 @@ func (r *route) stop() {
 	if r.cancel == nil {
 		return
 	}
-	r.stopOnce.Do(r.stopNow)
-	<-r.done
+	r.life.stopOnce.Do(r.stopNow)
+	<-r.life.done
 }
 
 func (r *route) stopNow() {
 	select {
-	case <-r.done:
+	case <-r.life.done:
 		return
 	default:
 	}
-	close(r.stopping)
+	close(r.life.stopping)
 	// With the sink unreachable a producer buffer can fill and block a
 	// task, and with it dispatch; after StopTimeout the route gives up
 	// its outputs (and so any checkpoint past the last one) to stop.
@@ -281,31 +333,31 @@ func (r *route) stopNow() {
 	// cpMu is let go before waiting for the route to end: the checkpoint
 	// loop may be waiting for it, and the route ends only once that loop
 	// has returned (it returns at once, seeing the route stopping).
-	r.cpMu.Lock()
+	r.cp.mu.Lock()
 	r.cut.Lock()
 	if r.halted || !r.ready.Load() {
 		// Setup has not finished: cancelling makes the start loop give up.
 		r.halted = true
 		r.cut.Unlock()
-		r.cpMu.Unlock()
+		r.cp.mu.Unlock()
 		r.cancel()
-		<-r.done
+		<-r.life.done
 		return
 	}
 	r.halted = true
-	c, err := r.takeCutLocked()
+	c, err := r.cp.takeCutLocked()
 	if err == nil {
-		r.pendingCuts = append(r.pendingCuts, c)
-		err = r.commitCuts(r.m.cfg.StopTimeout, nil)
+		r.cp.pending = append(r.cp.pending, c)
+		err = r.cp.commitCuts(r.m.cfg.StopTimeout, nil)
 	}
 	if err != nil {
 		r.log.Warn("final checkpoint not written; the previous one stays the recovery point", "err", err)
 	}
-	close(r.halt)
+	close(r.life.halt)
 	r.cut.Unlock()
-	r.cpMu.Unlock()
+	r.cp.mu.Unlock()
 	r.cancel()
-	<-r.done
+	<-r.life.done
 	if err != nil {
 		r.discardUncommitted()
 	}
@@ -320,7 +372,7 @@ func (r *route) stopNow() {
 // every later DropStepsExcept fail with ErrFrozenPending. Without it the
 // next run replays from the last checkpoint: at least once, never lost.
 func (r *route) discardUncommitted() {
-	r.pendingCuts = nil
+	r.cp.pending = nil
 	cuts, n, err := r.m.db.Discard(r.name)
 	if err != nil {
 		r.log.Error("uncommitted state not discarded", "err", err)
@@ -356,7 +408,7 @@ func (r *route) pollLoop() {
 			}
 			if ftp.HighWatermark > 0 {
 				t.hwm.Store(ftp.HighWatermark)
-				lag := max(ftp.HighWatermark-r.tracker.DoneOffset(t.id), 0)
+				lag := max(ftp.HighWatermark-r.tm.tracker.DoneOffset(t.id), 0)
 				r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
 			}
 			if len(ftp.Records) == 0 {
@@ -370,7 +422,7 @@ func (r *route) pollLoop() {
 			case t.ch <- taskBatch{recs: ftp.Records, poll: pw}:
 			case <-t.stop:
 				pw.done()
-			case <-r.halt:
+			case <-r.life.halt:
 				pw.done()
 			}
 		})
@@ -385,7 +437,7 @@ func (r *route) lagLoop() {
 	defer t.Stop()
 	for tick := 0; ; tick++ {
 		select {
-		case <-r.halt:
+		case <-r.life.halt:
 			return
 		case <-t.C:
 			if tick%5 == 0 {
@@ -394,7 +446,7 @@ func (r *route) lagLoop() {
 			var low int64
 			has := false
 			for _, t := range r.tasksSnapshot() {
-				lag := max(t.hwm.Load()-r.tracker.DoneOffset(t.id), 0)
+				lag := max(t.hwm.Load()-r.tm.tracker.DoneOffset(t.id), 0)
 				r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
 				if t.seg.idx > 0 && t.seg.timed {
 					if wm, ok := t.wm.current(); ok && (!has || wm < low) {

@@ -45,6 +45,68 @@ func inboxName(s *rules.StepSpec, part int32) string { return taskStepName(s, pa
 func isBoundary(s *rules.StepSpec) bool { return s.Traits.Keyed }
 
 func (r *route) setup() error {
+	if err := r.setupCheck(); err != nil {
+		return err
+	}
+	s, err := r.newSetupEnv()
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	parts, err := r.setupTopics(s)
+	if err != nil {
+		return err
+	}
+	if err := r.setupTables(s); err != nil {
+		return err
+	}
+	if err := r.buildSegments(parts); err != nil {
+		return err
+	}
+	if err := r.setupState(parts); err != nil {
+		return err
+	}
+	return r.setupClients(s, parts)
+}
+
+// setupEnv is what setup's phases share: the base client options, an
+// admin client, and the deadline of the phase.
+type setupEnv struct {
+	base   []kgo.Opt
+	admCl  *kgo.Client
+	adm    *kadm.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	parent context.Context
+	limit  time.Duration
+}
+
+func (r *route) newSetupEnv() (*setupEnv, error) {
+	cfg := r.m.cfg
+	s := &setupEnv{base: append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...)}, cfg.ClientOpts...), parent: r.ctx, limit: cfg.SetupTimeout}
+	cl, err := kgo.NewClient(s.base...)
+	if err != nil {
+		return nil, fmt.Errorf("route %q: client: %w", r.name, err)
+	}
+	s.admCl, s.adm = cl, kadm.NewClient(cl)
+	s.ctx, s.cancel = context.WithTimeout(s.parent, s.limit)
+	return s, nil
+}
+
+// renew gives the phases that follow a deadline of their own.
+func (s *setupEnv) renew() {
+	s.cancel()
+	s.ctx, s.cancel = context.WithTimeout(s.parent, s.limit)
+}
+
+func (s *setupEnv) close() {
+	s.cancel()
+	s.admCl.Close()
+}
+
+// setupCheck refuses a definition the pipeline cannot run, and a state
+// store that cannot checkpoint.
+func (r *route) setupCheck() error {
 	d := r.def
 	if err := checkDefinition(d); err != nil {
 		return err
@@ -54,24 +116,25 @@ func (r *route) setup() error {
 		// for a restart of the process.
 		return fmt.Errorf("route %q: %w", d.Name, err)
 	}
-	cfg := r.m.cfg
-	base := append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...)}, cfg.ClientOpts...)
-	admCl, err := kgo.NewClient(base...)
-	if err != nil {
-		return fmt.Errorf("route %q: client: %w", d.Name, err)
-	}
-	defer admCl.Close()
-	adm := kadm.NewClient(admCl)
-	ctx, cancel := context.WithTimeout(r.ctx, cfg.SetupTimeout)
-	defer cancel()
+	return nil
+}
 
-	parts, created, err := ensureTopicsCreated(ctx, adm, d)
+// setupTopics checks the source and creates the topics the route writes
+// to; it returns every topic's partition count.
+func (r *route) setupTopics(s *setupEnv) (map[string]int, error) {
+	d := r.def
+	parts, created, err := ensureTopicsCreated(s.ctx, s.adm, d)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	r.recreate.created = created
-	nparts := parts[d.Source.Topic]
 
+	return parts, nil
+}
+
+// setupTables reads topic tables to their end.
+func (r *route) setupTables(s *setupEnv) error {
+	d := r.def
 	// Topic tables are read to their end before the first source record, so
 	// a join is right from the start.
 	tables := map[string]operators.Table{}
@@ -82,30 +145,31 @@ func (r *route) setup() error {
 		}
 		// The catch-up has no setup deadline: a large table takes as long
 		// as it takes, with progress in the log (table.go).
-		tt, err := openTopicTable(ctx, r.ctx, r, base, adm, ts)
+		tt, err := openTopicTable(s.ctx, r.ctx, r, s.base, s.adm, ts)
 		if err != nil {
 			return err
 		}
-		r.tables = append(r.tables, tt)
+		r.plan.tables = append(r.plan.tables, tt)
 		tables[name] = tt.table
 	}
-	r.tableOf = tables
+	r.plan.tableOf = tables
 	if len(d.Tables) > 0 {
 		// The rest of setup gets its own deadline after the catch-up.
-		cancel()
-		ctx, cancel = context.WithTimeout(r.ctx, cfg.SetupTimeout)
-		defer cancel()
+		s.renew()
 	}
-	if err := r.buildSegments(parts); err != nil {
-		return err
-	}
+	return nil
+}
 
+// setupState drops the state of changed steps, loads the checkpoint and
+// makes the task manager ready for assignments.
+func (r *route) setupState(parts map[string]int) error {
+	d := r.def
 	// Changed steps (new fingerprint) start empty: their old namespaces are
 	// dropped. Every partition's namespaces of an unchanged step stay, the
 	// ones this instance does not own among them: it may own them again.
 	keep := []string{kafkaStateStep, txnInstanceStep}
-	for _, seg := range r.segs[1:] {
-		for q := int32(0); q < int32(max(seg.nparts, nparts)); q++ {
+	for _, seg := range r.plan.segs[1:] {
+		for q := int32(0); q < int32(max(seg.nparts, parts[d.Source.Topic])); q++ {
 			keep = append(keep, taskStepName(seg.keyStep, q), inboxName(seg.keyStep, q))
 		}
 	}
@@ -134,14 +198,23 @@ func (r *route) setup() error {
 		r.st.lastCheckpoint = cp.Time
 		r.st.Unlock()
 	}
-	r.tracker = offsets.NewTracker()
-	r.tasks = map[int32]*task{}
-	r.tg.byTopic = map[string]map[int32]*task{}
+	r.tm.tracker = offsets.NewTracker()
+	r.tm.tasks = map[int32]*task{}
+	r.tm.byTopic = map[string]map[int32]*task{}
 
+	return nil
+}
+
+// groupOpts are the options of the route's group client: the group, its
+// topics, the partitioner of repartition and changelog records, batch
+// limits, the protocol, and the transaction of an exactly-once route.
+func (r *route) groupOpts(s *setupEnv, parts map[string]int) ([]kgo.Opt, topicLimits, error) {
+	d := r.def
+	cfg := r.m.cfg
 	topics := []string{d.Source.Topic}
 	manual := map[string]bool{}
 	hashed := map[string]bool{}
-	for _, seg := range r.segs[1:] {
+	for _, seg := range r.plan.segs[1:] {
 		topics = append(topics, seg.topic)
 		hashed[seg.topic] = true
 		manual[seg.changelog] = true
@@ -150,18 +223,18 @@ func (r *route) setup() error {
 	// refuses as too large would take its well-sized records down with the
 	// one that is too large, and a single record over the limit is then
 	// refused alone, as a poison (produceTo).
-	limits := batchLimits(ctx, adm, slices.Collect(maps.Keys(parts)))
+	limits := batchLimits(s.ctx, s.adm, slices.Collect(maps.Keys(parts)))
 	// A broker unreachable for a minute of setup retries no longer holds
 	// the protocol choice (groupProtocolOpts).
-	if r.setupSince.IsZero() {
-		r.setupSince = time.Now()
+	if r.life.setupSince.IsZero() {
+		r.life.setupSince = time.Now()
 	}
-	groupOpts, proto, err := groupProtocolOpts(ctx, adm, cfg.GroupProtocol, time.Since(r.setupSince) > time.Minute)
+	groupOpts, proto, err := groupProtocolOpts(s.ctx, s.adm, cfg.GroupProtocol, time.Since(r.life.setupSince) > time.Minute)
 	if err != nil {
-		return fmt.Errorf("route %q: %w", d.Name, err)
+		return nil, nil, fmt.Errorf("route %q: %w", d.Name, err)
 	}
-	r.grp.protocol = proto
-	opts := append(base, groupOpts...)
+	r.grp.protocol.Store(&proto)
+	opts := append(append([]kgo.Opt(nil), s.base...), groupOpts...)
 	opts = append(opts,
 		kgo.ConsumerGroup(d.GroupID()),
 		kgo.ConsumeTopics(topics...),
@@ -195,7 +268,7 @@ func (r *route) setup() error {
 	if d.Sink.ExactlyOnce() {
 		txo, err := r.txnOpts()
 		if err != nil {
-			return fmt.Errorf("route %q: %w", d.Name, err)
+			return nil, nil, fmt.Errorf("route %q: %w", d.Name, err)
 		}
 		opts = append(opts, txo...)
 	}
@@ -204,13 +277,24 @@ func (r *route) setup() error {
 		// assignments) at log_level debug.
 		opts = append(opts, kgo.WithLogger(kgoLogger{r.log.With("component", "kgo")}))
 	}
+	return opts, limits, nil
+}
+
+// setupClients builds the route's clients (the group consumer last: it may
+// hand out partitions at once), its writer and its sink.
+func (r *route) setupClients(s *setupEnv, parts map[string]int) error {
+	d := r.def
+	opts, limits, err := r.groupOpts(s, parts)
+	if err != nil {
+		return err
+	}
 	// The route's own non-group client exists before the group client
 	// starts: the group calls adjustOffsets (which lists offsets through
 	// r.grp.adm) as soon as it joins. It also writes changelog records: a
 	// checkpoint logs every key it changed at once, and through the group
 	// client that burst would queue ahead of the repartition records,
 	// adding its time to their latency.
-	r.logCl, err = kgo.NewClient(append(append([]kgo.Opt(nil), base...),
+	r.logCl, err = kgo.NewClient(append(append([]kgo.Opt(nil), s.base...),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
 		kgo.ProducerBatchMaxBytesFn(limits.of),
 		kgo.ProducerLinger(0),
@@ -234,7 +318,7 @@ func (r *route) setup() error {
 		return fmt.Errorf("route %q: client: %w", d.Name, err)
 	}
 	if r.txn.on {
-		if err := r.initTxn(ctx); err != nil {
+		if err := r.initTxn(s.ctx); err != nil {
 			return err
 		}
 	}
@@ -246,7 +330,7 @@ func (r *route) setup() error {
 func (r *route) buildSegments(parts map[string]int) error {
 	d := r.def
 	seg := &segment{idx: 0, topic: d.Source.Topic, from: 0, nparts: parts[d.Source.Topic], sourceShaped: true}
-	r.segs = []*segment{seg}
+	r.plan.segs = []*segment{seg}
 	shaped := true // no step has replaced the value yet
 	for i := range d.Steps {
 		s := &d.Steps[i]
@@ -256,7 +340,7 @@ func (r *route) buildSegments(parts map[string]int) error {
 			continue
 		}
 		seg.to = i
-		next := &segment{idx: len(r.segs), topic: repartitionTopic(d.Name, s), from: i, keyStep: s,
+		next := &segment{idx: len(r.plan.segs), topic: repartitionTopic(d.Name, s), from: i, keyStep: s,
 			changelog: changelogTopic(d.Name, s), sourceShaped: shaped}
 		shaped = shaped && !reshapes
 		next.nparts = parts[next.topic]
@@ -265,33 +349,33 @@ func (r *route) buildSegments(parts map[string]int) error {
 		}
 		seg.next = next
 		seg = next
-		r.segs = append(r.segs, seg)
+		r.plan.segs = append(r.plan.segs, seg)
 	}
 	seg.to = len(d.Steps)
 	// Which segments react to the watermark: their steps' traits say.
-	for _, sg := range r.segs {
+	for _, sg := range r.plan.segs {
 		for i := sg.from; i < sg.to; i++ {
 			if d.Steps[i].Traits.Timed {
-				sg.timed, r.timed = true, true
+				sg.timed, r.plan.timed = true, true
 			}
 		}
 	}
 	// A segment's writers send watermark markers only when a segment after
 	// it reacts to the watermark: markers to untimed steps would only cost
 	// produce and fetch.
-	for i := len(r.segs) - 2; i >= 0; i-- {
-		next := r.segs[i+1]
-		r.segs[i].markers = next.timed || next.markers
+	for i := len(r.plan.segs) - 2; i >= 0; i-- {
+		next := r.plan.segs[i+1]
+		r.plan.segs[i].markers = next.timed || next.markers
 	}
 	return nil
 }
 
 // teardown releases what a failed setup opened.
 func (r *route) teardown() {
-	for _, t := range r.tables {
+	for _, t := range r.plan.tables {
 		t.close()
 	}
-	r.tables = nil
+	r.plan.tables = nil
 	if r.cl != nil {
 		r.cl.Close()
 		r.cl = nil
@@ -303,7 +387,7 @@ func (r *route) teardown() {
 	if r.snk != nil {
 		r.snk.close()
 	}
-	r.segs, r.tasks, r.wr, r.snk = nil, nil, nil, nil
+	r.plan.segs, r.tm.tasks, r.wr, r.snk = nil, nil, nil, nil
 }
 
 // newWriter picks the route's writer and sink for its delivery
@@ -315,6 +399,7 @@ func (r *route) newWriter() error {
 			return r.txnRefused(err)
 		}
 		r.wr = &txnWriter{r: r, cl: r.cl, logCl: r.logCl, ctx: r.out.ctx, txn: &r.txn}
+		r.cp.mode = exactlyOnce{}
 	} else {
 		r.wr = &kafkaWriter{r: r, cl: r.cl, logCl: r.logCl, ctx: r.out.ctx, batched: r.m.cfg.BatchWindow > 0}
 	}

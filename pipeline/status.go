@@ -64,11 +64,11 @@ func (r *route) status() RouteStatus {
 	s.Group = d.GroupID()
 	s.Delivery = d.Sink.Delivery
 	s.Transaction = r.txnStatus()
-	s.TappedRecords = r.nTapped.Load()
-	if in := r.nIn.Load(); in > 0 {
+	s.TappedRecords = r.mx.nTapped.Load()
+	if in := r.mx.in.Load(); in > 0 {
 		s.TappedShare = float64(s.TappedRecords) / float64(in)
 	}
-	s.Protocol = r.grp.protocol
+	s.Protocol = r.grp.proto()
 	s.Owned = []OwnedPartition{}
 	r.grp.mu.Lock()
 	s.Restore = RestoreStatus{State: "idle", Records: r.grp.mu.restored, Seconds: r.grp.mu.restoreS}
@@ -79,7 +79,7 @@ func (r *route) status() RouteStatus {
 	}
 	r.grp.mu.Unlock()
 	select {
-	case <-r.done:
+	case <-r.life.done:
 		return s
 	default:
 	}
@@ -89,18 +89,18 @@ func (r *route) status() RouteStatus {
 	if cl := r.cl; cl != nil {
 		_, s.Generation = cl.GroupMetadata()
 	}
-	tr := r.tracker
+	tr := r.tm.tracker
 	ts := r.tasksSnapshot()
 	slices.SortFunc(ts, func(a, b *task) int { return int(a.id) - int(b.id) })
 	var low int64
 	hasWM := false
-	now := r.clock()
+	now := r.plan.clock()
 	for _, t := range ts {
 		done := tr.DoneOffset(t.id)
 		hwm := t.hwm.Load()
 		lag := max(hwm-done, 0)
 		op := OwnedPartition{Topic: t.seg.topic, Partition: t.part, DoneOffset: done, Lag: lag}
-		if r.timed {
+		if r.plan.timed {
 			if f, ok := t.frontier(); ok {
 				w := time.UnixMilli(f).UTC()
 				op.Watermark = &w

@@ -77,30 +77,15 @@ type task struct {
 	ch   chan taskBatch // fetched batches in offset order, and tapped ones (tap.go)
 	// held are tapped batches waiting for the fetch to reach them (tap.go);
 	// only the task's goroutine touches them.
-	held  []taskBatch
-	stop  chan struct{} // closed when the partition is released
-	done  chan struct{} // closed when the goroutine returned
-	chain *chain
-	pos   int64 // next offset to dispatch; written under cut.RLock by its goroutine, read under cut.Lock
-	// base is where the task resumes after an aborted transaction: its
-	// offset in the last committed checkpoint, or where it was assigned.
-	base int64
-	// baseWM is the watermark at that checkpoint of a keyed task that keeps time.
-	baseWM *watermark
-	// expectBy is set on a task rebuilt by an aborted transaction whose
-	// predecessor had processed records past base: the fetch moved back
-	// to base must return one of those records first, at or below
-	// expectBy. A fetch that starts above it was taken from before the
-	// move (franz-go can hand out a response that was in flight while
-	// the offsets were set, and taking it moves the fetch position to
-	// its end): the task drops it and what follows, and the transaction
-	// aborts again (freshFetch). -1: nothing to check. Only the task's
-	// goroutine uses them once it runs.
-	expectBy int64
-	stale    bool
-	hwm      atomic.Int64
-	label    string
-	mIn      prometheus.Counter // source tasks only
+	held       []taskBatch
+	stop       chan struct{} // closed when the partition is released
+	done       chan struct{} // closed when the goroutine returned
+	chain      *chain
+	pos        int64 // next offset to dispatch; written under cut.RLock by its goroutine, read under cut.Lock
+	resetPoint       // where an exactly-once task goes back to (txn.go)
+	hwm        atomic.Int64
+	label      string
+	mIn        prometheus.Counter // source tasks only
 
 	// keyer evaluates the next segment's key (a private instance: an
 	// expression program is not shared between goroutines).
@@ -119,7 +104,35 @@ type task struct {
 		sinceSent int         // records processed since the last marker round
 	}
 
-	// Keyed tasks (segment > 0).
+	keyedState // keyed tasks (segment > 0) only
+}
+
+// resetPoint is where a task of an exactly-once route goes back to when
+// its transaction aborts (txn.go, resetTasks).
+type resetPoint struct {
+	// base is where the task resumes after an aborted transaction: its
+	// offset in the last committed checkpoint, or where it was assigned.
+	base int64
+	// baseWM is the watermark at that checkpoint of a keyed task that keeps time.
+	baseWM *watermark
+	// expectBy is set on a task rebuilt by an aborted transaction whose
+	// predecessor had processed records past base: the fetch moved back
+	// to base must return one of those records first, at or below
+	// expectBy. A fetch that starts above it was taken from before the
+	// move (franz-go can hand out a response that was in flight while
+	// the offsets were set, and taking it moves the fetch position to
+	// its end): the task drops it and what follows, and the transaction
+	// aborts again (freshFetch). -1: nothing to check. Only the task's
+	// goroutine uses them once it runs.
+	expectBy int64
+	stale    bool
+}
+
+// keyedState is what a keyed task (segment > 0) holds beyond a source
+// task: its watermark, its inbox of writers' origins, its state's names,
+// its changelog position and its close journal (journal.go). Its dispatch
+// goroutine and the idle loop use it under steps; the journal under jmu.
+type keyedState struct {
 	wm watermark
 	// steps is held while a goroutine runs the task's chain: its dispatch
 	// goroutine for a record, or the idle loop for a watermark move. Both
@@ -239,7 +252,8 @@ func (t *task) noteDelivered(q int32, f int64, now time.Time) {
 
 // dispatchLoop runs the task's records through its chain until the task
 // is released or the route halts.
-func (r *route) dispatchLoop(t *task) {
+func (t *task) dispatchLoop() {
+	r := t.r
 	defer close(t.done)
 	for {
 		var b taskBatch
@@ -247,7 +261,7 @@ func (r *route) dispatchLoop(t *task) {
 		case b = <-t.ch:
 		case <-t.stop:
 			return
-		case <-r.halt:
+		case <-r.life.halt:
 			return
 		}
 		recs := b.recs
@@ -255,20 +269,20 @@ func (r *route) dispatchLoop(t *task) {
 			if recs = t.continuing(b); recs == nil {
 				continue // held for later, or already fetched
 			}
-		} else if !r.freshFetch(t, recs) {
+		} else if !t.freshFetch(recs) {
 			if b.poll != nil {
 				b.poll.done()
 			}
 			continue
 		}
-		ok := r.dispatch(t, recs, b.tapped)
+		ok := t.dispatch(recs, b.tapped)
 		// Tapped batches the fetch has now caught up with.
 		for ok {
 			recs := t.heldContinuing()
 			if recs == nil {
 				break
 			}
-			ok = r.dispatch(t, recs, true)
+			ok = t.dispatch(recs, true)
 		}
 		// The batch's writes leave with its poll's (batch.go); a tapped
 		// one belongs to no poll and flushes its own.
@@ -286,7 +300,8 @@ func (r *route) dispatchLoop(t *task) {
 // freshFetch reports whether fetched recs may be dispatched to t: false
 // for a task that met a fetch from before its reset (expectBy), whose
 // records it drops until the transaction aborts again and rebuilds it.
-func (r *route) freshFetch(t *task, recs []*kgo.Record) bool {
+func (t *task) freshFetch(recs []*kgo.Record) bool {
+	r := t.r
 	if t.stale {
 		return false
 	}
@@ -312,7 +327,8 @@ var errStaleFetch = errors.New("stale fetch after a reset")
 
 // dispatch runs recs through t's steps in order, each record at or past
 // t.pos; false once the task or the route stops.
-func (r *route) dispatch(t *task, recs []*kgo.Record, tapped bool) bool {
+func (t *task) dispatch(recs []*kgo.Record, tapped bool) bool {
+	r := t.r
 	n := 0
 	for _, rec := range recs {
 		// A record whose schema the registry has not given yet waits
@@ -329,10 +345,10 @@ func (r *route) dispatch(t *task, recs []*kgo.Record, tapped bool) bool {
 		}
 		if rec.Offset >= t.pos {
 			if t.seg.idx == 0 {
-				r.processSource(t, rec)
+				t.processSource(rec)
 			} else {
 				t.steps.Lock()
-				r.processRepartitioned(t, rec)
+				t.processRepartitioned(rec)
 				t.steps.Unlock()
 			}
 			t.pos = rec.Offset + 1
@@ -341,10 +357,10 @@ func (r *route) dispatch(t *task, recs []*kgo.Record, tapped bool) bool {
 		r.cut.RUnlock()
 	}
 	if t.seg.idx == 0 {
-		r.nIn.Add(int64(n))
+		r.mx.in.Add(int64(n))
 		if tapped && n > 0 {
-			r.nTapped.Add(int64(n))
-			r.mTapped.Add(float64(n))
+			r.mx.nTapped.Add(int64(n))
+			r.mx.tapped.Add(float64(n))
 		}
 	}
 	return true
@@ -361,9 +377,10 @@ func isClosed(c chan struct{}) bool {
 
 // processRepartitioned handles one record of a repartition topic: a
 // watermark marker, or a record another task wrote for this keyed step.
-func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
-	now := r.clock()
-	r.tracker.Begin(t.id, kr.Offset)
+func (t *task) processRepartitioned(kr *kgo.Record) {
+	r := t.r
+	now := r.plan.clock()
+	r.tm.tracker.Begin(t.id, kr.Offset)
 	tk := &ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1}
 	defer tk.release()
 	defer func() {
@@ -383,7 +400,7 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 				return
 			}
 			if wm, moved := t.wm.observe(wp, f, now); moved {
-				r.advanceTask(t, wm, tk)
+				t.advanceTask(wm, tk)
 			}
 			return
 		case headerEnvelope:
@@ -410,7 +427,7 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 			return
 		}
 		if wm, moved := t.wm.observe(e.wp, e.frontier, now); moved {
-			r.advanceTask(t, wm, tk)
+			t.advanceTask(wm, tk)
 		}
 	}
 	if last, ok := t.inbox[e.wp]; ok && !e.org.after(last) {
@@ -435,8 +452,8 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 		rec.Value = string(kr.Value)
 	default:
 		var err error
-		if r.members != nil && t.seg.sourceShaped && rec.Window == nil {
-			err = rec.SetJSONMembers(kr.Value, r.members)
+		if r.plan.members != nil && t.seg.sourceShaped && rec.Window == nil {
+			err = rec.SetJSONMembers(kr.Value, r.plan.members)
 		} else {
 			err = rec.SetJSON(kr.Value)
 		}
@@ -470,7 +487,8 @@ func (r *route) processRepartitioned(t *task, kr *kgo.Record) {
 
 // advanceTask hands a keyed task's new watermark to its steps, journals
 // closed windows, and passes the watermark on to the next segment.
-func (r *route) advanceTask(t *task, wm int64, tk *ticket) {
+func (t *task) advanceTask(wm int64, tk *ticket) {
+	r := t.r
 	closing := t.closer != nil && t.closer.ClosesAt(wm)
 	// The rows this move closes carry the frontier from before it: had
 	// the first carried wm, the next segment would move past the event
@@ -488,6 +506,6 @@ func (r *route) advanceTask(t *task, wm int64, tk *ticket) {
 		t.front.Lock()
 		t.front.sinceSent++
 		t.front.Unlock()
-		t.sendMarkers(r.clock(), false)
+		t.sendMarkers(r.plan.clock(), false)
 	}
 }

@@ -247,32 +247,33 @@ func (w *txnWriter) aside(kr *kgo.Record, cb func(*kgo.Record, error)) {
 // transaction has begun. On failure the transaction is aborted and the
 // error returned; the caller then resets the tasks (resetTasks), except
 // at a stop.
-func (r *route) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error {
-	if len(r.pendingCuts) == 0 {
+func (cp *checkpointer) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error {
+	r := cp.r
+	if len(r.cp.pending) == 0 {
 		return nil
 	}
 	start := time.Now()
-	last := r.pendingCuts[len(r.pendingCuts)-1]
+	last := r.cp.pending[len(r.cp.pending)-1]
 	if err := r.waitEpoch(last.epoch, limit, abort); err != nil {
 		if errors.Is(err, errStopping) {
 			// The stop commits these cuts with its own, in this
 			// transaction.
 			return err
 		}
-		return r.abortTxn(err)
+		return r.cp.abortTxn(err)
 	}
 	r.setTxnState("committing")
 	if r.out.abandoned.Load() {
-		return r.abortTxn(errors.New("outputs abandoned at stop"))
+		return r.cp.abortTxn(errors.New("outputs abandoned at stop"))
 	}
 	if p := r.txn.failed.Load(); p != nil {
-		return r.abortTxn(*p)
+		return r.cp.abortTxn(*p)
 	}
 	var applies []func()
-	for _, c := range r.pendingCuts {
+	for _, c := range r.cp.pending {
 		apply, err := r.logChanges(c)
 		if err != nil {
-			return r.abortTxn(err)
+			return r.cp.abortTxn(err)
 		}
 		applies = append(applies, apply)
 	}
@@ -281,16 +282,16 @@ func (r *route) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error 
 	// Watermark markers are not counted in flight: the transaction ends
 	// only once every write of it is acknowledged.
 	if err := r.cl.Flush(ctx); err != nil {
-		return r.abortTxn(fmt.Errorf("flush: %w", err))
+		return r.cp.abortTxn(fmt.Errorf("flush: %w", err))
 	}
 	if p := r.txn.failed.Load(); p != nil {
-		return r.abortTxn(*p)
+		return r.cp.abortTxn(*p)
 	}
 	if r.txn.produced.Load() == 0 {
 		// Nothing was written: there is no transaction to end (kgo sends
 		// no EndTxn for one), and the offsets are committed as they are.
 		if err := r.cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-			return r.abortTxn(err)
+			return r.cp.abortTxn(err)
 		}
 		r.grp.mu.Lock()
 		moved := !maps.Equal(r.grp.mu.lastOffs, last.offs)
@@ -301,18 +302,18 @@ func (r *route) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error 
 	} else {
 		if h := txnTestHook; h != nil {
 			if err := h(r.name); err != nil {
-				return r.abortTxn(err)
+				return r.cp.abortTxn(err)
 			}
 		}
-		if err := r.commitTxnOffsets(ctx, last); err != nil {
-			return r.abortTxn(err)
+		if err := r.cp.commitTxnOffsets(ctx, last); err != nil {
+			return r.cp.abortTxn(err)
 		}
 		if err := r.cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-			return r.abortTxn(fmt.Errorf("end transaction: %w", err))
+			return r.cp.abortTxn(fmt.Errorf("end transaction: %w", err))
 		}
 	}
 	// Committed in Kafka: now pebble follows.
-	for i, c := range r.pendingCuts {
+	for i, c := range r.cp.pending {
 		applies[i]()
 		snaps := make(map[string]func(state.Writer) error, len(c.snaps))
 		for name, ms := range c.snaps {
@@ -321,7 +322,7 @@ func (r *route) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error 
 		if err := c.frozen.Commit(c.offs, snaps); err != nil {
 			// Kafka holds the checkpoint; the next start restores from
 			// it (the local one no longer matches the group's).
-			r.pendingCuts = nil
+			r.cp.pending = nil
 			r.setTxnState("failed")
 			return fmt.Errorf("local state after a committed transaction: %w", err)
 		}
@@ -334,9 +335,9 @@ func (r *route) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error 
 		r.grp.mu.Lock()
 		r.grp.mu.lastOffs = c.offs
 		r.grp.mu.Unlock()
-		r.checkpointed(c)
+		r.cp.checkpointed(c)
 	}
-	r.pendingCuts = nil
+	r.cp.pending = nil
 	d := time.Since(start)
 	r.m.met.txnCommit.WithLabelValues(r.name).Observe(d.Seconds())
 	r.txn.produced.Store(0)
@@ -355,7 +356,8 @@ func (r *route) commitTxnCuts(limit time.Duration, abort <-chan struct{}) error 
 // commitTxnOffsets adds the group to the transaction and commits the cut's
 // offsets in it, with this member's id and generation: a member the group
 // has moved on from is refused (zombie fencing).
-func (r *route) commitTxnOffsets(ctx context.Context, c *cutPoint) error {
+func (cp *checkpointer) commitTxnOffsets(ctx context.Context, c *cutPoint) error {
+	r := cp.r
 	offs, meta := r.groupOffsets(c)
 	if len(offs) == 0 {
 		return nil
@@ -406,7 +408,8 @@ func (r *route) commitTxnOffsets(ctx context.Context, c *cutPoint) error {
 }
 
 // abortTxn aborts the open transaction after cause and returns cause.
-func (r *route) abortTxn(cause error) error {
+func (cp *checkpointer) abortTxn(cause error) error {
+	r := cp.r
 	r.setTxnState("aborting")
 	r.m.met.txnAborts.WithLabelValues(r.name).Inc()
 	r.txn.mu.Lock()
@@ -434,22 +437,22 @@ func (r *route) abortTxn(cause error) error {
 // transaction that cannot begin again (the producer fenced by a newer
 // incarnation of this instance) stops the route.
 func (r *route) resetTasks() {
-	old := make([]*task, 0, len(r.tasks))
-	for _, t := range r.tasks {
+	old := make([]*task, 0, len(r.tm.tasks))
+	for _, t := range r.tm.tasks {
 		close(t.stop)
 		old = append(old, t)
 	}
-	r.pendingCuts = nil
+	r.cp.pending = nil
 	if _, _, err := r.m.db.Discard(r.name); err != nil {
 		r.resetFailed(fmt.Errorf("discard uncommitted state: %w", err))
 		return
 	}
 	r.txn.failed.Store(nil)
 	r.txn.produced.Store(0)
-	r.tg.Lock()
-	r.tg.byTopic = map[string]map[int32]*task{}
-	r.tg.Unlock()
-	clear(r.tasks)
+	r.tm.mu.Lock()
+	r.tm.byTopic = map[string]map[int32]*task{}
+	r.tm.mu.Unlock()
+	clear(r.tm.tasks)
 	// The fetch positions go back before any new task can be handed
 	// records: what a poll fetched before is dropped (pollStale).
 	set := map[string]map[int32]kgo.EpochOffset{}
@@ -463,8 +466,8 @@ func (r *route) resetTasks() {
 	// Every installed task runs its goroutine, also when the reset fails
 	// below: the stop that follows waits for each to end.
 	defer func() {
-		for _, t := range r.tasks {
-			go r.survive("dispatch", func() { r.dispatchLoop(t) })
+		for _, t := range r.tm.tasks {
+			go r.survive("dispatch", func() { t.dispatchLoop() })
 		}
 	}()
 	for _, o := range old {
@@ -492,7 +495,7 @@ func (r *route) resetTasks() {
 		return
 	}
 	r.setTxnState("open")
-	r.log.Info("tasks reset to the last committed checkpoint", "tasks", len(r.tasks))
+	r.log.Info("tasks reset to the last committed checkpoint", "tasks", len(r.tm.tasks))
 }
 
 // resetFailed restarts a route whose transactional producer cannot go on
@@ -516,9 +519,9 @@ func (r *route) rewindFetches(set map[string]map[int32]kgo.EpochOffset) {
 	}
 	r.txn.pollCMu.Unlock()
 	r.txn.pollRun.Lock()
-	r.tg.Lock() // taskFor reads pollGen under it
+	r.tm.mu.Lock() // taskFor reads pollGen under it
 	r.txn.pollGen.Add(1)
-	r.tg.Unlock()
+	r.tm.mu.Unlock()
 	r.cl.SetOffsets(set)
 	r.txn.pollRun.Unlock()
 	r.txn.pollCMu.Lock()
@@ -557,10 +560,10 @@ func (r *route) pollOnce() (kgo.Fetches, int64) {
 // generation gen go to: nil when it was released since, or when a reset
 // moved the fetch positions after the poll began.
 func (r *route) taskFor(topic string, p int32, gen int64) *task {
-	r.tg.Lock()
-	defer r.tg.Unlock()
+	r.tm.mu.Lock()
+	defer r.tm.mu.Unlock()
 	if r.txn.on && r.txn.pollGen.Load() != gen {
 		return nil
 	}
-	return r.tg.byTopic[topic][p]
+	return r.tm.byTopic[topic][p]
 }

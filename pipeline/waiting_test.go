@@ -68,8 +68,8 @@ func TestRouteWaitsForMissingSourceTopic(t *testing.T) {
 	m.mu.Lock()
 	r := m.mu.routes["clicks-route"]
 	m.mu.Unlock()
-	tried := r.setupAttempts.Load()
-	waitFor(t, 10*time.Second, "five more attempts", func() bool { return r.setupAttempts.Load() >= tried+5 })
+	tried := r.life.setupAttempts.Load()
+	waitFor(t, 10*time.Second, "five more attempts", func() bool { return r.life.setupAttempts.Load() >= tried+5 })
 	if st := m.Routes()[0]; st.State != "waiting" || st.LastError != msg {
 		t.Errorf("after retries: state %q last_error %q", st.State, st.LastError)
 	}

@@ -216,8 +216,8 @@ func (w *write) done(got *kgo.Record, err error) {
 		r.sinkRecovered()
 	}
 	if w.isOutput && w.diverted == 0 {
-		r.mOut.Inc()
-		r.mE2E.Observe(time.Since(time.UnixMilli(w.srcMillis)).Seconds())
+		r.mx.out.Inc()
+		r.mx.e2e.Observe(time.Since(time.UnixMilli(w.srcMillis)).Seconds())
 	}
 	if w.acked != nil && w.diverted == 0 {
 		w.acked(got)

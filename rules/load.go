@@ -17,6 +17,7 @@ import (
 	"github.com/expr-lang/expr"
 	"gopkg.in/yaml.v3"
 
+	"github.com/rtproxy/rtproxy/internal/yamlbudget"
 	"github.com/rtproxy/rtproxy/internal/yamlpos"
 	"github.com/rtproxy/rtproxy/operators"
 )
@@ -224,6 +225,11 @@ func (l *loader) load() *Route {
 		return nil
 	} else if !errors.Is(err, io.EOF) {
 		l.yamlError(err)
+		return nil
+	}
+	if err := yamlbudget.Check(&doc); err != nil {
+		e := err.(*yamlbudget.Error)
+		l.errAtPos(e.Line, e.Column, "", "%s", e.Msg)
 		return nil
 	}
 	if len(doc.Content) == 0 {

@@ -55,7 +55,7 @@ var httpSinkKeys = []string{"url", "method", "headers", "timeout", "max_in_fligh
 // secretHeaderRe are header names whose values are secrets
 // (config.DefaultRedactHeaders): such a value must come from a file or an
 // environment variable.
-var secretHeaderRe = regexp.MustCompile(`(?i)auth|token|secret|passw|cookie|api[-_]?key|session|credential|signature|private`)
+var secretHeaderRe = regexp.MustCompile(`(?i)auth|token|secret|passw|cookie|api[-_]?key|access[-_]?key|jwt|bearer|session|credential|signature|private`)
 
 // reservedHTTPHeaders are set by the sink itself.
 var reservedHTTPHeaders = []string{"Idempotency-Key", "Content-Length", "Host", "Transfer-Encoding", "Connection"}

@@ -72,6 +72,21 @@ func (s shape) has(f string) bool { return contains(s.fields, f) }
 type scope struct {
 	bound []string // join `as` names in effect
 	shape shape
+	// fan is how many records or window updates the steps so far can make
+	// of one source record (Plan.FanOut multiplied), and fanFrom the steps
+	// that multiply it, for the warning.
+	fan     int64
+	fanFrom []string
+	// fanSteps are the compiled steps' fan-outs, in the order of
+	// Route.Steps (fanOutAfter).
+	fanSteps []fanStep
+}
+
+// fanStep is what one step does to the fan-out (operators.Plan).
+type fanStep struct {
+	n     int64
+	ends  bool
+	exact bool // n is what every record costs (Plan.FanOutExact)
 }
 
 type exprKind int
@@ -114,6 +129,9 @@ func (l *loader) exprNode(n, keyNode *yaml.Node, what string, sc *scope, kind ex
 		return nil
 	}
 	l.noteReads(e, sc)
+	if l.overBudget(n, src, what, e) {
+		return nil
+	}
 	if kind == exprBool {
 		if part, gives := neverBool(src); gives != "" {
 			l.errAt(n, src, "%s must be true or false, but `%s` always gives %s; write a condition such as `value.amount > 0`", what, shorten(part), gives)
@@ -375,6 +393,7 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 			}
 		}
 	}
+	fanOutAfter(r, sc)
 	l.sinkKey(r, sc)
 	// A sink that encodes Avro or Protobuf builds its output from the
 	// whole value, so such a route decodes its source whole.
@@ -429,6 +448,7 @@ func (l *loader) step(i int, item *yaml.Node, sc *scope, r *Route) (*StepSpec, s
 	def := p.def()
 	p.apply(plan, st)
 	p.warn(plan.Warnings)
+	p.fanOut(plan, st)
 	if len(l.errs) > n {
 		return nil, ""
 	}
@@ -908,4 +928,85 @@ func (l *loader) aggregate(nk, nv *yaml.Node, sc *scope) (operators.Aggregate, b
 	l.noteReads(arg, sc)
 	agg.Arg = arg
 	return agg, true
+}
+
+// fanOut multiplies the fan-out of the steps so far by this step's and
+// warns when one source record can then cause more records or window
+// updates than the fan-out budget (limits.max_fanout): `explode` of a long
+// list before a sliding window of many windows per record, or two
+// explodes. At run time such a record becomes a dead letter with reason
+// `budget` (operators/budget.go); the check says so before.
+func (p *stepParse) fanOut(plan *operators.Plan, st *StepSpec) {
+	sc := p.sc
+	if sc.fan < 1 {
+		sc.fan = 1
+	}
+	sc.fanSteps = append(sc.fanSteps, fanStep{n: plan.FanOut, ends: plan.EndsFanOut, exact: plan.FanOutExact})
+	n := plan.FanOut
+	if n > 1 {
+		total := sc.fan * n
+		if n != 0 && total/n != sc.fan || total < 0 {
+			total = 1<<63 - 1
+		}
+		if limit := operators.CurrentLimits().FanOut; sc.fan > 1 && total > limit {
+			what := plan.FanOutUnit
+			if what == "" {
+				what = "records"
+			}
+			p.l.warnAt(p.step.key, p.spec.Kind, "after %s, this %s can make up to %d %s of each record it gets: up to %s per source record, more than the fan-out budget of %d (limits.max_fanout); a source record over it becomes a dead letter with reason `budget`. Keep the lists short, or make the slide larger",
+				strings.Join(sc.fanFrom, " and "), st.Kind, n, what, fanText(total), limit)
+		}
+		sc.fan = total
+		sc.fanFrom = append(sc.fanFrom, fmt.Sprintf("`%s` at line %d (up to %d each)", st.Kind, st.Line, n))
+	}
+	if plan.EndsFanOut {
+		sc.fan, sc.fanFrom = 1, nil
+	}
+}
+
+func fanText(n int64) string {
+	if n == 1<<63-1 {
+		return "more than 9.2e18"
+	}
+	return fmt.Sprintf("%d", n)
+}
+
+// fanOutAfter tells each explode the window updates each of its copies
+// causes in the steps after it (the sliding windows up to the first that
+// emits on close, multiplied), so that it charges them to the fan-out
+// budget before making a copy: a record that would go over is one dead
+// letter, refused whole, instead of windows updated by part of it.
+func fanOutAfter(r *Route, sc *scope) {
+	if len(sc.fanSteps) != len(r.Steps) {
+		return // a step was refused: the route does not run
+	}
+	for i, f := range sc.fanSteps {
+		if f.n <= 1 || f.exact {
+			continue // only a fan-out that depends on the record is told
+		}
+		after := int64(1)
+		for _, g := range sc.fanSteps[i+1:] {
+			if g.exact && g.n > 1 {
+				if after > (1<<62)/g.n {
+					after = 1 << 62
+				} else {
+					after *= g.n
+				}
+			}
+			if g.ends {
+				break
+			}
+		}
+		if after <= 1 {
+			continue
+		}
+		build := r.Steps[i].Build
+		r.Steps[i].Build = func(env operators.BuildEnv) (operators.Step, error) {
+			s, err := build(env)
+			if fs, ok := s.(operators.FanOutSetter); ok && err == nil {
+				fs.SetFanOutAfter(after)
+			}
+			return s, err
+		}
+	}
 }

@@ -28,6 +28,7 @@ type admin struct {
 	mux      *http.ServeMux
 	ln       net.Listener
 	stopping atomic.Bool
+	trends   *trends // the status page's sparklines, sampled while serving
 	// guard checks every request's Host, and writes' origin
 	// (adminguard.go).
 	guard *adminGuard
@@ -95,7 +96,8 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger, profiles 
 	})
 	mux.HandleFunc("GET /readyz", a.serveReady)
 	mux.HandleFunc("GET /routes", a.serveRoutes)
-	page := &statusPage{reg: reg, started: time.Now()}
+	page := &statusPage{reg: reg, started: time.Now(), trends: newTrends(reg, trendInterval, trendWindow)}
+	a.trends = page.trends
 	pageReady := func(ready func() (bool, string)) func() (bool, string) {
 		return func() (bool, string) {
 			if a.stopping.Load() {
@@ -146,6 +148,8 @@ func (a *admin) handle(pattern string, h http.Handler) { a.mux.Handle(pattern, h
 func (a *admin) Addr() string { return a.ln.Addr().String() }
 
 func (a *admin) serve() {
+	stop := a.trends.run(func() func() any { _, routes := a.hooks(); return routes })
+	defer stop()
 	if err := a.srv.Serve(a.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		a.log.Error("admin server stopped", "err", err)
 	}

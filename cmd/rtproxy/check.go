@@ -73,5 +73,6 @@ func rulesOptionsFrom(file string) (rules.Options, error) {
 	if err != nil {
 		return rules.Options{}, fmt.Errorf("config: %w", err)
 	}
+	applyLimits(cfg)
 	return rulesOptions(cfg), nil
 }

@@ -6,7 +6,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/rtproxy/rtproxy/internal/ruletest"
+	"github.com/rtproxy/rtproxy/cmd/rtproxy/internal/ruletest"
 )
 
 // cmdTest is `rtproxy test`: the tests beside rule files, run through the

@@ -19,6 +19,7 @@ import (
 
 	"github.com/rtproxy/rtproxy/config"
 	"github.com/rtproxy/rtproxy/internal/serde"
+	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/protocol"
 )
@@ -130,6 +131,7 @@ func newRegistry() *prometheus.Registry {
 	}, []string{"version", "goversion"})
 	info.WithLabelValues(version, runtime.Version()).Set(1)
 	reg.MustRegister(info)
+	registerBudgets(reg)
 	return reg
 }
 
@@ -175,6 +177,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
+	applyLimits(cfg)
 	reg := newRegistry()
 	adm, err := newAdmin(cfg.AdminListen, reg, log.With("component", "admin"), cfg.Pprof)
 	if err != nil {
@@ -348,3 +351,26 @@ type (
 		Tap() protocol.Tap
 	}
 )
+
+// registerBudgets counts, on reg, the per-record budgets that tripped
+// (operators/budget.go): expressions over their memory, steps or time,
+// records over their fan-out, windows over their open states.
+func registerBudgets(reg prometheus.Registerer) {
+	for _, name := range operators.BudgetNames {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "rtproxy_budget_exceeded_total",
+			Help:        "Records (or guard checks) refused because they went over a per-record budget (limits.*), by budget.",
+			ConstLabels: prometheus.Labels{"budget": name},
+		}, func() float64 { return float64(operators.BudgetTrips(name)) }))
+	}
+}
+
+// applyLimits sets the per-record budgets of cfg (limits.*) for every
+// expression and step the process evaluates: the proxy's, and check's and
+// test's, which judge rule files as that proxy would.
+func applyLimits(cfg *config.Config) {
+	operators.SetLimits(operators.Limits{
+		ExprBytes: cfg.Limits.ExprMemoryBytes, ExprSteps: cfg.Limits.ExprSteps, ExprTime: cfg.Limits.ExprTime,
+		FanOut: cfg.Limits.MaxFanout, OpenWindows: cfg.Limits.MaxOpenWindows,
+	})
+}

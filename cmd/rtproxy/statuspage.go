@@ -34,6 +34,10 @@ var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 	// pathEscape makes a route's page name one path segment ("#" or "?"
 	// in a refused file's name included).
 	"pathEscape": url.PathEscape,
+	// trendTable is the data of the "trends" table (style.html).
+	"trendTable": func(caption, window string, ts []trendView) map[string]any {
+		return map[string]any{"Caption": caption, "Window": window, "Trends": ts}
+	},
 }).ParseFS(statusFS, "statuspage/*.html"))
 
 // statusPage renders GET /.
@@ -44,12 +48,18 @@ type statusPage struct {
 	mu   sync.Mutex
 	prev map[string]float64 // counters at the last load, for rates
 	at   time.Time
+
+	// trends samples the series of the sparklines (statuspage_trends.go);
+	// nil: no trends.
+	trends *trends
 }
 
 type statusView struct {
 	Version, Uptime, Now, NotReady string
 	Ready                          bool
 	Proxy                          proxyView
+	ProxyTrends                    []trendView
+	TrendWindow                    string
 	Routes                         []routeView
 	Guards                         []guardView
 }
@@ -79,6 +89,9 @@ type routeView struct {
 	Partitions                                                             []partView
 	AssignmentError                                                        string
 	StateKeys, DeadLetters                                                 []namedValue
+	// Trends are the route's sparklines (records in and out per second,
+	// lag, processing p99); none before its first sample.
+	Trends []trendView
 }
 
 // partView is one partition of a route's topics: its owner in the group,
@@ -160,10 +173,14 @@ func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() 
 	}
 	m := indexMetrics(fams)
 	v.Proxy = s.proxyView(m, now)
+	v.ProxyTrends = s.trends.proxyTrends(now)
+	v.TrendWindow = s.trends.spanText(now)
 	if routes != nil {
 		if rs, ok := routes().([]pipeline.RouteStatus); ok {
 			for _, rs := range rs {
-				v.Routes = append(v.Routes, routeViewOf(rs, m, now))
+				rv := routeViewOf(rs, m, now)
+				rv.Trends = s.trends.routeTrends(rs.Name, now)
+				v.Routes = append(v.Routes, rv)
 			}
 		}
 	}

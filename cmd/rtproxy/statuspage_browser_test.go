@@ -177,9 +177,113 @@ steps:
 	if bad.MarkLine != "L5" || !strings.Contains(bad.Text, "rule file refused") {
 		t.Errorf("/route/broken.yaml: the error mark is on %q, want L5:\n%s", bad.MarkLine, bad.Text)
 	}
+	checkTrends(t, bctx, cl, p, shots)
 	t.Logf("screenshots in %s", shots)
 	cl.Close()
 	p.stop(t)
+}
+
+// checkTrends: with traffic flowing, the pages grow sparklines (sampled
+// every trendInterval): the proxy's requests and bytes per second, and the
+// route's records in and out per second, lag and p99, each an SVG the
+// browser lays out, named by its aria-label with its last, lowest and
+// highest value, the same values written beside it. The home page's
+// screenshot is docs/statuspage.png (written again with
+// RTPROXY_UPDATE_SCREENSHOT=1).
+func checkTrends(t *testing.T, ctx context.Context, cl *kgo.Client, p *proc, shots string) {
+	t.Helper()
+	// Traffic that rises over the samples, so the lines have a shape.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			for j := range 1 + i/10 {
+				v := fmt.Sprintf(`{"id":%d,"amount":%d}`, 1000+i*100+j, 50+i*7%300)
+				cl.Produce(context.Background(), &kgo.Record{Topic: "payments", Value: []byte(v)}, nil)
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+
+	// Three samples with rates take 3-4 intervals from the proxy's start.
+	var home pageFacts
+	deadline := time.Now().Add(4*trendInterval + 20*time.Second)
+	for {
+		home = loadPage(t, ctx, p.admin+"/", filepath.Join(shots, "status.png"))
+		n := 0
+		for _, sp := range home.Sparks {
+			if strings.HasPrefix(sp.Label, "records in per second") && sp.Lines > 0 && !strings.Contains(sp.Label, "(1 samples)") && !strings.Contains(sp.Label, "(2 samples)") {
+				n++
+			}
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no sparkline of records in per second with 3 samples within %v: %+v", time.Until(deadline), home.Sparks)
+		}
+		time.Sleep(trendInterval / 2)
+	}
+	checkAccessible(t, "/ with trends", home)
+	labels := map[string]sparkFacts{}
+	for _, sp := range home.Sparks {
+		name, _, _ := strings.Cut(sp.Label, " over the last ")
+		labels[name] = sp
+		if sp.Role != "img" || sp.Width < 100 || sp.Height < 20 {
+			t.Errorf("sparkline %q: role %q, laid out %.0fx%.0f", sp.Label, sp.Role, sp.Width, sp.Height)
+		}
+	}
+	for _, want := range []string{"requests per second", "bytes per second client → broker", "bytes per second broker → client",
+		"records in per second", "records out per second", "lag (records)", "processing p99"} {
+		sp, ok := labels[want]
+		if !ok {
+			t.Errorf("no sparkline for %q: %v", want, home.Sparks)
+			continue
+		}
+		if !regexp.MustCompile(`: (no samples yet|last \S.*, lowest \S.*, highest \S.*)$`).MatchString(sp.Label) {
+			t.Errorf("sparkline label %q does not say last, lowest and highest", sp.Label)
+		}
+	}
+	if sp := labels["requests per second"]; sp.Lines == 0 {
+		t.Errorf("no line for requests per second: %+v", sp)
+	}
+	// The values are text beside the graphic too (readable without it).
+	for _, want := range []string{"since the start", "lowest", "highest", "records in per second", "/s"} {
+		if !strings.Contains(home.Text, want) {
+			t.Errorf("/ does not write %q beside the sparklines", want)
+		}
+	}
+	if os.Getenv("RTPROXY_UPDATE_SCREENSHOT") == "1" {
+		b, err := os.ReadFile(filepath.Join(shots, "status.png"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join("..", "..", "docs", "statuspage.png"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Log("wrote docs/statuspage.png")
+	}
+	if b, err := os.ReadFile(filepath.Join("..", "..", "docs", "statuspage.png")); err != nil || len(b) < 8 || string(b[1:4]) != "PNG" {
+		t.Errorf("docs/statuspage.png (the screenshot docs/OPERATIONS.md shows) is missing or not a PNG: %v", err)
+	}
+
+	route := loadPage(t, ctx, p.admin+"/route/payments", filepath.Join(shots, "route-trends.png"))
+	checkAccessible(t, "/route/payments with trends", route)
+	n := 0
+	for _, sp := range route.Sparks {
+		if strings.HasPrefix(sp.Label, "records in per second") || strings.HasPrefix(sp.Label, "lag (records)") {
+			n++
+		}
+	}
+	if n != 2 || !strings.Contains(route.Text, "Trends") {
+		t.Errorf("/route/payments: %d of its sparklines found: %+v", n, route.Sparks)
+	}
 }
 
 // With admin.show_records on, a route's page shows its dead letters' keys
@@ -250,6 +354,16 @@ type pageFacts struct {
 	Links          map[string]bool
 	DeadLetterRows int
 	MarkLine       string
+	Sparks         []sparkFacts
+}
+
+// sparkFacts is one sparkline as the browser laid it out.
+type sparkFacts struct {
+	Label  string  `json:"label"`
+	Role   string  `json:"role"`
+	Lines  int     `json:"lines"`
+	Width  float64 `json:"width"`
+	Height float64 `json:"height"`
 }
 
 type heading struct {
@@ -304,6 +418,9 @@ const pageScript = `(() => {
     links: [...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href')),
     deadLetterRows: document.querySelectorAll('#dead-letters tbody tr').length,
     markLine: mark ? mark.closest('span.line').id : '',
+    sparks: [...document.querySelectorAll('svg.spark')].map(g => ({label: g.getAttribute('aria-label') || '',
+      role: g.getAttribute('role') || '', lines: g.querySelectorAll('polyline').length,
+      width: g.getBoundingClientRect().width, height: g.getBoundingClientRect().height})),
   };
 })()`
 
@@ -323,6 +440,7 @@ func loadPage(t *testing.T, ctx context.Context, url, shot string) pageFacts {
 		Links          []string     `json:"links"`
 		DeadLetterRows int          `json:"deadLetterRows"`
 		MarkLine       string       `json:"markLine"`
+		Sparks         []sparkFacts `json:"sparks"`
 	}
 	// The page reloads itself every 5 s; a reload that falls between
 	// loading and reading it (a slow machine) is a retry, not a failure.
@@ -348,7 +466,8 @@ func loadPage(t *testing.T, ctx context.Context, url, shot string) pageFacts {
 		t.Fatal(err)
 	}
 	f := pageFacts{URL: raw.URL, HTML: raw.HTML, Text: raw.Text, Lang: raw.Lang, Refresh: raw.Refresh, Headings: raw.Headings,
-		Tables: raw.Tables, Colours: raw.Colours, Links: map[string]bool{}, DeadLetterRows: raw.DeadLetterRows, MarkLine: raw.MarkLine}
+		Tables: raw.Tables, Colours: raw.Colours, Links: map[string]bool{}, DeadLetterRows: raw.DeadLetterRows, MarkLine: raw.MarkLine,
+		Sparks: raw.Sparks}
 	for _, l := range raw.Links {
 		f.Links[l] = true
 	}

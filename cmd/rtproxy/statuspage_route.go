@@ -28,9 +28,9 @@ const millisTime = "2006-01-02T15:04:05.000Z07:00"
 const maxRuleFileBytes = 256 << 10
 
 type routePageView struct {
-	Version, Now, NotReady string
-	Ready                  bool
-	Route                  routeView
+	Version, Now, NotReady, TrendWindow string
+	Ready                               bool
+	Route                               routeView
 	// The rule file, line by line; FileNote says why it is not shown, or
 	// that it is cut short.
 	Lines    []srcLine
@@ -103,6 +103,8 @@ func (s *statusPage) serveRoute(w http.ResponseWriter, r *http.Request, ready fu
 		return
 	}
 	v.Route = routeViewOf(*rs, indexMetrics(fams), now)
+	v.Route.Trends = s.trends.routeTrends(rs.Name, now)
+	v.TrendWindow = s.trends.spanText(now)
 	v.ErrorRefs = errorRefs(rs.File, rs.RuleError+"\n"+rs.LastError)
 	v.Lines, v.FileNote = ruleFileLines(rs.File, v.ErrorRefs)
 	if deadLetters != nil && rs.Name != "" {

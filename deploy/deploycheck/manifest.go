@@ -16,6 +16,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/rtproxy/rtproxy/internal/yamlbudget"
+
 	"github.com/rtproxy/rtproxy/config"
 )
 
@@ -47,12 +49,19 @@ func ParseManifest(data []byte) (*Manifest, error) {
 	m := &Manifest{}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	for i := 0; ; i++ {
-		var o obj
-		err := dec.Decode(&o)
+		var n yaml.Node
+		err := dec.Decode(&n)
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		if err := yamlbudget.Check(&n); err != nil {
+			return nil, fmt.Errorf("document %d: %w", i, err)
+		}
+		var o obj
+		if err := n.Decode(&o); err != nil {
 			return nil, fmt.Errorf("document %d: %w", i, err)
 		}
 		if o != nil {
@@ -453,6 +462,10 @@ func checkPod(p pod, exp expected, configCM, rulesCM string) []string {
 		"tls.upstream.ca_file":      cfg.TLS.Upstream.CAFile,
 		"tls.upstream.cert_file":    cfg.TLS.Upstream.CertFile,
 		"tls.upstream.key_file":     cfg.TLS.Upstream.KeyFile,
+		// The schema registry's credentials and CA come from Secrets too.
+		"schema_registry.basic_auth_file":   cfg.SchemaRegistry.BasicAuthFile,
+		"schema_registry.bearer_token_file": cfg.SchemaRegistry.BearerTokenFile,
+		"schema_registry.ca_file":           cfg.SchemaRegistry.CAFile,
 	}
 	for _, key := range slices.Sorted(maps.Keys(tlsFiles)) {
 		f := tlsFiles[key]

@@ -14,12 +14,11 @@ import (
 	"time"
 
 	"github.com/hamba/avro/v2"
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/twmb/franz-go/pkg/sr"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/dynamicpb"
-
-	"github.com/rtproxy/rtproxy/operators"
 )
 
 // Encoder writes value trees (what the steps emit) in the Confluent wire
@@ -175,7 +174,7 @@ func integer(v any, lo, hi float64, path string) (int64, error) {
 	case int:
 		return integer(int64(x), lo, hi, path)
 	}
-	f, ok := operators.ToFloat(v)
+	f, ok := jsoncodec.ToFloat(v)
 	if !ok {
 		return 0, fmt.Errorf("%s: want a number, got %s", path, kind(v))
 	}
@@ -198,7 +197,7 @@ func kind(v any) string {
 	case []any:
 		return "a list"
 	}
-	if _, ok := operators.ToFloat(v); ok {
+	if _, ok := jsoncodec.ToFloat(v); ok {
 		return "a number"
 	}
 	return fmt.Sprintf("a %T", v)
@@ -243,7 +242,7 @@ func avroWrite(w *avro.Writer, s avro.Schema, v any, path string, depth int) err
 			}
 		}
 		if ls == nil && nanosLogical(s) {
-			f, ok := operators.ToFloat(v)
+			f, ok := jsoncodec.ToFloat(v)
 			if !ok || math.IsNaN(f) || math.Abs(f) >= math.MaxInt64/1e6 {
 				return fmt.Errorf("%s: want milliseconds (a number in range), got %v", path, v)
 			}
@@ -253,7 +252,7 @@ func avroWrite(w *avro.Writer, s avro.Schema, v any, path string, depth int) err
 			return nil
 		}
 		if scale != 1 {
-			f, ok := operators.ToFloat(v)
+			f, ok := jsoncodec.ToFloat(v)
 			if !ok || math.Abs(f*scale) >= 1<<63 || math.IsNaN(f) {
 				return fmt.Errorf("%s: want milliseconds (a number in range), got %v", path, v)
 			}
@@ -266,13 +265,13 @@ func avroWrite(w *avro.Writer, s avro.Schema, v any, path string, depth int) err
 		}
 		w.WriteLong(n)
 	case avro.Float:
-		f, ok := operators.ToFloat(v)
+		f, ok := jsoncodec.ToFloat(v)
 		if !ok {
 			return fmt.Errorf("%s: want a number, got %s", path, kind(v))
 		}
 		w.WriteFloat(float32(f))
 	case avro.Double:
-		f, ok := operators.ToFloat(v)
+		f, ok := jsoncodec.ToFloat(v)
 		if !ok {
 			return fmt.Errorf("%s: want a number, got %s", path, kind(v))
 		}
@@ -425,7 +424,7 @@ func base64Bytes(v any, path string) ([]byte, error) {
 // decimalBytes is the two's complement big-endian unscaled value of the
 // number v at scale, size bytes long (0: as short as it goes).
 func decimalBytes(v any, scale, size int, path string) ([]byte, error) {
-	f, ok := operators.ToFloat(v)
+	f, ok := jsoncodec.ToFloat(v)
 	if !ok || math.IsNaN(f) || math.IsInf(f, 0) {
 		return nil, fmt.Errorf("%s: want a decimal number, got %v", path, v)
 	}
@@ -602,19 +601,19 @@ func protoScalarValue(fd protoreflect.FieldDescriptor, v any, path string) (prot
 		n, err := integer(v, 0, math.MaxUint32, path)
 		return protoreflect.ValueOfUint32(uint32(n)), err
 	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		f, ok := operators.ToFloat(v)
+		f, ok := jsoncodec.ToFloat(v)
 		if !ok || f < 0 || f != math.Trunc(f) || f >= 1<<64 {
 			return protoreflect.Value{}, fmt.Errorf("%s: want an unsigned integer, got %v", path, v)
 		}
 		return protoreflect.ValueOfUint64(uint64(f)), nil
 	case protoreflect.FloatKind:
-		f, ok := operators.ToFloat(v)
+		f, ok := jsoncodec.ToFloat(v)
 		if !ok {
 			return protoreflect.Value{}, fmt.Errorf("%s: want a number, got %s", path, kind(v))
 		}
 		return protoreflect.ValueOfFloat32(float32(f)), nil
 	case protoreflect.DoubleKind:
-		f, ok := operators.ToFloat(v)
+		f, ok := jsoncodec.ToFloat(v)
 		if !ok {
 			return protoreflect.Value{}, fmt.Errorf("%s: want a number, got %s", path, kind(v))
 		}
@@ -652,7 +651,7 @@ func wellKnownFill(m protoreflect.Message, md protoreflect.MessageDescriptor, v 
 	f := md.Fields()
 	switch md.Name() {
 	case "Timestamp", "Duration":
-		ms, ok := operators.ToFloat(v)
+		ms, ok := jsoncodec.ToFloat(v)
 		if s, isStr := v.(string); isStr && md.Name() == "Timestamp" {
 			t, err := time.Parse(time.RFC3339Nano, s)
 			if err != nil {
@@ -723,7 +722,7 @@ func wellKnownFill(m protoreflect.Message, md protoreflect.MessageDescriptor, v 
 			_, err := wellKnownFill(m.Mutable(f.ByName("list_value")).Message(), f.ByName("list_value").Message(), x, path)
 			return true, err
 		default:
-			n, ok := operators.ToFloat(v)
+			n, ok := jsoncodec.ToFloat(v)
 			if !ok {
 				return true, fmt.Errorf("%s: %s is no JSON value", path, kind(v))
 			}

@@ -34,29 +34,30 @@ const module = "github.com/rtproxy/rtproxy"
 // together. The rest are tools and test harnesses.
 var allowed = map[string][]string{
 	// the binary: wiring
-	"cmd/rtproxy": {"config", "internal/ruletest", "internal/serde", "internal/srembed", "operators", "pipeline", "protocol", "rules", "state"},
+	"cmd/rtproxy": {"config", "cmd/rtproxy/internal/ruletest", "internal/serde", "internal/srembed", "operators", "pipeline", "protocol", "rules", "state"},
 	// apps the binary runs
-	"internal/ruletest": {"internal/jsoncodec", "internal/yamlpos", "operators", "pipeline", "rules"},
-	"pipeline":          {"internal/jsoncodec", "internal/serde", "offsets", "operators", "rules", "state"},
-	"protocol":          {},
-	"config":            {},
+	"cmd/rtproxy/internal/ruletest": {"internal/jsoncodec", "internal/yamlbudget", "internal/yamlpos", "operators", "pipeline", "rules"},
+	"pipeline":                      {"internal/jsoncodec", "internal/serde", "offsets", "operators", "rules", "state"},
+	"protocol":                      {},
+	"config":                        {"internal/yamlbudget"},
 	// rule files and the steps they compile to
-	"rules":          {"internal/jsoncodec", "internal/serde", "internal/yamlpos", "operators"},
-	"internal/serde": {"internal/jsoncodec", "operators"},
-	"operators":      {"internal/jsoncodec", "state"},
+	"rules":          {"internal/jsoncodec", "internal/serde", "internal/yamlbudget", "internal/yamlpos", "operators"},
+	"internal/serde": {"internal/jsoncodec"},
+	"operators":      {"internal/jsoncodec"},
 	"state":          {"offsets"},
 	// leaves
-	"offsets":            {},
-	"internal/jsoncodec": {},
-	"internal/yamlpos":   {},
-	"internal/srembed":   {},
-	"internal/testkit":   {},
-	"internal/benchkit":  {},
+	"offsets":             {},
+	"internal/jsoncodec":  {},
+	"internal/yamlpos":    {},
+	"internal/yamlbudget": {},
+	"internal/srembed":    {},
+	"internal/testkit":    {},
+	"internal/benchkit":   {},
 
 	// tools and test harnesses
 	"rules/internal/refgen":      {"rules"},
-	"deploy":                     {},
-	"deploy/deploycheck":         {"config"},
+	"deploy":                     {"config"},
+	"deploy/deploycheck":         {"config", "internal/yamlbudget"},
 	"test/layering":              {"operators", "rules"},
 	"test/integration":           {"internal/srembed", "test/shapes"},
 	"test/kfakebroker":           {},
@@ -79,17 +80,19 @@ var allowed = map[string][]string{
 // row allows.
 var testHarnesses = []string{"internal/testkit", "internal/benchkit"}
 
+// testOnly are arrows a package's tests may have beyond its row: the
+// operators' benchmarks measure their steps on the real pebble store, which
+// the steps themselves reach only through operators.KV.
+var testOnly = map[string][]string{
+	"operators": {"state"},
+}
+
 // backwards are the arrows that run from the internal/ drawer, which is
 // meant for leaf libraries, up to a package outside it: app code filed as
 // a leaf. They are allowed above until the drawer is split; any other
 // arrow out of internal/ fails TestInternalHoldsLeaves, and one listed
 // here that is gone fails it too, so the list stays true.
-var backwards = []string{
-	"internal/ruletest -> operators",
-	"internal/ruletest -> pipeline",
-	"internal/ruletest -> rules",
-	"internal/serde -> operators",
-}
+var backwards = []string{}
 
 // pkg is what `go list -json` says of a package.
 type pkg struct {
@@ -192,7 +195,7 @@ func TestImportsFollowTheTable(t *testing.T) {
 			}
 		}
 		for _, to := range arrows(self, append(slices.Clone(p.TestImports), p.XTestImports...)) {
-			if !slices.Contains(may, to) && !slices.Contains(testHarnesses, to) {
+			if !slices.Contains(may, to) && !slices.Contains(testHarnesses, to) && !slices.Contains(testOnly[self], to) {
 				t.Errorf("forbidden arrow %s (tests) -> %s: its tests may import only %v and the harnesses %v", self, to, may, testHarnesses)
 			}
 		}

@@ -69,6 +69,24 @@ deploy/scripts/image-check.sh compares them. */}}
 {{- define "rtproxy.stateDir" -}}/var/lib/rtproxy{{- end -}}
 {{- define "rtproxy.clientTLSDir" -}}/etc/rtproxy/tls/client{{- end -}}
 {{- define "rtproxy.upstreamTLSDir" -}}/etc/rtproxy/tls/upstream{{- end -}}
+{{- define "rtproxy.registryAuthDir" -}}/etc/rtproxy/schema-registry/auth{{- end -}}
+{{- define "rtproxy.registryCADir" -}}/etc/rtproxy/schema-registry/ca{{- end -}}
+
+{{/* rtproxy.registryAuthKey is the key of schemaRegistry.auth's Secret. */}}
+{{- define "rtproxy.registryAuthKey" -}}
+{{- $a := .Values.schemaRegistry.auth -}}
+{{- if $a.secretKey -}}{{- $a.secretKey -}}{{- else if eq $a.type "bearer" -}}token{{- else -}}credentials{{- end -}}
+{{- end -}}
+
+{{/* rtproxy.registryAuth is true when a registry credentials Secret is mounted. */}}
+{{- define "rtproxy.registryAuth" -}}
+{{- with .Values.schemaRegistry -}}{{- if and .url (ne (.auth.type | default "none") "none") -}}true{{- end -}}{{- end -}}
+{{- end -}}
+
+{{/* rtproxy.registryCA is true when a registry CA Secret is mounted. */}}
+{{- define "rtproxy.registryCA" -}}
+{{- with .Values.schemaRegistry -}}{{- if and .url .caSecretName -}}true{{- end -}}{{- end -}}
+{{- end -}}
 
 {{- define "rtproxy.listenHost" -}}
 {{- if eq .Values.mode "sidecar" -}}127.0.0.1{{- else -}}0.0.0.0{{- end -}}
@@ -157,6 +175,25 @@ sasl:
   username: {{ .Values.sasl.username | quote }}
   # password: from the RTPROXY_SASL_PASSWORD environment variable (Secret {{ .Values.sasl.passwordSecret.name }})
 {{- end }}
+{{- with .Values.schemaRegistry }}
+{{- if .url }}
+schema_registry:
+  url: {{ .url | quote }}
+{{- if eq (.auth.type | default "none") "basic" }}
+  # user:password from Secret {{ .auth.secretName }}
+  basic_auth_file: {{ include "rtproxy.registryAuthDir" $ }}/{{ include "rtproxy.registryAuthKey" $ }}
+{{- else if eq (.auth.type | default "none") "bearer" }}
+  # the token from Secret {{ .auth.secretName }}
+  bearer_token_file: {{ include "rtproxy.registryAuthDir" $ }}/{{ include "rtproxy.registryAuthKey" $ }}
+{{- end }}
+{{- if .caSecretName }}
+  ca_file: {{ include "rtproxy.registryCADir" $ }}/ca.crt
+{{- end }}
+{{- if .timeout }}
+  timeout: {{ .timeout }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* rtproxy.configChecksum changes whenever rtproxy.yaml does. The config is
@@ -179,6 +216,24 @@ Rules are not part of it: they reload hot. */}}
 {{- end -}}
 {{- if and (not .Values.proxy.upstream) (or .Values.tls.upstream.enabled .Values.sasl.enabled) -}}
 {{- fail "tls.upstream and sasl need proxy.upstream: with no upstream the proxy runs its embedded development brokers, which speak plaintext without SASL" -}}
+{{- end -}}
+{{- with .Values.schemaRegistry -}}
+{{- $auth := .auth.type | default "none" -}}
+{{- if and (ne $auth "none") (not .url) -}}
+{{- fail "schemaRegistry.auth needs schemaRegistry.url" -}}
+{{- end -}}
+{{- if and .caSecretName (not .url) -}}
+{{- fail "schemaRegistry.caSecretName needs schemaRegistry.url" -}}
+{{- end -}}
+{{- if and (ne $auth "none") (not .auth.secretName) -}}
+{{- fail (printf "schemaRegistry.auth.type %s needs schemaRegistry.auth.secretName (a Secret holding the %s)" $auth (ternary "token" "user:password" (eq $auth "bearer"))) -}}
+{{- end -}}
+{{- if and .url (not (regexMatch "^https?://" .url)) -}}
+{{- fail (printf "schemaRegistry.url %q must start with http:// or https://" .url) -}}
+{{- end -}}
+{{- if and .url (regexMatch "^https?://[^/]*@" .url) -}}
+{{- fail "schemaRegistry.url holds credentials; put them in a Secret named by schemaRegistry.auth" -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.rules.files .Values.rules.existingConfigMap -}}
 {{- fail "set either rules.files or rules.existingConfigMap, not both" -}}
@@ -274,6 +329,16 @@ Rules are not part of it: they reload hot. */}}
       mountPath: {{ include "rtproxy.upstreamTLSDir" . }}
       readOnly: true
     {{- end }}
+    {{- if include "rtproxy.registryAuth" . }}
+    - name: rtproxy-registry-auth
+      mountPath: {{ include "rtproxy.registryAuthDir" . }}
+      readOnly: true
+    {{- end }}
+    {{- if include "rtproxy.registryCA" . }}
+    - name: rtproxy-registry-ca
+      mountPath: {{ include "rtproxy.registryCADir" . }}
+      readOnly: true
+    {{- end }}
 {{- end -}}
 
 {{/* rtproxy.volumes is the list items the container above mounts. */}}
@@ -306,6 +371,22 @@ Rules are not part of it: they reload hot. */}}
 - name: rtproxy-tls-upstream
   secret:
     secretName: {{ .Values.tls.upstream.secretName }}
+{{- end }}
+{{- if include "rtproxy.registryAuth" . }}
+- name: rtproxy-registry-auth
+  secret:
+    secretName: {{ .Values.schemaRegistry.auth.secretName }}
+    items:
+      - key: {{ include "rtproxy.registryAuthKey" . }}
+        path: {{ include "rtproxy.registryAuthKey" . }}
+{{- end }}
+{{- if include "rtproxy.registryCA" . }}
+- name: rtproxy-registry-ca
+  secret:
+    secretName: {{ .Values.schemaRegistry.caSecretName }}
+    items:
+      - key: ca.crt
+        path: ca.crt
 {{- end }}
 {{- end -}}
 

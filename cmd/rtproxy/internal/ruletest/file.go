@@ -20,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
+	"github.com/rtproxy/rtproxy/internal/yamlbudget"
 	"github.com/rtproxy/rtproxy/internal/yamlpos"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -152,6 +153,10 @@ func Parse(path string, src []byte) (*File, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(src, &doc); err != nil {
 		return nil, Errors{syntaxError(path, src, err)}
+	}
+	if err := yamlbudget.Check(&doc); err != nil {
+		e := err.(*yamlbudget.Error)
+		return nil, Errors{{File: path, Line: e.Line, Col: e.Column, Msg: e.Msg}}
 	}
 	f := &File{Path: path}
 	if len(doc.Content) == 0 {

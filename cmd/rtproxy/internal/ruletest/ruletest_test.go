@@ -29,7 +29,7 @@ func run(t *testing.T, o Options, paths ...string) (int, string) {
 
 // TestQuickstartExamples runs the tests shipped with the quickstart rules.
 func TestQuickstartExamples(t *testing.T) {
-	dir := filepath.Join("..", "..", "examples", "quickstart", "rules")
+	dir := filepath.Join("..", "..", "..", "..", "examples", "quickstart", "rules")
 	code, out := run(t, Options{Verbose: true}, dir)
 	if code != ExitPass {
 		t.Fatalf("exit %d:\n%s", code, out)
@@ -245,7 +245,7 @@ func TestJSONFormat(t *testing.T) {
 // TestDocsTestFiles runs every test file shown in docs/RULES.md against
 // the rule file of the same name shown before it.
 func TestDocsTestFiles(t *testing.T) {
-	const doc = "../../docs/RULES.md"
+	const doc = "../../../../docs/RULES.md"
 	src, err := os.ReadFile(doc)
 	if err != nil {
 		t.Fatal(err)
@@ -297,7 +297,7 @@ func FuzzParse(f *testing.F) {
 	seeds, _ := filepath.Glob(filepath.Join("testdata", "*.test.yaml"))
 	docs, _ := filepath.Glob(filepath.Join("testdata", "docs", "*.test.yaml"))
 	seeds = append(seeds, docs...)
-	quick, _ := filepath.Glob(filepath.Join("..", "..", "examples", "quickstart", "rules", "*.test.yaml"))
+	quick, _ := filepath.Glob(filepath.Join("..", "..", "..", "..", "examples", "quickstart", "rules", "*.test.yaml"))
 	for _, p := range append(seeds, quick...) {
 		b, err := os.ReadFile(p)
 		if err != nil {

@@ -30,15 +30,19 @@ const (
 	ExitMalformed = 2
 )
 
-// event is one line of --format json, in the shape of `go test -json`
-// (Package is the test file).
+// event is one line of --format json, shaped exactly as `go test -json`
+// (cmd/test2json's TestEvent) writes it: Package is the test file; Test is
+// route/test, absent for the file's own events; Elapsed only on pass, fail
+// and skip; Output only on output events. As with go test -json, the
+// Output fields of all output events, concatenated, are the report that
+// `rtproxy test -v` prints.
 type event struct {
 	Time    time.Time `json:"Time"`
 	Action  string    `json:"Action"`
-	Package string    `json:"Package"`
+	Package string    `json:"Package,omitempty"`
 	Test    string    `json:"Test,omitempty"`
 	Elapsed *float64  `json:"Elapsed,omitempty"`
-	Output  string    `json:"Output,omitempty"`
+	Output  *string   `json:"Output,omitempty"`
 }
 
 type reporter struct {
@@ -48,17 +52,54 @@ type reporter struct {
 	file string
 }
 
+// emit reports action (start, run, pass, fail, skip, or output alone) of
+// test ("" for the file) with the text output that goes with it. In JSON
+// the output is an output event of its own, before the action's event, as
+// test2json writes a test's "--- PASS" line before its pass event.
 func (r *reporter) emit(action, test, output string, elapsed *time.Duration) {
 	if !r.o.JSON {
 		io.WriteString(r.w, output)
 		return
 	}
-	e := event{Time: time.Now(), Action: action, Package: r.file, Test: test, Output: output}
-	if elapsed != nil {
-		s := elapsed.Seconds()
-		e.Elapsed = &s
+	now := time.Now()
+	if action == "run" || action == "start" {
+		// run and start come before the output they announce.
+		r.enc.Encode(event{Time: now, Action: action, Package: r.file, Test: test})
+		action = "output"
 	}
+	if output != "" {
+		out := output
+		r.enc.Encode(event{Time: now, Action: "output", Package: r.file, Test: test, Output: &out})
+	}
+	if action == "output" {
+		return
+	}
+	e := event{Time: now, Action: action, Package: r.file, Test: test}
+	var s float64
+	if elapsed != nil {
+		s = elapsed.Seconds()
+	}
+	e.Elapsed = &s // test2json sets it on every pass, fail and skip
 	r.enc.Encode(e)
+}
+
+// failFile reports a path that cannot be read: in JSON, a package of its
+// own that starts and fails.
+func (r *reporter) failFile(path, output string) {
+	r.file = path
+	r.emit("start", "", "", nil)
+	var zero time.Duration
+	r.emit("fail", "", output, &zero)
+}
+
+// skipFile reports a path that has no tests to run: in JSON, a package of
+// its own that starts and is skipped, as go test -json reports a package
+// with no test files.
+func (r *reporter) skipFile(path, output string) {
+	r.file = path
+	r.emit("start", "", "", nil)
+	var zero time.Duration
+	r.emit("skip", "", output, &zero)
 }
 
 // Main runs the tests of every path (test files, rule files whose test file
@@ -68,7 +109,8 @@ func (r *reporter) emit(action, test, output string, elapsed *time.Duration) {
 func Main(w io.Writer, paths []string, o Options) int {
 	rep := &reporter{w: w, o: o, enc: json.NewEncoder(w)}
 	files, code := testFiles(rep, paths)
-	if len(files) == 0 && code == ExitPass {
+	if len(files) == 0 && code == ExitPass && !o.JSON {
+		// (In JSON every path was already reported skipped.)
 		rep.emit("output", "", "no test files (*.test.yaml) found\n", nil)
 	}
 	for _, tf := range files {
@@ -97,8 +139,7 @@ func testFiles(rep *reporter, paths []string) ([]string, int) {
 			if errors.As(err, &pe) {
 				err = pe.Err
 			}
-			rep.file = p
-			rep.emit("output", "", fmt.Sprintf("%s: %v\n", p, err), nil)
+			rep.failFile(p, fmt.Sprintf("%s: %v\n", p, err))
 			code = ExitMalformed
 			continue
 		}
@@ -106,8 +147,7 @@ func testFiles(rep *reporter, paths []string) ([]string, int) {
 		case fi.IsDir():
 			entries, err := os.ReadDir(p)
 			if err != nil {
-				rep.file = p
-				rep.emit("output", "", fmt.Sprintf("%s: %v\n", p, err), nil)
+				rep.failFile(p, fmt.Sprintf("%s: %v\n", p, err))
 				code = ExitMalformed
 				continue
 			}
@@ -119,8 +159,7 @@ func testFiles(rep *reporter, paths []string) ([]string, int) {
 				}
 			}
 			if n == 0 {
-				rep.file = p
-				rep.emit("output", "", fmt.Sprintf("?   \t%s\t[no test files]\n", p), nil)
+				rep.skipFile(p, fmt.Sprintf("?   \t%s\t[no test files]\n", p))
 			}
 		case IsTestFile(p):
 			add(p)
@@ -135,8 +174,7 @@ func testFiles(rep *reporter, paths []string) ([]string, int) {
 				}
 			}
 			if !found {
-				rep.file = p
-				rep.emit("output", "", fmt.Sprintf("?   \t%s\t[no test file %s]\n", p, filepath.Base(base)+Suffix), nil)
+				rep.skipFile(p, fmt.Sprintf("?   \t%s\t[no test file %s]\n", p, filepath.Base(base)+Suffix))
 			}
 		}
 	}
@@ -170,11 +208,22 @@ func runFile(rep *reporter, path string) int {
 		rep.emit("fail", "", fmt.Sprintf("FAIL\t%s\t%.3fs\n", path, el.Seconds()), &el)
 		return ExitFail
 	}
+	// The route is the parent test and each test of the file a subtest
+	// (route/test), as go test reports TestX and TestX/case: consumers of
+	// go test -json expect a subtest's parent to run and end around it.
+	parent := def.Name
+	var parentStart time.Time
 	failed, ran := 0, 0
 	for _, t := range f.Tests {
 		name := def.Name + "/" + t.Name
 		if rep.o.Run != nil && !rep.o.Run.MatchString(name) {
 			continue
+		}
+		if ran == 0 {
+			parentStart = time.Now()
+			if rep.o.Verbose || rep.o.JSON {
+				rep.emit("run", parent, fmt.Sprintf("=== RUN   %s\n", parent), nil)
+			}
 		}
 		ran++
 		if rep.o.Verbose || rep.o.JSON {
@@ -196,6 +245,17 @@ func runFile(rep *reporter, path string) int {
 			rep.emit("output", name, fmt.Sprintf("--- PASS: %s (%.2fs)\n", name, res.Elapsed.Seconds()), nil)
 		}
 		rep.emit("pass", name, "", &res.Elapsed)
+	}
+	if ran > 0 {
+		pel := time.Since(parentStart)
+		switch {
+		case failed > 0:
+			rep.emit("fail", parent, fmt.Sprintf("--- FAIL: %s (%.2fs)\n", parent, pel.Seconds()), &pel)
+		case rep.o.Verbose || rep.o.JSON:
+			rep.emit("pass", parent, fmt.Sprintf("--- PASS: %s (%.2fs)\n", parent, pel.Seconds()), &pel)
+		default:
+			rep.emit("pass", parent, "", &pel)
+		}
 	}
 	el := time.Since(start)
 	switch {
