@@ -69,16 +69,22 @@ type guardDecoder struct {
 }
 
 // registries keeps one registry client (and its schema cache) per
-// registry configuration across reloads.
+// registry configuration across reloads: a reload does not empty the
+// cache. Those no guard in force uses are dropped at each apply (prune).
 type registries struct {
-	mu  sync.Mutex
-	all map[string]*serde.Registry
+	mu   sync.Mutex
+	all  map[string]*serde.Registry
+	used map[string]bool // by the guards of the apply in progress
 }
 
 func (rs *registries) get(c serde.Config) (*serde.Registry, error) {
 	key := fmt.Sprintf("%q %q %q %q %q %q %d", c.URL, c.BasicAuthFile, c.BasicAuthEnv, c.BearerTokenFile, c.BearerTokenEnv, c.CAFile, c.Timeout)
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
+	if rs.used == nil {
+		rs.used = map[string]bool{}
+	}
+	rs.used[key] = true
 	if r := rs.all[key]; r != nil {
 		return r, nil
 	}
@@ -92,6 +98,19 @@ func (rs *registries) get(c serde.Config) (*serde.Registry, error) {
 	rs.all[key] = r
 	return r, nil
 }
+
+// prune drops the clients no guard of the last apply asked for.
+func (rs *registries) prune() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for k := range rs.all {
+		if !rs.used[k] {
+			delete(rs.all, k)
+		}
+	}
+	rs.used = nil
+}
+
 
 // newGuardDecoder is the decoder of guard file f (format avro or
 // protobuf); proxy is the proxy's registry.

@@ -94,3 +94,59 @@ func FuzzGuardAvroValue(f *testing.F) {
 		}
 	})
 }
+
+// A reload keeps the registry client (and its schema cache) of a guard
+// still in force, and drops the ones no guard uses any more.
+func TestGuardRegistriesKeptAcrossReloads(t *testing.T) {
+	dir := t.TempDir()
+	load := func(name, body string) *rules.Route {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r, err := rules.LoadFileWith(p, rules.Options{Allow: &rules.Allow{URLs: []string{"http://127.0.0.1:1"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a := load("a.yaml", "guard: a\ntopic: a\nformat: avro\nchecks:\n  - check: value.x > 0\n")
+	b := load("b.yaml", "guard: b\ntopic: b\nformat: avro\nschema_registry: { url: \"http://127.0.0.1:1\" }\nchecks:\n  - check: value.x > 0\n")
+	var set protocol.Guards
+	g, err := newGuards(slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry(), nil, nil,
+		serde.Config{URL: "http://127.0.0.1:2"}, func(s protocol.Guards) { set = s })
+	if err != nil {
+		t.Fatal(err)
+	}
+	regsOf := func() map[*serde.Registry]bool {
+		g.regs.mu.Lock()
+		defer g.regs.mu.Unlock()
+		m := map[*serde.Registry]bool{}
+		for _, r := range g.regs.all {
+			m[r] = true
+		}
+		return m
+	}
+	g.apply([]*rules.Route{a, b})
+	if set.For("a") == nil || set.For("b") == nil {
+		t.Fatal("guards not in force")
+	}
+	before := regsOf()
+	if len(before) != 2 {
+		t.Fatalf("%d registry clients, want 2 (the proxy's and b's)", len(before))
+	}
+	g.apply([]*rules.Route{a})
+	after := regsOf()
+	if len(after) != 1 {
+		t.Errorf("%d registry clients after b went, want 1", len(after))
+	}
+	for r := range after {
+		if !before[r] {
+			t.Error("the reload made a new registry client for a guard still in force: its schema cache is lost")
+		}
+	}
+	g.apply(nil)
+	if n := len(regsOf()); n != 0 {
+		t.Errorf("%d registry clients with no guard, want 0", n)
+	}
+}

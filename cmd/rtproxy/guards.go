@@ -68,6 +68,7 @@ func (g *guards) apply(files []*rules.Route) {
 		}
 	}
 	g.closed.Store(&closed)
+	defer g.regs.prune()
 	if len(files) == 0 {
 		g.set(nil)
 		return
