@@ -111,7 +111,6 @@ func (rs *registries) prune() {
 	rs.used = nil
 }
 
-
 // newGuardDecoder is the decoder of guard file f (format avro or
 // protobuf); proxy is the proxy's registry.
 func (g *guards) newGuardDecoder(f *rules.Route, proxy serde.Config) *guardDecoder {
