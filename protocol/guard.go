@@ -75,6 +75,9 @@ type Refusal struct {
 type RecordFailure struct {
 	Index          int
 	Check, Message string
+	// Retry is set when the record could not be checked now
+	// (RetriableGuard): the partition is refused with a retriable error.
+	Retry bool
 }
 
 // Tap receives records produced through the proxy with acks=all, when the
@@ -236,6 +239,10 @@ func refusedOf(topic string, id [16]byte, rf *Refusal) refusedPart {
 		rp.records = rp.records[:maxRecordErrors:maxRecordErrors]
 	}
 	switch {
+	case rf.Retriable():
+		rp.code, rp.records = kerr.RequestTimedOut.Code, nil
+		f := rf.Failures[0]
+		rp.message = fmt.Sprintf("rtproxy guard: record %d cannot be checked now (check %s: %s); retry", f.Index, f.Check, f.Message)
 	case errors.Is(rf.Err, ErrDecodeLimit):
 		rp.code = kerr.MessageTooLarge.Code
 		rp.message = "rtproxy: " + rf.Err.Error()
@@ -285,7 +292,16 @@ func (p *Proxy) checkPartition(g Guard, topic string, partition int32, batches [
 		}
 		var fails []RecordFailure
 		for i := range recs {
-			if check, msg, ok := g.Check(topic, partition, &recs[i]); !ok {
+			check, msg, ok, retry := checkRecord(g, topic, partition, &recs[i])
+			if retry {
+				// The partition is refused whatever the rest holds: with
+				// a retriable error unless a record failed for good.
+				if len(fails) == 0 {
+					fails = append(fails, RecordFailure{Index: i, Check: check, Message: msg, Retry: true})
+				}
+				break
+			}
+			if !ok {
 				fails = append(fails, RecordFailure{Index: i, Check: check, Message: msg})
 			}
 		}
