@@ -36,20 +36,7 @@ type codec struct {
 
 // registryConfig is the registry a route uses: its rule file's, else the
 // proxy's.
-func registryConfig(cfg serde.Config, d *rules.Route) serde.Config {
-	if s := d.SchemaRegistry; s != nil {
-		timeout := s.Timeout
-		if timeout == 0 {
-			timeout = cfg.Timeout
-		}
-		// The bounds and their counters are the proxy's: a rule file
-		// cannot raise them.
-		return serde.Config{URL: s.URL, BasicAuthFile: s.BasicAuthFile, BasicAuthEnv: s.BasicAuthEnv,
-			BearerTokenFile: s.BearerTokenFile, BearerTokenEnv: s.BearerTokenEnv, CAFile: s.CAFile, Timeout: timeout,
-			Limits: cfg.Limits, Metrics: cfg.Metrics}
-	}
-	return cfg
-}
+func registryConfig(cfg serde.Config, d *rules.Route) serde.Config { return d.RegistryConfig(cfg) }
 
 // newCodec is the codec of route d, nil when it reads JSON or raw values.
 func newCodec(cfg serde.Config, d *rules.Route) *codec {

@@ -42,9 +42,15 @@ type inflight struct {
 // its write when the other side is slow, which is the backpressure: at
 // most one frame per direction is buffered in the proxy.
 type pair struct {
-	p          *Proxy
-	client     net.Conn
+	p      *Proxy
+	client net.Conn
+	// upstream is dialed at the client's first request (connectUpstream),
+	// not at accept: an idle client holds one descriptor, not two. Set
+	// once by clientLoop, under upMu, which close also takes.
 	upstream   net.Conn
+	upMu       sync.Mutex
+	node       int32           // the broker this listener stands for; -1: bootstrap
+	loops      *sync.WaitGroup // brokerLoop, once started
 	clientAddr string
 
 	queue    chan inflight // FIFO of requests awaiting responses
@@ -82,16 +88,10 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 		c.SetDeadline(time.Time{})
 		c = tc
 	}
-	up, target, err := p.dialFor(node)
-	if err != nil {
-		p.log.Warn("closing client connection: upstream unreachable", "client", addr, "upstream", target, "err", err)
-		c.Close()
-		return
-	}
 	pr := &pair{
 		p:          p,
 		client:     c,
-		upstream:   up,
+		node:       node,
 		clientAddr: addr,
 		queue:      make(chan inflight, maxInFlight),
 		done:       make(chan struct{}),
@@ -101,7 +101,6 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 	if p.mu.closed {
 		p.mu.Unlock()
 		c.Close()
-		up.Close()
 		return
 	}
 	pr.lastActive.Store(time.Now().UnixNano())
@@ -111,10 +110,34 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 	p.m.connsTotal.Inc()
 
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { defer wg.Done(); pr.survive("broker", pr.brokerLoop) }()
+	pr.loops = &wg
 	pr.survive("client", pr.clientLoop)
 	wg.Wait()
+}
+
+// connectUpstream dials the pair's upstream and starts brokerLoop; false
+// (the pair closed) when the upstream is unreachable or the pair closed
+// meanwhile.
+func (pr *pair) connectUpstream() bool {
+	up, target, err := pr.p.dialFor(pr.node)
+	if err != nil {
+		pr.p.log.Warn("closing client connection: upstream unreachable", "client", pr.clientAddr, "upstream", target, "err", err)
+		pr.close()
+		return false
+	}
+	pr.upMu.Lock()
+	select {
+	case <-pr.done:
+		pr.upMu.Unlock()
+		up.Close()
+		return false
+	default:
+	}
+	pr.upstream = up
+	pr.upMu.Unlock()
+	pr.loops.Add(1)
+	go func() { defer pr.loops.Done(); pr.survive("broker", pr.brokerLoop) }()
+	return true
 }
 
 // survive runs one of the pair's loops. A panic in it is a bug in the
@@ -215,9 +238,14 @@ func (pr *pair) report(msg string, args ...any) {
 
 func (pr *pair) close() {
 	pr.once.Do(func() {
+		pr.upMu.Lock()
 		close(pr.done)
+		up := pr.upstream
+		pr.upMu.Unlock()
 		pr.client.Close()
-		pr.upstream.Close()
+		if up != nil {
+			up.Close()
+		}
 		// Whatever is still queued will never be answered.
 	drained:
 		for {
@@ -279,6 +307,16 @@ func (pr *pair) clientLoop() {
 	var size [4]byte
 	first := true
 	var lastKey, lastVersion int16 = -1, -1
+	// held is the request's reservation of max_held_bytes, given back
+	// here too if the loop panics (a guard's bug): a reservation that
+	// stayed would keep its bytes, and its need would weigh on every
+	// later grant (held.go). release is idempotent.
+	var held *hold
+	defer func() {
+		if held != nil {
+			held.release()
+		}
+	}()
 	for {
 		pr.armRead(0) // between requests: idleLoop watches
 		frame, rest, err := readFrameHead(pr.client, &size, p.cfg.MaxFrameBytes, first)
@@ -346,7 +384,7 @@ func (pr *pair) clientLoop() {
 		var refused []refusedPart
 		var taps []tapPart
 		var keep []byte // the request buffer taps alias, released with the response
-		var held *hold  // a produce read whole (max_held_bytes)
+		held = nil      // a produce read whole (max_held_bytes)
 		if h.APIKey == int16(kmsg.Produce) {
 			var gs Guards
 			if g := p.guards.Load(); g != nil {
@@ -356,7 +394,7 @@ func (pr *pair) clientLoop() {
 			if t := p.tap.Load(); t != nil && acks == -1 {
 				tap = *t
 			}
-			if gs != nil || tap != nil {
+			if (gs != nil || tap != nil) && !pr.unguardedSoleTopic(gs, tap, frame[4:], h) {
 				// Read whole, checked and its tapped partitions picked
 				// (guard.go); its bytes count against max_held_bytes
 				// while held.
@@ -385,6 +423,16 @@ func (pr *pair) clientLoop() {
 					return
 				}
 			}
+		}
+		if pr.upstream == nil && !pr.connectUpstream() {
+			ReleaseFrame(frame)
+			if keep != nil && &keep[0] != &frame[0] {
+				ReleaseFrame(keep)
+			}
+			if held != nil {
+				held.release()
+			}
+			return
 		}
 		am := p.m.api(h.APIKey)
 		am.requests.Inc()
@@ -597,6 +645,25 @@ func (pr *pair) mergeRefused(req inflight, frame []byte) ([]byte, error) {
 	}
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
 	return out, nil
+}
+
+// unguardedSoleTopic reports whether a Produce request names a single
+// topic that no guard checks and the tap does not want: it then streams
+// as without guards, never read whole, so guarded traffic (and its
+// reservations of max_held_bytes) cannot keep it waiting. A request that
+// names several topics, or one the proxy must look up by an id it does
+// not know, is read whole and checked.
+func (pr *pair) unguardedSoleTopic(gs Guards, tap Tap, payload []byte, h RequestHeader) bool {
+	name, id, ok := produceSoleTopic(payload, h)
+	if !ok {
+		return false
+	}
+	if h.APIVersion >= 13 {
+		if name, ok = pr.p.TopicName(id); !ok {
+			return false
+		}
+	}
+	return (gs == nil || gs.For(name) == nil) && (tap == nil || !tap.Wants(name))
 }
 
 // needsBody reports whether a response must be held whole because it may

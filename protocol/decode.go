@@ -135,6 +135,12 @@ func (m *decodeMeter) charge(cost, recs int64) error {
 	return nil
 }
 
+// refund takes back a charge of n bytes that were not used after all.
+func (m *decodeMeter) refund(n int64) {
+	m.cost -= n
+	m.used -= n
+}
+
 // endPart gives back the global budget the partition in hand held: its
 // records are no longer referenced (their buffers went back to the pool
 // or to the GC).
@@ -231,48 +237,62 @@ func (m *decodeMeter) decompress(src []byte, codec int16) (out []byte, err error
 	return nil, fmt.Errorf("unknown compression codec %d", codec)
 }
 
-// readAll reads r to its end into a buffer charged to m before each
-// growth; a byte beyond what the request may cost is a decodeLimitError.
+// readAll reads r to its end, charging m for each chunk before it is
+// taken; a byte beyond what the request may cost is a decodeLimitError.
+// The output is read into pooled chunks (64 KiB growing to 4 MiB) and
+// joined once at the end: a decode stopped at its bound gives every chunk
+// back to the pool, so a stream of bombs leaves no garbage behind, where
+// a doubling buffer left one of each size. (The join briefly holds the
+// output twice; only the output is charged.)
 func (m *decodeMeter) readAll(r io.Reader) ([]byte, error) {
-	var buf []byte
-	charged := 0 // buf is used up to here; its capacity past it is not charged
-	for {
-		if len(buf) == charged {
-			grow := min(max(int64(charged), 64<<10), m.remaining())
-			if grow == 0 {
-				var one [1]byte
-				n, err := io.ReadFull(r, one[:])
-				if n > 0 {
-					m.bufs.give(buf)
-					return nil, &decodeLimitError{key: "max_decoded_bytes", limit: m.maxCost}
-				}
-				if err == io.EOF || err == io.ErrUnexpectedEOF {
-					return buf, nil
-				}
-				m.bufs.give(buf)
-				return nil, err
-			}
-			if err := m.charge(grow, 0); err != nil {
-				m.bufs.give(buf)
-				return nil, err
-			}
-			charged += int(grow)
-			if cap(buf) < charged {
-				nb := append(m.bufs.take(charged), buf...)
-				m.bufs.give(buf)
-				buf = nb
-			}
+	var chunks [][]byte
+	total := 0
+	giveAll := func() {
+		for _, c := range chunks {
+			m.bufs.give(c)
 		}
-		n, err := r.Read(buf[len(buf):charged])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
+	}
+	for {
+		size := int64(min(max(total/2, 64<<10), maxPooledDecompress))
+		if size = min(size, m.remaining()); size == 0 {
+			var one [1]byte
+			n, err := io.ReadFull(r, one[:])
+			if n > 0 {
+				giveAll()
+				return nil, &decodeLimitError{key: "max_decoded_bytes", limit: m.maxCost}
+			}
+			if err != io.EOF && err != io.ErrUnexpectedEOF {
+				giveAll()
+				return nil, err
+			}
+			break
+		}
+		if err := m.charge(size, 0); err != nil {
+			giveAll()
+			return nil, err
+		}
+		c := m.bufs.take(int(size))[:size]
+		n, err := io.ReadFull(r, c)
+		chunks = append(chunks, c[:n])
+		total += n
+		m.refund(size - int64(n)) // the last chunk's unfilled part
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
 		}
 		if err != nil {
-			m.bufs.give(buf)
+			giveAll()
 			return nil, err
 		}
 	}
+	if len(chunks) == 1 {
+		return chunks[0], nil
+	}
+	out := m.bufs.take(total)
+	for _, c := range chunks {
+		out = append(out, c...)
+	}
+	giveAll()
+	return out, nil
 }
 
 var xerialPrefix = []byte{130, 83, 78, 65, 80, 80, 89, 0}
@@ -359,8 +379,8 @@ func recordHeaderCount(b []byte) (int64, bool) {
 		}
 	}
 	c, n := binary.Varint(b)
-	if n <= 0 || c < 0 {
+	if n <= 0 {
 		return 0, false
 	}
-	return c, true
+	return max(c, 0), true // a negative count decodes as no header
 }

@@ -233,3 +233,55 @@ func TestDecodeTotalShared(t *testing.T) {
 		t.Errorf("rtproxy_proxy_decoded_bytes = %v after every request, want 0", v)
 	}
 }
+
+// FuzzRecordHeaderCount: the pre-scan that charges a record's headers
+// before they are decoded agrees with franz-go's record decoder (the
+// reference) on every record that decodes, and never panics.
+func FuzzRecordHeaderCount(f *testing.F) {
+	for _, r := range []kmsg.Record{
+		{},
+		{Key: []byte("k"), Value: []byte("v")},
+		{OffsetDelta: 300, TimestampDelta64: -5, Headers: []kmsg.Header{{Key: "a", Value: []byte("1")}, {Key: "", Value: nil}}},
+	} {
+		b := r.AppendTo(nil)
+		_, n := binary.Varint(b)
+		f.Add(b[n:])
+	}
+	f.Add([]byte{0, 0, 0, 1, 1, 0x80})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, ok := recordHeaderCount(body)
+		// As readBatch hands it: the length, then the record's bytes.
+		rec := binary.AppendVarint(nil, int64(len(body)))
+		rec = append(rec, body...)
+		var r kmsg.Record
+		if r.ReadFrom(rec) != nil {
+			return
+		}
+		if !ok || got != int64(len(r.Headers)) {
+			t.Fatalf("pre-scan: %d headers (ok %v), franz-go decodes %d", got, ok, len(r.Headers))
+		}
+	})
+}
+
+// FuzzDecodeMeterBounds: whatever a batch holds, decoding it charges no
+// more than the bounds allow, and the records it returns are as many as
+// were charged.
+func FuzzDecodeMeterBounds(f *testing.F) {
+	f.Add(bombBatch(f, 1000, kgo.ZstdCompression()), int64(4096), int64(100))
+	f.Add(bombBatch(f, 50, kgo.GzipCompression()), int64(1<<20), int64(1000))
+	f.Add(bombBatch(f, 50, kgo.SnappyCompression()), int64(1<<20), int64(10))
+	f.Add(bombBatch(f, 50, kgo.Lz4Compression()), int64(2000), int64(1000))
+	f.Fuzz(func(t *testing.T, b []byte, maxCost, maxRecs int64) {
+		if maxCost <= 0 || maxRecs <= 0 || maxCost > 8<<20 {
+			return
+		}
+		m := &decodeMeter{maxCost: maxCost, maxRecs: maxRecs, bufs: &decompressBufs{}}
+		recs, _, err := decodeBatches(b, m)
+		if m.cost > maxCost || m.recs > maxRecs {
+			t.Fatalf("charged %d bytes and %d records over %d and %d", m.cost, m.recs, maxCost, maxRecs)
+		}
+		if err == nil && int64(len(recs)) > m.recs {
+			t.Fatalf("%d records decoded, %d charged", len(recs), m.recs)
+		}
+	})
+}

@@ -75,6 +75,9 @@ type Refusal struct {
 type RecordFailure struct {
 	Index          int
 	Check, Message string
+	// Retry is set when the record could not be checked now
+	// (RetriableGuard): the partition is refused with a retriable error.
+	Retry bool
 }
 
 // Tap receives records produced through the proxy with acks=all, when the
@@ -152,6 +155,7 @@ func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, 
 	}
 	tapping := tap != nil && acks == -1 && req.TransactionID == nil
 	m := pr.p.newMeter(pr.done, pr.p.guardBufs)
+	defer m.endPart() // its lease goes back even if a guard panics
 	for ti := range req.Topics {
 		t := &req.Topics[ti]
 		name := t.Topic
@@ -235,6 +239,10 @@ func refusedOf(topic string, id [16]byte, rf *Refusal) refusedPart {
 		rp.records = rp.records[:maxRecordErrors:maxRecordErrors]
 	}
 	switch {
+	case rf.Retriable():
+		rp.code, rp.records = kerr.RequestTimedOut.Code, nil
+		f := rf.Failures[0]
+		rp.message = fmt.Sprintf("rtproxy guard: record %d cannot be checked now (check %s: %s); retry", f.Index, f.Check, f.Message)
 	case errors.Is(rf.Err, ErrDecodeLimit):
 		rp.code = kerr.MessageTooLarge.Code
 		rp.message = "rtproxy: " + rf.Err.Error()
@@ -284,7 +292,16 @@ func (p *Proxy) checkPartition(g Guard, topic string, partition int32, batches [
 		}
 		var fails []RecordFailure
 		for i := range recs {
-			if check, msg, ok := g.Check(topic, partition, &recs[i]); !ok {
+			check, msg, ok, retry := checkRecord(g, topic, partition, &recs[i])
+			if retry {
+				// The partition is refused whatever the rest holds: with
+				// a retriable error unless a record failed for good.
+				if len(fails) == 0 {
+					fails = append(fails, RecordFailure{Index: i, Check: check, Message: msg, Retry: true})
+				}
+				break
+			}
+			if !ok {
 				fails = append(fails, RecordFailure{Index: i, Check: check, Message: msg})
 			}
 		}
@@ -456,6 +473,7 @@ func (p *Proxy) deliverTaps(tap Tap, version int16, body []byte, taps []tapPart)
 	}
 	resp := r.(*kmsg.ProduceResponse)
 	m := p.newMeter(nil, p.guardBufs)
+	defer m.endPart()
 	for _, tp := range taps {
 		for _, rt := range resp.Topics {
 			if (version >= 13 && rt.TopicID != tp.topicID) || (version < 13 && rt.Topic != tp.topic) {

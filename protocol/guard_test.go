@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -273,6 +274,20 @@ func TestBoundedDecompress(t *testing.T) {
 			t.Errorf("codec %d under an 8 MiB bound: %d bytes, %v", c, len(out), err)
 		}
 	}
+	// A streamed zstd frame does not declare its size: decompression
+	// itself stops at the bound.
+	var buf bytes.Buffer
+	zw, _ := zstd.NewWriter(&buf)
+	zw.Write(big)
+	zw.Close()
+	var h zstd.Header
+	if err := h.Decode(buf.Bytes()); err != nil || h.HasFCS {
+		t.Fatalf("the streamed frame declares its size (%v)", err)
+	}
+	m := testMeter(1<<20, 10)
+	if _, err := m.decompress(buf.Bytes(), 4); !errors.Is(err, ErrDecodeLimit) || m.cost > 1<<20 {
+		t.Errorf("streamed zstd under a 1 MiB bound: %v, charged %d", err, m.cost)
+	}
 }
 
 // testTap records what the proxy hands it.
@@ -412,7 +427,7 @@ func (g *panickyGuards) Check(topic string, p int32, r *ProducedRecord) (string,
 // counted, and the process and the other connections go on.
 func TestPanicClosesOnlyItsConnection(t *testing.T) {
 	upstream := startKfake(t, "-topics", "guarded:1,plain:1")
-	tp := startProxy(t, upstream, nil)
+	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = 64 << 20 })
 	tp.SetGuards(&panickyGuards{})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -446,5 +461,23 @@ func TestPanicClosesOnlyItsConnection(t *testing.T) {
 	}
 	if err := bad.ProduceSync(ctx, &kgo.Record{Topic: "guarded", Value: []byte("fine")}).FirstErr(); err != nil {
 		t.Fatalf("the panicked connection's client, once reconnected: %v", err)
+	}
+	// The panicked request's reservations went back: nothing is held, and
+	// no reservation still arriving weighs on later grants. (The last
+	// request's own goes back just after it is written upstream, which
+	// can be after its response arrived: wait a little.)
+	var h, d float64
+	var n int
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		h, d = metricValue(t, tp.m.heldBytes), metricValue(t, tp.m.decodedBytes)
+		tp.held.mu.Lock()
+		n = len(tp.held.growing)
+		tp.held.mu.Unlock()
+		if h == 0 && d == 0 && n == 0 {
+			break
+		}
+	}
+	if h != 0 || d != 0 || n != 0 {
+		t.Errorf("after the panic: held_bytes %v, decoded_bytes %v, %d growing reservations; want none", h, d, n)
 	}
 }

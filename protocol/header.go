@@ -167,6 +167,67 @@ func skipTags(p []byte, off int) (int, error) {
 // v0-v2 start with acks; v3+ put the transactional id first (a compact
 // nullable string from v9, a classic one before).
 func produceAcks(p []byte, h RequestHeader) (int16, error) {
+	off, err := produceAcksOffset(p, h)
+	if err != nil {
+		return 0, err
+	}
+	return int16(binary.BigEndian.Uint16(p[off:])), nil
+}
+
+// produceSoleTopic reads, from the head of a Produce request, its topic
+// when it names exactly one: its name (v0-v12) or its id (v13+); ok false
+// when it names several, or the head is too short to tell.
+func produceSoleTopic(p []byte, h RequestHeader) (name string, id [16]byte, ok bool) {
+	off, err := produceAcksOffset(p, h)
+	if err != nil {
+		return "", id, false
+	}
+	off += 2 + 4 // acks, timeout
+	var n int64
+	if h.Flexible {
+		v, next, err := uvarint(p, off)
+		if err != nil {
+			return "", id, false
+		}
+		n, off = int64(v)-1, next
+	} else {
+		if off+4 > len(p) {
+			return "", id, false
+		}
+		n, off = int64(int32(binary.BigEndian.Uint32(p[off:]))), off+4
+	}
+	if n != 1 {
+		return "", id, false
+	}
+	if h.APIVersion >= 13 {
+		if off+16 > len(p) {
+			return "", id, false
+		}
+		copy(id[:], p[off:])
+		return "", id, true
+	}
+	var l int
+	if h.Flexible {
+		v, next, err := uvarint(p, off)
+		if err != nil || v == 0 {
+			return "", id, false
+		}
+		l, off = int(v-1), next
+	} else {
+		if off+2 > len(p) {
+			return "", id, false
+		}
+		l, off = int(int16(binary.BigEndian.Uint16(p[off:]))), off+2
+	}
+	if l < 0 || l > len(p)-off {
+		return "", id, false
+	}
+	return string(p[off : off+l]), id, true
+}
+
+// produceAcksOffset is where a Produce request's acks field starts in p
+// (the payload after the size), past the transactional id from v3 on.
+func produceAcksOffset(p []byte, h RequestHeader) (int, error) {
 	off := h.BodyOffset
 	if h.APIVersion >= 3 {
 		if h.Flexible {
@@ -198,7 +259,7 @@ func produceAcks(p []byte, h RequestHeader) (int16, error) {
 	if off+2 > len(p) {
 		return 0, errShort
 	}
-	return int16(binary.BigEndian.Uint16(p[off:])), nil
+	return off, nil
 }
 
 // responseBodyOffset returns where the body of a response payload starts:

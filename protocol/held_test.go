@@ -362,3 +362,131 @@ func TestHeldHoldsGrowSafely(t *testing.T) {
 		t.Errorf("held_bytes %v after every release", h)
 	}
 }
+
+// TestProduceSoleTopic: the head scan agrees with franz-go's encoding of
+// Produce requests at every version, with and without a transactional
+// id, for one topic and for two.
+func TestProduceSoleTopic(t *testing.T) {
+	for v := int16(0); v <= kmsg.NewPtrProduceRequest().MaxVersion(); v++ {
+		for _, topics := range [][]string{{"orders"}, {"orders", "payments"}, {""}} {
+			for _, txn := range []bool{false, true} {
+				req := kmsg.NewPtrProduceRequest()
+				req.SetVersion(v)
+				req.Acks = -1
+				if txn && v >= 3 {
+					id := "txn-1"
+					req.TransactionID = &id
+				}
+				var ids [][16]byte
+				for i, name := range topics {
+					rt := kmsg.NewProduceRequestTopic()
+					rt.Topic = name
+					rt.TopicID = [16]byte{byte(i + 1), 7}
+					ids = append(ids, rt.TopicID)
+					rt.Partitions = append(rt.Partitions, kmsg.NewProduceRequestTopicPartition())
+					req.Topics = append(req.Topics, rt)
+				}
+				frame := rawRequest(req, 1)
+				h, err := ParseRequestHeader(frame[4:])
+				if err != nil {
+					t.Fatal(err)
+				}
+				name, id, ok := produceSoleTopic(frame[4:], h)
+				if want := len(topics) == 1; ok != want {
+					t.Fatalf("v%d %v: ok %v", v, topics, ok)
+				}
+				if !ok {
+					continue
+				}
+				if v >= 13 && id != ids[0] || v < 13 && name != topics[0] {
+					t.Errorf("v%d: %q %x, want %q %x", v, name, id, topics[0], ids[0])
+				}
+				// A head cut anywhere never reads past it.
+				for cut := 0; cut < len(frame)-4; cut++ {
+					produceSoleTopic(frame[4:4+cut], h)
+				}
+			}
+		}
+	}
+}
+
+// FuzzProduceSoleTopic: the head scan never panics, and what it reads
+// agrees with franz-go's decoder whenever that decodes the request.
+func FuzzProduceSoleTopic(f *testing.F) {
+	for _, v := range []int16{3, 8, 9, 12, 13} {
+		req := kmsg.NewPtrProduceRequest()
+		req.SetVersion(v)
+		rt := kmsg.NewProduceRequestTopic()
+		rt.Topic = "t"
+		req.Topics = append(req.Topics, rt)
+		f.Add(rawRequest(req, 1)[4:])
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		h, err := ParseRequestHeader(payload)
+		if err != nil || h.APIKey != int16(kmsg.Produce) {
+			return
+		}
+		name, id, ok := produceSoleTopic(payload, h)
+		req := kmsg.NewPtrProduceRequest()
+		req.SetVersion(h.APIVersion)
+		if req.ReadFrom(payload[h.BodyOffset:]) != nil || !ok {
+			return
+		}
+		if len(req.Topics) != 1 || (h.APIVersion >= 13 && req.Topics[0].TopicID != id) || (h.APIVersion < 13 && req.Topics[0].Topic != name) {
+			t.Fatalf("scan: %q %x; franz-go: %+v", name, id, req.Topics)
+		}
+	})
+}
+
+// TestUnguardedSoleTopicStreams: with guards in force, a Produce request
+// to one unguarded topic streams as without guards: it takes nothing of
+// max_held_bytes, so guarded traffic can never keep it waiting.
+func TestUnguardedSoleTopicStreams(t *testing.T) {
+	upstream := startKfake(t, "-topics", "gx:1,plain:1")
+	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = 8 << 20 })
+	tp.SetGuards(&testGuards{})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ProducerLinger(0), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	big := bytes.Repeat([]byte("x"), 200<<10)
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "plain", Value: big}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if p := tp.held.peakBytes(); p != 0 {
+		t.Errorf("a 200 KiB produce to an unguarded topic held %d bytes", p)
+	}
+	if err := cl.ProduceSync(ctx, &kgo.Record{Topic: "gx", Value: big}).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	if p := tp.held.peakBytes(); p < 200<<10 {
+		t.Errorf("a 200 KiB produce to a guarded topic held %d bytes, want it read whole", p)
+	}
+}
+
+// TestEffectiveMaxConns: the cap in force is the configured one, at most
+// half of what the descriptor limit leaves after its reserve; no limit
+// known leaves the configured one.
+func TestEffectiveMaxConns(t *testing.T) {
+	for _, c := range []struct {
+		configured int
+		limit      uint64
+		want       int64
+	}{
+		{10000, 1200, 525},      // (1200 - 150) / 2
+		{100, 1200, 100},        // under what fits
+		{0, 1200, 525},          // no cap configured: the limit's
+		{10000, 1 << 20, 10000}, // a large limit
+		{0, 0, 0},               // unknown limit, no cap
+		{500, 0, 500},           // unknown limit
+		{10000, 100, 1},         // a limit under the reserve still lets one in
+		{10000, 1 << 62, 10000}, // RLIM_INFINITY
+	} {
+		if got := effectiveMaxConns(c.configured, c.limit); got != c.want {
+			t.Errorf("configured %d, limit %d: %d, want %d", c.configured, c.limit, got, c.want)
+		}
+	}
+}

@@ -15,6 +15,8 @@ type metrics struct {
 	connsTotal prometheus.Counter
 	// connsRefused counts connections closed at accept (MaxConnections).
 	connsRefused prometheus.Counter
+	// acceptErrors counts failed accepts (out of descriptors, ...).
+	acceptErrors *prometheus.CounterVec
 	bytesC2B     prometheus.Counter
 	bytesB2C     prometheus.Counter
 	frameErrors  *prometheus.CounterVec
@@ -79,6 +81,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		connsRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_connections_refused_total", Help: "Client connections closed at accept because max_connections were open.",
 		}),
+		acceptErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_proxy_accept_errors_total", Help: "Accepts that failed on a client listener, by reason (out_of_descriptors: EMFILE or ENFILE; other); each is retried after a backoff of up to a second.",
+		}, []string{"reason"}),
 		frameErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_frame_errors_total", Help: "Client connections closed for a malformed frame, by reason.",
 		}, []string{"reason"}),
@@ -123,7 +128,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Buckets: prometheus.ExponentialBuckets(50e-6, 2.5, 14),
 	}, []string{"api"})
 	m.reqs, m.errs, m.lat = reqs, errs, lat
-	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.frameErrors, m.panics, m.heldBytes, m.heldWaits, m.decodedBytes, m.decodedWaits, m.decodeLimited, m.endpointsPadded, bytes, reqs, errs, lat} {
+	for _, c := range []prometheus.Collector{m.connsOpen, m.connsTotal, m.connsRefused, m.acceptErrors, m.frameErrors, m.panics, m.heldBytes, m.heldWaits, m.decodedBytes, m.decodedWaits, m.decodeLimited, m.endpointsPadded, bytes, reqs, errs, lat} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

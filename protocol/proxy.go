@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,7 +44,10 @@ type Config struct {
 	ShutdownGrace   time.Duration // positive (required)
 	// MaxConnections caps the client connections open at once (all
 	// listeners together); one over it is closed at accept and counted in
-	// rtproxy_proxy_connections_refused_total. 0: no cap.
+	// rtproxy_proxy_connections_refused_total. 0: no cap but the one the
+	// descriptor limit sets. Either way the cap in force is at most what
+	// the process's RLIMIT_NOFILE allows (effectiveMaxConns): a busy
+	// connection holds two descriptors.
 	MaxConnections int
 	// ClientIdleTimeout closes a client connection that sends nothing for
 	// this long while none of its requests is in flight. 0: never.
@@ -154,9 +158,13 @@ type Proxy struct {
 	ready      atomic.Bool
 	seedNext   atomic.Uint32
 	// active counts client connections accepted and not yet finished
-	// (MaxConnections); refusedLogAt rate-limits the refusal log line.
+	// (maxConns, the MaxConnections in force); refusedLogAt rate-limits
+	// the refusal log line, acceptLog the accept-error one.
 	active       atomic.Int64
+	maxConns     int64
+	fdLimit      uint64
 	refusedLogAt atomic.Int64
+	acceptLog    rateLog
 	// held bounds the bytes of frames read whole (MaxHeldBytes).
 	held *heldBudget
 	// holdFetches turns streaming of large Fetch responses off (tests of
@@ -218,6 +226,8 @@ func New(cfg Config) (*Proxy, error) {
 		ports:      NewPortMap(cfg.BrokerPortFirst, cfg.BrokerPortCount),
 		held:       &heldBudget{max: cfg.MaxHeldBytes, gauge: m.heldBytes, waits: m.heldWaits},
 	}
+	p.fdLimit = fdLimit()
+	p.maxConns = effectiveMaxConns(cfg.MaxConnections, p.fdLimit)
 	p.stopCtx, p.stop = context.WithCancel(context.Background())
 	p.guardBufs = &decompressBufs{}
 	p.decoded = &heldBudget{max: cfg.MaxDecodedBytesTotal, gauge: m.decodedBytes, waits: m.decodedWaits}
@@ -299,6 +309,13 @@ func (p *Proxy) Run(ctx context.Context) error {
 	p.log.Info("proxy listening", "bootstrap", p.Addr(), "advertise_host", p.cfg.AdvertiseHost,
 		"broker_ports", fmt.Sprintf("%d-%d", p.cfg.BrokerPortFirst, p.cfg.BrokerPortFirst+p.cfg.BrokerPortCount-1),
 		"upstream", p.cfg.Upstream)
+	if p.cfg.MaxConnections > 0 && p.maxConns < int64(p.cfg.MaxConnections) {
+		p.log.Warn("max_connections lowered to fit the open-file limit: a busy client connection holds two descriptors",
+			"max_connections", p.cfg.MaxConnections, "in_force", p.maxConns, "rlimit_nofile", p.fdLimit,
+			"reserved", fdReserve(p.fdLimit))
+	} else {
+		p.log.Info("client connections capped", "max_connections", p.maxConns, "rlimit_nofile", p.fdLimit)
+	}
 	p.loops.Add(3)
 	go p.acceptLoop(p.bootstrap, -1)
 	go p.refreshLoop()
@@ -343,6 +360,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 
 func (p *Proxy) acceptLoop(ln net.Listener, node int32) {
 	defer p.loops.Done()
+	backoff := time.Duration(0)
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -353,11 +371,29 @@ func (p *Proxy) acceptLoop(ln net.Listener, node int32) {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			p.log.Error("accept failed", "listen", ln.Addr().String(), "err", err)
-			time.Sleep(50 * time.Millisecond)
+			// Out of descriptors (EMFILE, ENFILE) or another resource:
+			// counted, logged at most every 10 s with how many since,
+			// and retried after a backoff that doubles up to a second,
+			// so that a full table is not a busy loop of log lines.
+			reason := "other"
+			if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+				reason = "out_of_descriptors"
+			}
+			p.m.acceptErrors.WithLabelValues(reason).Inc()
+			if n, ok := p.acceptLog.allow(10 * time.Second); ok {
+				p.log.Error("accept failed; retrying", "listen", ln.Addr().String(), "err", err,
+					"failures_since_last_log", n, "open_connections", p.active.Load(), "max_connections", p.maxConns)
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-p.stopCtx.Done():
+				return
+			case <-time.After(backoff):
+			}
 			continue
 		}
-		if max := p.cfg.MaxConnections; max > 0 && p.active.Load() >= int64(max) {
+		backoff = 0
+		if max := p.maxConns; max > 0 && p.active.Load() >= max {
 			p.m.connsRefused.Inc()
 			if now := time.Now().UnixNano(); now-p.refusedLogAt.Load() > int64(10*time.Second) {
 				p.refusedLogAt.Store(now)
@@ -374,6 +410,52 @@ func (p *Proxy) acceptLoop(ln net.Listener, node int32) {
 			p.serve(c, node)
 		}()
 	}
+}
+
+// fdReserve is how many descriptors are kept for everything but client
+// connections: listeners, the pipelines' broker connections, state files,
+// the admin listener, logs.
+func fdReserve(limit uint64) uint64 { return max(128, limit/8) }
+
+// effectiveMaxConns is the cap on client connections in force: the
+// configured one (0: none), at most half of what the descriptor limit
+// leaves after fdReserve, since a busy connection holds its client's
+// descriptor and its upstream's.
+func effectiveMaxConns(configured int, limit uint64) int64 {
+	if limit == 0 || limit >= 1<<40 {
+		return int64(configured)
+	}
+	fit := int64(0)
+	if r := fdReserve(limit); limit > r {
+		fit = int64((limit - r) / 2)
+	}
+	fit = max(fit, 1)
+	if configured > 0 {
+		return min(int64(configured), fit)
+	}
+	return fit
+}
+
+// rateLog lets a log line through at most once per interval, counting the
+// ones held back.
+type rateLog struct {
+	mu   sync.Mutex
+	last time.Time
+	held int
+}
+
+// allow reports whether to log now, and how many were held back since
+// the last line.
+func (r *rateLog) allow(every time.Duration) (int, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now := time.Now(); now.Sub(r.last) >= every {
+		n := r.held
+		r.last, r.held = now, 0
+		return n, true
+	}
+	r.held++
+	return 0, false
 }
 
 // idleLoop closes client connections that have had no request and no

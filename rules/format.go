@@ -41,8 +41,11 @@ func (l *loader) readFormat(x *keyVal, what string, allowed ...Format) (Format, 
 }
 
 // UsesRegistry reports whether the route reads or writes values through a
-// schema registry.
+// schema registry (a guard: checks values of a registry format).
 func (r *Route) UsesRegistry() bool {
+	if r.Guard != nil {
+		return r.Guard.Format.Registry()
+	}
 	return r.Source.Format.Registry() || r.Sink.Format.Registry()
 }
 

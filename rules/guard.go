@@ -23,10 +23,13 @@ import (
 // Guard is the content of a guard file. A loaded Guard is complete: every
 // default is filled in.
 type Guard struct {
-	Topic      string // name or glob (path.Match syntax)
-	Format     Format // FormatJSON or FormatRaw
-	OnReject   string // GuardReject or GuardDeadLetter
-	DeadLetter string // set when OnReject == GuardDeadLetter
+	Topic  string // name or glob (path.Match syntax)
+	Format Format // FormatJSON, FormatRaw, FormatAvro or FormatProtobuf
+	// MessageIndexes is how Protobuf message indexes are encoded
+	// ("zigzag" or "unsigned"); set only with FormatProtobuf.
+	MessageIndexes string
+	OnReject       string // GuardReject or GuardDeadLetter
+	DeadLetter     string // set when OnReject == GuardDeadLetter
 	// Checks are the checks as listed, in order. With format json a value
 	// that does not decode fails the built-in ValidJSON before any of
 	// them, whether or not it is listed: Check can report ValidJSON for a
@@ -68,7 +71,7 @@ type GuardCheck struct {
 
 // The keys of a guard file and of one of its checks.
 var (
-	guardKeys      = []string{"guard", "topic", "format", "on_reject", "dead_letter", "checks"}
+	guardKeys      = []string{"guard", "topic", "format", "on_reject", "dead_letter", "checks", "schema_registry", "message_indexes"}
 	guardCheckKeys = []string{"check", "message", "name"}
 )
 
@@ -119,6 +122,10 @@ func (g *Guard) Check(r *operators.Record) (check, message string, ok bool) {
 	}()
 	r.ResetEnv() // a reused Record must not show a previous record's key or headers
 	switch {
+	case g.Format.Registry():
+		// The caller decodes (it holds the registry client) and calls
+		// CheckDecoded; without one a record cannot pass.
+		return GuardDecode, "format " + string(g.Format) + " needs a schema registry decoder; none is set", false
 	case g.Format == FormatRaw:
 		r.Value = string(r.Raw)
 	case r.Raw == nil:
@@ -132,8 +139,14 @@ func (g *Guard) Check(r *operators.Record) (check, message string, ok bool) {
 			return ValidJSON, notJSON(err), false
 		}
 	}
+	return g.runChecks(r, &cur)
+}
+
+// runChecks runs g's checks on r, whose Value is set; cur is the index of
+// the check running, for the caller's recover.
+func (g *Guard) runChecks(r *operators.Record, cur *int) (check, message string, ok bool) {
 	for i := range g.Checks {
-		cur = i
+		*cur = i
 		c := &g.Checks[i]
 		if c.Cond == nil {
 			// With format json the value decoded above.
@@ -234,7 +247,7 @@ func (l *loader) loadGuard(root *yaml.Node) *Route {
 	}
 
 	if kv := f["format"]; kv != nil {
-		if s, ok := l.readFormat(kv, "format", FormatJSON, FormatRaw); ok {
+		if s, ok := l.readFormat(kv, "format", FormatJSON, FormatRaw, FormatAvro, FormatProtobuf); ok {
 			g.Format = s
 		}
 	}
@@ -254,6 +267,7 @@ func (l *loader) loadGuard(root *yaml.Node) *Route {
 	} else {
 		l.guardChecks(kv, g)
 	}
+	l.guardRegistry(f, r)
 
 	if len(l.errs) > 0 {
 		return nil
@@ -347,6 +361,9 @@ func (l *loader) guardChecks(kv *keyVal, g *Guard) {
 			} else {
 				l.errAt(at, c.Name, "check name `%s` is already used by the check at line %d; give each check its own `name`", shorten(c.Name), prev.line)
 			}
+			continue
+		}
+		if !l.registryCheckOK(g, c, at) {
 			continue
 		}
 		seen[c.Name] = first{at.Line, c.Cond == nil}

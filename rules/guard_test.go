@@ -115,7 +115,7 @@ func TestGuardRefusals(t *testing.T) {
 		want       []string
 	}{
 		{"a route key", ok + "checks: [valid_json]\nsink: out\n",
-			[]string{"r.yaml:4:1: unknown field `sink` in guard file; known fields: guard, topic, format, on_reject, dead_letter, checks (near `sink`)"}},
+			[]string{"r.yaml:4:1: unknown field `sink` in guard file; known fields: guard, topic, format, on_reject, dead_letter, checks, schema_registry, message_indexes (near `sink`)"}},
 		{"unknown key", ok + "checks: [valid_json]\nformt: raw\n",
 			[]string{"r.yaml:4:1: unknown field `formt` in guard file; did you mean `format`? (near `formt`)"}},
 		{"unknown key in a check", ok + "checks:\n  - check: value.a > 0\n    mesage: x\n",
@@ -143,7 +143,7 @@ func TestGuardRefusals(t *testing.T) {
 		{"bad topic name", "guard: g\ntopic: pay/ments\nchecks: [valid_json]\n",
 			[]string{"r.yaml:2:8: `topic` is not a valid Kafka topic name: use letters, digits, `.`, `_` and `-` (at most 249), or a glob such as `payments.*` (near `pay/ments`)"}},
 		{"bad format", ok + "format: xml\nchecks: [valid_json]\n",
-			[]string{"r.yaml:3:9: `format` must be one of json, raw (near `xml`)"}},
+			[]string{"r.yaml:3:9: `format` must be one of json, raw, avro, protobuf (near `xml`)"}},
 		{"bad on_reject", ok + "on_reject: deadletter\nchecks: [valid_json]\n",
 			[]string{"r.yaml:3:12: `on_reject` must be one of reject, dead_letter; did you mean `dead_letter`? (near `deadletter`)"}},
 		{"bad on_reject with dead_letter says it once", ok + "on_reject: drop\ndead_letter: t.dlq\nchecks: [valid_json]\n",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -174,4 +175,29 @@ func TestDefaultRedactHeaders(t *testing.T) {
 			t.Errorf("header %q is redacted", name)
 		}
 	}
+}
+
+// FuzzAdminHost: the Host check never panics, and lets through only what
+// names this listener: an IP literal, a localhost name, the listener's own
+// host or an allowed one.
+func FuzzAdminHost(f *testing.F) {
+	for _, h := range []string{"", "127.0.0.1:9644", "[::1]:1", "localhost", "a.localhost:1", "evil.example", "x.internal.example:80",
+		"[fe80::1%eth0]:9", "LOCALHOST.", "::1", "[", ":", "rtproxy.svc:9644"} {
+		f.Add(h)
+	}
+	g := newAdminGuard("0.0.0.0:9644", []string{"rtproxy.svc", "*.internal.example"}, nil, http.NotFoundHandler())
+	f.Fuzz(func(t *testing.T, host string) {
+		if !g.hostAllowed(host) || host == "" {
+			return
+		}
+		h := host
+		if hh, _, err := net.SplitHostPort(host); err == nil {
+			h = hh
+		}
+		h = strings.ToLower(strings.TrimSuffix(strings.Trim(h, "[]"), "."))
+		if net.ParseIP(h) == nil && h != "localhost" && !strings.HasSuffix(h, ".localhost") && h != "rtproxy.svc" &&
+			!strings.HasSuffix(h, ".internal.example") && h != "0.0.0.0" {
+			t.Fatalf("Host %q let through", host)
+		}
+	})
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/rtproxy/rtproxy/operators"
+	"github.com/rtproxy/rtproxy/internal/serde"
 	"github.com/rtproxy/rtproxy/protocol"
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -27,20 +27,31 @@ type guards struct {
 	rejected *prometheus.CounterVec // guard, check
 	sink     *guardSink
 	set      func(protocol.Guards)
+	// unavailable counts partitions refused (retriably) because a
+	// registry-format guard's schema registry did not answer.
+	unavailable *prometheus.CounterVec // guard
+	sr          serde.Config           // the proxy's schema registry
+	regs        registries             // registry clients of format avro | protobuf guards
 	// closed names the guards in force that fail closed (rules.Guard.Closed):
 	// their files do not load and have no valid version. While one is,
 	// the proxy is not ready (notReady).
 	closed atomic.Pointer[[]string]
 }
 
-func newGuards(log *slog.Logger, reg prometheus.Registerer, seeds []string, opts []kgo.Opt, set func(protocol.Guards)) (*guards, error) {
-	g := &guards{log: log, set: set, sink: &guardSink{seeds: seeds, opts: opts, log: log},
+func newGuards(log *slog.Logger, reg prometheus.Registerer, seeds []string, opts []kgo.Opt, sr serde.Config, set func(protocol.Guards)) (*guards, error) {
+	g := &guards{log: log, set: set, sink: &guardSink{seeds: seeds, opts: opts, log: log}, sr: sr,
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_guard_rejected_records_total",
 			Help: "Produced records a guard refused, by guard and the check they failed (their batch-mates are refused with them, not counted).",
-		}, []string{"guard", "check"})}
-	if err := reg.Register(g.rejected); err != nil {
-		return nil, fmt.Errorf("guard metrics: %w", err)
+		}, []string{"guard", "check"}),
+		unavailable: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_guard_registry_unavailable_total",
+			Help: "Produced partitions a guard with format avro or protobuf refused with a retriable error because the schema registry did not answer in time.",
+		}, []string{"guard"})}
+	for _, c := range []prometheus.Collector{g.rejected, g.unavailable} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("guard metrics: %w", err)
+		}
 	}
 	return g, nil
 }
@@ -57,13 +68,18 @@ func (g *guards) apply(files []*rules.Route) {
 		}
 	}
 	g.closed.Store(&closed)
+	defer g.regs.prune()
 	if len(files) == 0 {
 		g.set(nil)
 		return
 	}
 	s := &guardSet{}
 	for _, f := range files {
-		s.all = append(s.all, &guardOf{name: f.Name, g: f.Guard, gs: g})
+		o := &guardOf{name: f.Name, g: f.Guard, gs: g}
+		if f.Guard.Closed == "" && f.Guard.Format.Registry() {
+			o.dec = g.newGuardDecoder(f, g.sr)
+		}
+		s.all = append(s.all, o)
 	}
 	g.set(s)
 }
@@ -105,24 +121,23 @@ type guardOf struct {
 	name string
 	g    *rules.Guard
 	gs   *guards
+	dec  *guardDecoder // format avro | protobuf (guardformat.go)
 }
 
+// Check is CheckRetriable (guardformat.go) for callers that cannot retry.
 func (o *guardOf) Check(topic string, partition int32, rec *protocol.ProducedRecord) (string, string, bool) {
-	r := operators.Record{Topic: topic, Partition: partition, Offset: -1, Key: rec.Key, Raw: rec.Value, Timestamp: rec.Timestamp}
-	if len(rec.Headers) > 0 {
-		r.Headers = make([]operators.Header, len(rec.Headers))
-		for i, h := range rec.Headers {
-			r.Headers[i] = operators.Header{Key: h.Key, Value: h.Value}
-		}
-	}
-	check, msg, ok := o.g.Check(&r)
-	if !ok {
-		return o.name + "/" + check, msg, false
-	}
-	return "", "", true
+	check, msg, ok, _ := o.CheckRetriable(topic, partition, rec)
+	return check, msg, ok
 }
 
 func (o *guardOf) Refused(r protocol.Refusal) {
+	if r.Retriable() {
+		// The producer retries these records: no dead letters.
+		o.gs.unavailable.WithLabelValues(o.name).Inc()
+		o.gs.log.Warn("guard could not check produced records: schema registry unavailable; refused with a retriable error",
+			"guard", o.name, "topic", r.Topic, "partition", r.Partition, "err", r.Failures[0].Message)
+		return
+	}
 	for _, f := range r.Failures {
 		_, check := splitCheck(f.Check)
 		o.gs.rejected.WithLabelValues(o.name, check).Inc()
@@ -141,12 +156,8 @@ func (o *guardOf) Refused(r protocol.Refusal) {
 type guardList []*guardOf
 
 func (l guardList) Check(topic string, partition int32, rec *protocol.ProducedRecord) (string, string, bool) {
-	for _, g := range l {
-		if check, msg, ok := g.Check(topic, partition, rec); !ok {
-			return check, msg, false
-		}
-	}
-	return "", "", true
+	check, msg, ok, _ := l.CheckRetriable(topic, partition, rec)
+	return check, msg, ok
 }
 
 // Refused goes to the guard whose check failed first for the batch's first

@@ -33,7 +33,7 @@ type routes struct {
 	guards func([]*rules.Route)
 }
 
-func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer, guards func([]*rules.Route)) (routeEngine, error) {
+func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer, srm *serde.Metrics, guards func([]*rules.Route)) (routeEngine, error) {
 	if _, err := os.Stat(cfg.RulesDir); os.IsNotExist(err) {
 		// An empty directory is a valid "no routes"; creating it lets the
 		// watcher see the first rule file an operator drops in.
@@ -63,14 +63,9 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 		SessionTimeout: cfg.GroupSessionTimeout,
 		BatchWindow:    cfg.BatchWindow,
 		// The last dead letters of each route, for the status page.
-		RecentValues: cfg.Admin.ShowRecords,
-		RedactHeader: redact.MatchString,
-		SchemaRegistry: serde.Config{URL: cfg.SchemaRegistry.URL,
-			BasicAuthFile: cfg.SchemaRegistry.BasicAuthFile, BasicAuthEnv: cfg.SchemaRegistry.BasicAuthEnv,
-			BearerTokenFile: cfg.SchemaRegistry.BearerTokenFile, BearerTokenEnv: cfg.SchemaRegistry.BearerTokenEnv,
-			CAFile: cfg.SchemaRegistry.CAFile, Timeout: cfg.SchemaRegistry.Timeout,
-			Limits: serde.Limits{MaxResponseBytes: cfg.SchemaRegistry.MaxResponseBytes, MaxSchemaBytes: cfg.SchemaRegistry.MaxSchemaBytes,
-				MaxSchemaDepth: cfg.SchemaRegistry.MaxSchemaDepth, MaxReferences: cfg.SchemaRegistry.MaxReferences}},
+		RecentValues:   cfg.Admin.ShowRecords,
+		RedactHeader:   redact.MatchString,
+		SchemaRegistry: schemaRegistryConfig(cfg, srm),
 	})
 	if err != nil {
 		return nil, err

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/rtproxy/rtproxy/config"
+	"github.com/rtproxy/rtproxy/internal/serde"
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/protocol"
@@ -241,12 +242,17 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	gd, err := newGuards(log.With("component", "guards"), reg, upstream, popts, px.SetGuards)
+	// The registry bounds' counters, shared by routes and guards.
+	srm, err := serde.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	gd, err := newGuards(log.With("component", "guards"), reg, upstream, popts, schemaRegistryConfig(cfg, srm), px.SetGuards)
 	if err != nil {
 		return err
 	}
 	defer gd.close()
-	routes, err := newRoutes(cfg, upstream, popts, log, reg, gd.apply)
+	routes, err := newRoutes(cfg, upstream, popts, log, reg, srm, gd.apply)
 	if err != nil {
 		return err
 	}

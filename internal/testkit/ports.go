@@ -9,10 +9,15 @@ import (
 )
 
 // Ports are picked below the kernel's ephemeral range (32768+) so an outgoing
-// connection can never take a port we mean to reuse on a restart.
+// connection can never take a port we mean to reuse on a restart. Single
+// ports come from the low part of the range and blocks from the rest: single
+// ports scattered at random over the whole range would, after a few hundred
+// tests in one binary, leave no free run of 100 for a proxy's broker
+// listeners.
 const (
-	portLow  = 12000
-	portHigh = 32000
+	portLow    = 12000
+	singleHigh = 16000 // single ports: [portLow, singleHigh); blocks: [singleHigh, portHigh)
+	portHigh   = 32000
 )
 
 var portMu sync.Mutex
@@ -23,7 +28,7 @@ func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
 	ps := make([]int, 0, n)
 	for range n {
-		ps = append(ps, FreePortBlock(t, 1))
+		ps = append(ps, pick(t, 1, portLow, singleHigh))
 	}
 	return ps
 }
@@ -31,18 +36,33 @@ func FreePorts(t testing.TB, n int) []int {
 // FreePortBlock returns the first of n contiguous free loopback ports.
 func FreePortBlock(t testing.TB, n int) int {
 	t.Helper()
+	return pick(t, n, singleHigh, portHigh)
+}
+
+// pick finds n contiguous free ports in [low, high), marks them handed out
+// until the test ends (its processes are stopped by cleanups registered
+// later, which run first), and returns the first.
+func pick(t testing.TB, n, low, high int) int {
+	t.Helper()
 	portMu.Lock()
 	defer portMu.Unlock()
 	for attempt := 0; attempt < 200; attempt++ {
-		first := portLow + rand.IntN(portHigh-portLow-n)
+		first := low + rand.IntN(high-low-n)
 		if blockFree(first, n) {
 			for p := first; p < first+n; p++ {
 				portsHanded[p] = true
 			}
+			t.Cleanup(func() {
+				portMu.Lock()
+				defer portMu.Unlock()
+				for p := first; p < first+n; p++ {
+					delete(portsHanded, p)
+				}
+			})
 			return first
 		}
 	}
-	t.Fatalf("no block of %d free ports in [%d,%d)", n, portLow, portHigh)
+	t.Fatalf("no block of %d free ports in [%d,%d)", n, low, high)
 	return 0
 }
 

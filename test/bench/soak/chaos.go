@@ -46,6 +46,7 @@ func (s *soak) startChaos(ctx context.Context, wg *sync.WaitGroup) {
 	every(ctx, wg, *fillEvery*3/4, *fillEvery, s.fillState)
 	every(ctx, wg, *rulesEvery, *rulesEvery, s.rewriteRules)
 	every(ctx, wg, *connsEvery/2, *connsEvery, s.connBurst)
+	every(ctx, wg, *hostileEvery/2, *hostileEvery, s.hostileRound)
 }
 
 // restartKfake stops the brokers (SIGTERM) and starts them again on the

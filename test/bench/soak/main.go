@@ -19,8 +19,10 @@
 // sink (-delete-every), fills the state directory (a tmpfs of its own) until
 // ENOSPC and frees it, restarting rtproxy when its state store failed
 // (-fill-every), rewrites both rule files (-rules-every), opens bursts of
-// idle connections to the proxy (-conns-every), and samples rtproxy's RSS
-// every second.
+// idle connections to the proxy (-conns-every), runs a hostile client
+// (-hostile-every: compressed record bombs to a guarded topic, slow
+// announced produces, malformed frames; hostile.go), and samples
+// rtproxy's RSS every second.
 //
 // At the end it waits for the sinks to be quiet and prints, per route, the
 // acknowledged ids, the ids seen in the sink, the missing ones, the ones
@@ -65,6 +67,8 @@ var (
 	connCount    = flag.Int("conns", 500, "connections per burst")
 	connHold     = flag.Duration("conn-hold", 2*time.Second, "how long a burst's connections stay open")
 	rssBound     = flag.Int("rss-bound", 512, "MiB of rtproxy RSS the soak allows")
+	hostileEvery = flag.Duration("hostile-every", 20*time.Second, "run a round of the hostile client this often, first at half of it (0: never; hostile.go)")
+	hostileHold  = flag.Duration("hostile-hold", 3*time.Second, "how long the hostile client's slow announces stay open")
 	bandBefore   = flag.Duration("band-before", 5*time.Second, "a deleted sink destroyed outputs of source offsets above what the consumer had read this long before the delete")
 	recreateWait = flag.Duration("recreate-wait", 30*time.Second, "how long the route gets to recreate its deleted sink before the soak does")
 	quiet        = flag.Duration("quiet", 15*time.Second, "at the end, wait until the sinks are quiet this long (or every acknowledged id is accounted for)")
@@ -246,7 +250,7 @@ func main() {
 
 	s.kf = &proc{name: "kfake", bin: kfakeBin, logPath: filepath.Join(s.tmp, "kfake.log"),
 		args: []string{"-brokers", "3", "-ports", strings.Join(kports, ","), "-data-dir", filepath.Join(s.tmp, "kfake-data"),
-			"-topics", fmt.Sprintf("soak.a:%d,soak.b:%d", *partitions, *partitions), "-default-partitions", strconv.Itoa(*partitions),
+			"-topics", fmt.Sprintf("soak.a:%d,soak.b:%d,%s:1", *partitions, *partitions, hostileTopic), "-default-partitions", strconv.Itoa(*partitions),
 			"-auto-create=false"}}
 	line, err := s.kf.start("ready ", time.Minute)
 	if err != nil {
@@ -259,6 +263,14 @@ func main() {
 	}
 	if err := writeRule(s.rulesDir, "soak-b.yaml", ruleB(0)); err != nil {
 		fatalf("%v", err)
+	}
+	if *hostileEvery > 0 {
+		// The hostile client's guard: loaded, it has the proxy read every
+		// Produce request whole (hostile.go).
+		if err := writeRule(s.rulesDir, "soak-hostile.yaml", hostileGuard); err != nil {
+			fatalf("%v", err)
+		}
+		buildBombs()
 	}
 	s.px = &proc{name: "rtproxy", bin: proxyBin, logPath: filepath.Join(s.tmp, "rtproxy.log"),
 		args: []string{"run", "--listen", listen, "--admin-listen", adminAddr, "--broker-ports", strconv.Itoa(brokerBase),

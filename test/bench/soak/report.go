@@ -111,6 +111,12 @@ func (s *soak) report(header string, finalRoutes []routeStatus, finalMetrics map
 	bound := int64(*rssBound) << 20
 	rssOK := maxRSS <= bound
 	ok = ok && rssOK
+	// The hostile client: a bomb answered otherwise than MESSAGE_TOO_LARGE,
+	// a produce kept waiting by slow announces, a malformed frame's
+	// connection left open, fail the soak too.
+	hostileOK := counts["hostile bombs answered wrongly"] == 0 && counts["hostile slow-announce rounds, produce beside them slow"] == 0 &&
+		counts["hostile malformed frames, connection left open"] == 0
+	ok = ok && hostileOK
 
 	fmt.Printf("\n%s\n\n", header)
 	for _, x := range []struct {
@@ -214,6 +220,13 @@ func (s *soak) report(header string, finalRoutes []routeStatus, finalMetrics map
 		fmt.Printf("| rtproxy restarts | %d (%s) |\n", nRestarts, strings.Join(restarts, ", "))
 	} else {
 		fmt.Printf("| rtproxy restarts | 0 |\n")
+	}
+	if *hostileEvery > 0 {
+		fmt.Printf("| hostile client rounds (every %v) | %d: bombs refused %d, answered wrongly %d, unanswered %d; produce beside 4 slow 64 MiB announces answered %d, slow %d, failed %d; malformed frames closed %d, left open %d |\n",
+			*hostileEvery, counts["hostile rounds"], counts["hostile bombs refused (MESSAGE_TOO_LARGE)"], counts["hostile bombs answered wrongly"],
+			counts["hostile bombs unanswered"], counts["hostile slow-announce rounds, produce beside them answered"],
+			counts["hostile slow-announce rounds, produce beside them slow"], counts["hostile slow-announce rounds, produce beside them failed"],
+			counts["hostile malformed frames, connection closed by the proxy"], counts["hostile malformed frames, connection left open"])
 	}
 	fmt.Printf("| unexpected exits | rtproxy %d, kfake %d |\n", counts["rtproxy unexpected exits"], counts["kfake unexpected exits"])
 	fmt.Printf("| produce errors (not counted) | A %d, B %d |\n", ra.failed, rb.failed)

@@ -1,0 +1,5 @@
+//go:build !unix
+
+package protocol
+
+func fdLimit() uint64 { return 0 }
