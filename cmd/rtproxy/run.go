@@ -279,18 +279,6 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	}
 	done := make(chan result, 2)
 	go func() { done <- result{"proxy", px.Run(ctx)} }()
-	go releaseAfterStart(ctx, func() bool {
-		if !px.Ready() {
-			return false
-		}
-		rs, _ := routes.Status().([]pipeline.RouteStatus)
-		for _, r := range rs {
-			if r.State == "starting" {
-				return false
-			}
-		}
-		return true
-	}, log)
 	go func() { done <- result{"pipelines", routes.Run(ctx)} }()
 	running := 2
 
