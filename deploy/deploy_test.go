@@ -374,10 +374,12 @@ func TestDashboardMetricsExported(t *testing.T) {
 	}
 
 	// Every name the dashboard queries must be exported. Checkpoints run
-	// every second, so give the slower series a few seconds to appear.
+	// every second, so give the slower series a few seconds to appear (the
+	// window's watermark needs markers across two repartition hops: up to
+	// 30 s on a loaded CI machine).
 	var missing []string
 	var body string
-	for end := time.Now().Add(15 * time.Second); ; {
+	for end := time.Now().Add(30 * time.Second); ; {
 		var names map[string]bool
 		names, body = scrape(t, "http://"+admin+"/metrics")
 		missing = missing[:0]
