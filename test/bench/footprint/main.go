@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -143,8 +142,9 @@ func measure(root, work, kfakeBin, bin string, sc scenario) result {
 	for i := 0; i < sc.routes; i++ {
 		topics = append(topics, fmt.Sprintf("idle%d:3", i))
 	}
-	broker, addrs := startKfake(kfakeBin, strings.Join(topics, ","))
-	defer stop(broker)
+	broker, ready := benchkit.StartProc(kfakeBin, "-brokers", "1", "-topics", strings.Join(topics, ","), "-auto-create=true", "-group-heartbeat", heartbeat.String())
+	defer benchkit.StopProc(broker)
+	addrs := strings.Split(ready, ",")
 
 	rules := filepath.Join(dir, "rules")
 	check(os.MkdirAll(rules, 0o755))
@@ -159,9 +159,9 @@ func measure(root, work, kfakeBin, bin string, sc scenario) result {
 		y := fmt.Sprintf("route: idle%d\nsource: { topic: idle%d }\nsink: { topic: idle%d.out }\nsteps:\n  - filter: value.n > 0\n", i, i, i)
 		check(os.WriteFile(filepath.Join(rules, fmt.Sprintf("idle%d.yaml", i)), []byte(y), 0o644))
 	}
-	admin := freeAddr()
+	admin := benchkit.FreeAddr()
 	cfg := fmt.Sprintf("listen: %s\nbroker_ports: %d\nupstream: [%s]\nrules_dir: %s\nstate_dir: %s\nadmin_listen: %s\nlog_level: warn\n",
-		freeAddr(), freePortRange(), strings.Join(addrs, ", "), rules, filepath.Join(dir, "state"), admin)
+		benchkit.FreeAddr(), benchkit.FreePortBlock(100), strings.Join(addrs, ", "), rules, filepath.Join(dir, "state"), admin)
 	cfgFile := filepath.Join(dir, "rtproxy.yaml")
 	check(os.WriteFile(cfgFile, []byte(cfg), 0o644))
 
@@ -169,7 +169,7 @@ func measure(root, work, kfakeBin, bin string, sc scenario) result {
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	check(cmd.Start())
-	defer stop(cmd)
+	defer benchkit.StopProc(cmd)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		r, err := http.Get("http://" + admin + "/readyz")
@@ -213,68 +213,6 @@ func status(pid int, field string) int {
 			return n
 		}
 	}
-	return 0
-}
-
-func startKfake(bin, topics string) (*exec.Cmd, []string) {
-	cmd := exec.Command(bin, "-brokers", "1", "-topics", topics, "-auto-create=true", "-group-heartbeat", heartbeat.String())
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	check(err)
-	check(cmd.Start())
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		if l, ok := strings.CutPrefix(sc.Text(), "ready "); ok {
-			go io.Copy(io.Discard, out)
-			return cmd, strings.Split(l, ",")
-		}
-	}
-	log.Fatal("kfake did not become ready")
-	return nil, nil
-}
-
-func stop(cmd *exec.Cmd) {
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		cmd.Process.Kill()
-		<-done
-	}
-}
-
-func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// freePortRange finds the first of 100 consecutive free ports (the proxy's
-// per-broker listeners).
-func freePortRange() int {
-	for p := 20000 + os.Getpid()%20000; p < 60000; p += 101 {
-		ok := true
-		var ls []net.Listener
-		for i := 0; i < 100 && ok; i++ {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	log.Fatal("no free port range")
 	return 0
 }
 

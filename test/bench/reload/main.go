@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -288,8 +287,8 @@ func startBroker(bin, topics string) ([]string, func()) {
 // startProxy runs the rtproxy binary and returns its admin URL once
 // /readyz answers 200.
 func startProxy(bin string, upstream []string, rulesDir, stateDir string) (string, func()) {
-	listen, admin := freePort(), freePort()
-	brokerBase := freeBlock(10)
+	listen, admin := benchkit.FreeAddr(), benchkit.FreeAddr()
+	brokerBase := benchkit.FreePortBlock(10)
 	logf, err := os.Create(filepath.Join(filepath.Dir(rulesDir), "rtproxy.log"))
 	check(err)
 	cmd := exec.Command(bin, "run", "--listen", listen, "--admin-listen", admin,
@@ -341,37 +340,6 @@ func waitRunning(admin string, names ...string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	log.Fatalf("routes %v not running after 30s", names)
-}
-
-func freePort() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	check(err)
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// freeBlock finds n consecutive free ports below the ephemeral range.
-func freeBlock(n int) int {
-	for base := 21000 + os.Getpid()%5000; base < 32000; base += n {
-		var ls []net.Listener
-		ok := true
-		for p := base; p < base+n; p++ {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-			if err != nil {
-				ok = false
-				break
-			}
-			ls = append(ls, l)
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if ok {
-			return base
-		}
-	}
-	log.Fatal("no free port block")
-	return 0
 }
 
 func check(err error) {
