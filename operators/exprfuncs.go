@@ -51,13 +51,13 @@ var budgeted = map[string]func(m *meter, args []any) error{
 	"splitAfter": costSplit,
 	"replace":    costReplace,
 	"join":       costJoin,
-	"upper":      costCase("upper"),
-	"lower":      costCase("lower"),
+	"upper":      costOfString("upper", caseSize),
+	"lower":      costOfString("lower", caseSize),
 	"toJSON":     costValue("toJSON"),
 	"string":     costValue("string"),
-	"fromJSON":   costFromJSON,
-	"toBase64":   costBase64(true),
-	"fromBase64": costBase64(false),
+	"fromJSON":   costOfString("fromJSON", fromJSONSize),
+	"toBase64":   costOfString("toBase64", toBase64Size),
+	"fromBase64": costOfString("fromBase64", fromBase64Size),
 	"keys":       costMap("keys", 16),
 	"values":     costMap("values", 16),
 	"toPairs":    costMap("toPairs", 32),
@@ -327,8 +327,9 @@ func costJoin(m *meter, args []any) error {
 	return m.alloc("join", total)
 }
 
-// costCase: case mapping grows a UTF-8 string by at most half.
-func costCase(name string) func(*meter, []any) error {
+// costOfString charges a built-in of one string argument what size says
+// it builds from a string of n bytes; other arguments are left to expr.
+func costOfString(name string, size func(n int64) int64) func(*meter, []any) error {
 	return func(m *meter, args []any) error {
 		if len(args) != 1 {
 			return nil
@@ -337,9 +338,12 @@ func costCase(name string) func(*meter, []any) error {
 		if !ok {
 			return nil
 		}
-		return m.alloc(name, int64(len(s))+int64(len(s))/2)
+		return m.alloc(name, size(int64(len(s))))
 	}
 }
+
+// caseSize: case mapping grows a UTF-8 string by at most half.
+func caseSize(n int64) int64 { return n + n/2 }
 
 // costValue bounds what printing a value takes (toJSON with its
 // indentation, string's %v), from a walk of the value that itself charges
@@ -429,35 +433,16 @@ func printedSize(m *meter, v reflect.Value, depth int) (int64, error) {
 	return indent + 32, nil // numbers, bools, nil
 }
 
-// costFromJSON: a decoded JSON value takes at most about 24 bytes of
+// fromJSONSize: a decoded JSON value takes at most about 24 bytes of
 // memory per byte of text (`[0,0,...]`: a 16-byte interface and slice
 // growth per two bytes).
-func costFromJSON(m *meter, args []any) error {
-	if len(args) != 1 {
-		return nil
-	}
-	s, ok := args[0].(string)
-	if !ok {
-		return nil
-	}
-	return m.alloc("fromJSON", mulSize(int64(len(s)), 24))
-}
+func fromJSONSize(n int64) int64 { return mulSize(n, 24) }
 
-func costBase64(encode bool) func(*meter, []any) error {
-	return func(m *meter, args []any) error {
-		if len(args) != 1 {
-			return nil
-		}
-		s, ok := args[0].(string)
-		if !ok {
-			return nil
-		}
-		if encode {
-			return m.alloc("toBase64", int64(len(s))+2*int64(base64.StdEncoding.EncodedLen(len(s))))
-		}
-		return m.alloc("fromBase64", int64(len(s))+2*int64(base64.StdEncoding.DecodedLen(len(s))))
-	}
-}
+// toBase64Size and fromBase64Size: the input, and the output twice (the
+// encoder's buffer and the string made of it).
+func toBase64Size(n int64) int64 { return n + 2*int64(base64.StdEncoding.EncodedLen(int(n))) }
+
+func fromBase64Size(n int64) int64 { return n + 2*int64(base64.StdEncoding.DecodedLen(int(n))) }
 
 // listLen is the length of a list argument, or 0.
 func listLen(v any) int64 {
