@@ -7,11 +7,8 @@ package integration
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"net/http"
@@ -23,12 +20,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
 
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/rtproxy/rtproxy/internal/testkit"
 )
 
@@ -53,49 +50,6 @@ func procStatusKiB(t testing.TB, pid int, field string) int64 {
 	return 0
 }
 
-// tinyRecordsBomb is a Produce request to topic holding one zstd batch of
-// n records of 7 bytes, all at offset delta 0: millions of records in a
-// few kilobytes, as in finding 3. The batch header claims claim records
-// (n when 0): a lying one is caught by the decompressed bytes instead.
-func tinyRecordsBomb(t testing.TB, topic string, n, claim int) *kmsg.ProduceRequest {
-	if claim == 0 {
-		claim = n
-	}
-	t.Helper()
-	rec := []byte{6, 0, 0, 0, 1, 1, 0} // length 6, attributes, ts delta 0, offset delta 0, key null, value null, 0 headers
-	raw := bytes.Repeat(rec, n)
-	comp, err := kgo.DefaultCompressor(kgo.ZstdCompression())
-	if err != nil {
-		t.Fatal(err)
-	}
-	packed, codec := comp.Compress(bytes.NewBuffer(nil), raw)
-	if claim != n {
-		// Streamed, so that the frame does not declare its size: the
-		// proxy finds out by decompressing, and must stop at its bound.
-		var buf bytes.Buffer
-		zw, _ := zstd.NewWriter(&buf)
-		zw.Write(raw)
-		zw.Close()
-		packed = buf.Bytes()
-	}
-	now := time.Now().UnixMilli()
-	rb := kmsg.RecordBatch{Magic: 2, Attributes: int16(codec), NumRecords: int32(claim), LastOffsetDelta: int32(claim - 1),
-		FirstTimestamp: now, MaxTimestamp: now, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1,
-		Records: append([]byte(nil), packed...)}
-	b := rb.AppendTo(nil)
-	binary.BigEndian.PutUint32(b[8:], uint32(len(b)-12))
-	binary.BigEndian.PutUint32(b[17:], crc32.Checksum(b[21:], crc32.MakeTable(crc32.Castagnoli)))
-	req := kmsg.NewPtrProduceRequest()
-	req.Acks, req.TimeoutMillis = -1, 10000
-	rt := kmsg.NewProduceRequestTopic()
-	rt.Topic = topic
-	rp := kmsg.NewProduceRequestTopicPartition()
-	rp.Records = b
-	rt.Partitions = append(rt.Partitions, rp)
-	req.Topics = append(req.Topics, rt)
-	return req
-}
-
 // TestHostileRecordBombsBounded is finding 3 of issue 25 through the
 // binary: with a guard loaded, zstd Produce requests of a few kilobytes
 // holding 5 and 15 million tiny records (two with batch headers that
@@ -110,8 +64,8 @@ func TestHostileRecordBombsBounded(t *testing.T) {
 	p := StartProxy(t, ProxyOpts{Upstream: k.Addrs, RulesDir: rules})
 	guardInForce(t, p, "gbomb")
 	bombs := []*kmsg.ProduceRequest{
-		tinyRecordsBomb(t, "gbomb", 5_000_000, 0), tinyRecordsBomb(t, "gbomb", 15_000_000, 0),
-		tinyRecordsBomb(t, "gbomb", 5_000_000, 100), tinyRecordsBomb(t, "gbomb", 15_000_000, 100), // lying headers
+		benchkit.TinyRecordsBomb("gbomb", 5_000_000, 0), benchkit.TinyRecordsBomb("gbomb", 15_000_000, 0),
+		benchkit.TinyRecordsBomb("gbomb", 5_000_000, 100), benchkit.TinyRecordsBomb("gbomb", 15_000_000, 100), // lying headers
 	}
 	for i, b := range bombs {
 		t.Logf("bomb %d: %d bytes on the wire", i, len(b.Topics[0].Partitions[0].Records))

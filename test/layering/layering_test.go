@@ -72,7 +72,7 @@ var allowed = map[string][]string{
 	"test/bench/proxy/proxyproc": {"operators", "protocol", "rules"},
 	"test/bench/reload":          {"internal/benchkit"},
 	"test/bench/scale":           {"internal/benchkit"},
-	"test/bench/soak":            {},
+	"test/bench/soak":            {"internal/benchkit"},
 	"test/bench/tap":             {"internal/benchkit"},
 }
 

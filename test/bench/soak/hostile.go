@@ -25,18 +25,16 @@ package main
 // and RSS stay under -rss-bound.
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"time"
 
-	"github.com/klauspost/compress/zstd"
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -58,29 +56,8 @@ checks:
 var hostileBombs [2]*kmsg.ProduceRequest
 
 func buildBombs() {
-	const n = 5_000_000
-	raw := bytes.Repeat([]byte{6, 0, 0, 0, 1, 1, 0}, n) // length 6, attributes, deltas 0, null key and value, no header
-	var one bytes.Buffer
-	zw, _ := zstd.NewWriter(&one, zstd.WithEncoderLevel(zstd.SpeedBestCompression))
-	zw.Write(raw)
-	zw.Close()
-	for i, claim := range []int{n, 100} {
-		now := time.Now().UnixMilli()
-		rb := kmsg.RecordBatch{Magic: 2, Attributes: 4, NumRecords: int32(claim), LastOffsetDelta: int32(claim - 1),
-			FirstTimestamp: now, MaxTimestamp: now, ProducerID: -1, ProducerEpoch: -1, FirstSequence: -1, Records: one.Bytes()}
-		b := rb.AppendTo(nil)
-		binary.BigEndian.PutUint32(b[8:], uint32(len(b)-12))
-		binary.BigEndian.PutUint32(b[17:], crc32.Checksum(b[21:], crc32.MakeTable(crc32.Castagnoli)))
-		req := kmsg.NewPtrProduceRequest()
-		req.Acks, req.TimeoutMillis = -1, 10000
-		rt := kmsg.NewProduceRequestTopic()
-		rt.Topic = hostileTopic
-		rp := kmsg.NewProduceRequestTopicPartition()
-		rp.Records = b
-		rt.Partitions = append(rt.Partitions, rp)
-		req.Topics = append(req.Topics, rt)
-		hostileBombs[i] = req
-	}
+	hostileBombs[0] = benchkit.TinyRecordsBomb(hostileTopic, 5_000_000, 0)
+	hostileBombs[1] = benchkit.TinyRecordsBomb(hostileTopic, 5_000_000, 100)
 }
 
 // hostileRound is one round of the hostile client.
