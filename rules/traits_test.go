@@ -20,11 +20,12 @@ var traitVariants = map[string][]string{
 		"steps:\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n",
 		"steps:\n  - window: { kind: sliding, size: 2m, slide: 1m, key: value.k, emit: on_update, aggregate: { n: count() } }\n",
 	},
-	"map":     {"steps:\n  - map: { a: value.x }\n"},
-	"set":     {"steps:\n  - set: { a: value.x }\n"},
-	"filter":  {"steps:\n  - filter: value.x > 1\n"},
-	"explode": {"steps:\n  - explode: { each: value.xs, as: x }\n"},
-	"join":    {"tables:\n  t: { topic: t }\nsteps:\n  - join: { table: t, on: key, missing: dead_letter }\n"},
+	"map":         {"steps:\n  - map: { a: value.x }\n"},
+	"set":         {"steps:\n  - set: { a: value.x }\n"},
+	"filter":      {"steps:\n  - filter: value.x > 1\n"},
+	"explode":     {"steps:\n  - explode: { each: value.xs, as: x }\n"},
+	"join":        {"tables:\n  t: { topic: t }\nsteps:\n  - join: { table: t, on: key, missing: dead_letter }\n"},
+	"join-stream": {"steps:\n  - join: { stream: { topic: s }, on: key, other: key, within: { after: 1m }, grace: 0s, kind: outer, as: s }\n"},
 }
 
 // TestTraitsMatchTheBuiltSteps: for every declared step kind, the traits
@@ -37,10 +38,10 @@ func TestTraitsMatchTheBuiltSteps(t *testing.T) {
 	checked := map[string]int{}
 	for _, s := range operators.Specs() {
 		files := []string{s.Example}
-		for _, v := range traitVariants[s.Kind] {
+		for _, v := range traitVariants[s.ID()] {
 			files = append(files, "route: variant\nsource: { topic: in, event_time: value.ts }\nsink: { topic: out }\n"+v)
 		}
-		if len(traitVariants[s.Kind]) == 0 {
+		if len(traitVariants[s.ID()]) == 0 {
 			t.Errorf("%s: no trait variants: add the rule files whose keys change what the step is", s.Kind)
 		}
 		for i, src := range files {
@@ -91,6 +92,8 @@ func TestTraitsDeclared(t *testing.T) {
 		{"- explode: { each: value.xs, as: x }", operators.Traits{}},
 		{"- drop_duplicates: { key: value.id }", operators.Traits{Keyed: true}},
 		{"- drop_duplicates: { key: value.id, ttl: 1h }", operators.Traits{Keyed: true, Timed: true}},
+		{"- join: { stream: { topic: s }, on: key, other: key, within: { after: 1m }, grace: 1s, as: s }",
+			operators.Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true}},
 		{"- window: { kind: tumbling, size: 1m, aggregate: { n: count() } }",
 			operators.Traits{Keyed: true, Timed: true, Stateful: true, Absorbing: true, Closes: true, Value: operators.ValueReplaced}},
 	} {
