@@ -220,7 +220,7 @@ func (cp *checkpointer) takeCutLocked() (*cutPoint, error) {
 	for _, t := range r.tm.tasks {
 		c.offs[t.id] = t.pos
 		c.tasks = append(c.tasks, t)
-		if t.seg.idx == 0 {
+		if !t.seg.keyed() {
 			continue
 		}
 		if err := t.chain.snapshotInto(c.snaps); err != nil {

@@ -245,7 +245,7 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 			if err != nil {
 				return nil, err
 			}
-			if seg.idx > 0 {
+			if seg.keyed() {
 				if err := r.prepareState(ctx, t, c, hasCommit, last); err != nil {
 					return nil, fmt.Errorf("route %q: %s[%d]: %w", r.name, topic, p, err)
 				}
@@ -284,7 +284,7 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 	// A partition added to the source after the route started holds only
 	// records written since: it starts at its beginning whatever
 	// source.start says.
-	latest := seg.idx == 0 && r.def.Source.Start == "latest" && !r.life.sourceWasMissing
+	latest := !seg.keyed() && r.def.Source.Start == "latest" && !r.life.sourceWasMissing
 	lo, err := r.grp.adm.ListStartOffsets(ctx, seg.topic)
 	var hi kadm.ListedOffsets
 	if err == nil && latest {
@@ -320,14 +320,17 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos, resetPoint: resetPoint{base: pos, expectBy: -1},
 		ch: make(chan taskBatch, 16), stop: make(chan struct{}), done: make(chan struct{})}
-	if seg.idx == 0 {
+	switch {
+	case seg.idx == 0:
 		t.label = partLabel(p)
 		t.mIn = r.m.met.recordsIn.WithLabelValues(r.name, t.label)
-	} else {
+	case seg.other != nil:
+		t.label = fmt.Sprintf("%s:%d", seg.topic, p)
+	default:
 		t.label = fmt.Sprintf("%d:%d", seg.idx, p)
 		t.stepName = taskStepName(seg.keyStep, p)
 		t.inboxName = inboxName(seg.keyStep, p)
-		t.wm.init(r.def.Source, r.plan.segs[seg.idx-1].nparts, r.plan.clock())
+		t.wm.initWith(r.def.Source, r.plan.segs[seg.idx-1].nparts, seg.otherWriters(), r.plan.clock())
 		t.wm.wake = r.idleWake
 		t.wm.lateness = 0 // writers subtract it (task.frontier)
 	}
@@ -341,9 +344,16 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 		if !ok {
 			return nil, fmt.Errorf("step %s is not keyed", stepLabel(seg.next.keyStep))
 		}
+		if seg.other != nil {
+			two, ok := k.(operators.TwoInputs)
+			if !ok {
+				return nil, fmt.Errorf("step %s has no second input", stepLabel(seg.next.keyStep))
+			}
+			kd = otherKeyer{two}
+		}
 		t.keyer = kd
 	}
-	if seg.idx == 0 {
+	if !seg.keyed() {
 		if err := r.buildTaskChain(t); err != nil {
 			return nil, err
 		}
@@ -372,7 +382,7 @@ func (r *route) buildTaskChain(t *task) error {
 		return err
 	}
 	t.chain = c
-	if t.seg.idx == 0 {
+	if !t.seg.keyed() {
 		return nil
 	}
 	if err := c.restore(); err != nil {
@@ -541,7 +551,7 @@ func (r *route) groupOffsets(c *cutPoint) (map[string]map[int32]kgo.EpochOffset,
 			meta[t.seg.topic] = map[int32]string{}
 		}
 		offs[t.seg.topic][t.part] = kgo.EpochOffset{Epoch: -1, Offset: c.offs[t.id]}
-		if t.seg.idx > 0 {
+		if t.seg.keyed() {
 			meta[t.seg.topic][t.part] = commitMeta(c.offs[changelogID(t.seg.idx, t.part)])
 		}
 	}

@@ -71,7 +71,7 @@ func (r *route) recordKafkaState() (prevSource string, err error) {
 	}
 	r.recreate.Unlock()
 	slices.Sort(ks.Created)
-	for _, seg := range r.plan.segs[1:] {
+	for _, seg := range r.keyedSegs() {
 		for _, t := range []string{seg.topic, seg.changelog} {
 			if !slices.Contains(ks.Topics, t) {
 				ks.Topics = append(ks.Topics, t)

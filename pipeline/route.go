@@ -451,7 +451,7 @@ func (r *route) lagLoop() {
 			for _, t := range r.tasksSnapshot() {
 				lag := max(t.hwm.Load()-r.tm.tracker.DoneOffset(t.id), 0)
 				r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
-				if t.seg.idx > 0 && t.seg.timed {
+				if t.seg.keyed() && t.seg.timed {
 					if wm, ok := t.wm.current(); ok && (!has || wm < low) {
 						low, has = wm, true
 					}

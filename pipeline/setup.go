@@ -168,7 +168,7 @@ func (r *route) setupState(parts map[string]int) error {
 	// dropped. Every partition's namespaces of an unchanged step stay, the
 	// ones this instance does not own among them: it may own them again.
 	keep := []string{kafkaStateStep, txnInstanceStep}
-	for _, seg := range r.plan.segs[1:] {
+	for _, seg := range r.keyedSegs() {
 		for q := int32(0); q < int32(max(seg.nparts, parts[d.Source.Topic])); q++ {
 			keep = append(keep, taskStepName(seg.keyStep, q), inboxName(seg.keyStep, q))
 		}
@@ -216,8 +216,10 @@ func (r *route) groupOpts(s *setupEnv, parts map[string]int) ([]kgo.Opt, topicLi
 	hashed := map[string]bool{}
 	for _, seg := range r.plan.segs[1:] {
 		topics = append(topics, seg.topic)
-		hashed[seg.topic] = true
-		manual[seg.changelog] = true
+		if seg.keyed() {
+			hashed[seg.topic] = true
+			manual[seg.changelog] = true
+		}
 	}
 	// Batches never exceed a topic's max.message.bytes: a batch the broker
 	// refuses as too large would take its well-sized records down with the
@@ -367,7 +369,20 @@ func (r *route) buildSegments(parts map[string]int) error {
 		next := r.plan.segs[i+1]
 		r.plan.segs[i].markers = next.timed || next.markers
 	}
-	return nil
+	// The second topics of stream joins: segments of their own, after
+	// the keyed ones (otherinput.go).
+	return r.addOtherInputs(parts)
+}
+
+// keyedSegs are the segments that open at a keyed step.
+func (r *route) keyedSegs() []*segment {
+	var out []*segment
+	for _, s := range r.plan.segs {
+		if s.keyed() {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // teardown releases what a failed setup opened.
@@ -431,13 +446,17 @@ func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) 
 		want = append(want, d.Sink.Topic) // a sink of another kind has no topic
 	}
 	compact := map[string]bool{}
+	var inputs []string // second topics of stream joins: read, never created
 	for i := range d.Steps {
 		if s := &d.Steps[i]; isBoundary(s) {
 			want = append(want, repartitionTopic(d.Name, s), changelogTopic(d.Name, s))
 			compact[changelogTopic(d.Name, s)] = true
+			if s.Input != nil {
+				inputs = append(inputs, s.Input.Topic)
+			}
 		}
 	}
-	md, err := adm.Metadata(ctx, append([]string{d.Source.Topic}, want...)...)
+	md, err := adm.Metadata(ctx, append(append([]string{d.Source.Topic}, inputs...), want...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("route %q: metadata: %w", d.Name, err)
 	}
@@ -450,6 +469,16 @@ func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) 
 	}
 	n := len(src.Partitions)
 	parts := map[string]int{d.Source.Topic: n}
+	for _, t := range inputs {
+		in, ok := md.Topics[t]
+		if !ok || errors.Is(in.Err, kerr.UnknownTopicOrPartition) || (in.Err == nil && len(in.Partitions) == 0) {
+			return nil, nil, fmt.Errorf("route %q: stream topic %s: %w", d.Name, t, errSourceMissing)
+		}
+		if in.Err != nil {
+			return nil, nil, fmt.Errorf("route %q: stream topic %s: %w", d.Name, t, in.Err)
+		}
+		parts[t] = len(in.Partitions)
+	}
 	created := map[string]bool{}
 	for _, t := range want {
 		if td, ok := md.Topics[t]; ok && td.Err == nil && len(td.Partitions) > 0 {
