@@ -189,6 +189,12 @@ func (r *route) onAssigned(_ context.Context, cl *kgo.Client, assigned map[strin
 // state made ready and its start offset chosen (the invariants at the top
 // of this file).
 func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	// The group may hand out partitions while setupClients still holds
+	// cut to make the writer: a keyed task's fence goes through it
+	// (prepareState), so wait until it exists.
+	r.cut.RLock()
+	//lint:ignore SA2001 an empty critical section: waiting for setupClients
+	r.cut.RUnlock()
 	r.grp.mu.Lock()
 	fetched := r.grp.mu.fetched
 	last := r.grp.mu.lastOffs

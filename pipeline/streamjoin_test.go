@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -9,6 +10,9 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/rules"
 )
@@ -217,5 +221,175 @@ func TestStreamJoinDriverMatchesReference(t *testing.T) {
 		if len(wantLate) == 0 || len(wantOut) == 0 {
 			t.Fatalf("seed %d: the inputs exercise nothing (%d outputs, %d late)", seed, len(wantOut), len(wantLate))
 		}
+	}
+}
+
+// streamJoinKfakeRoute is the stream join run on kfake: a left join whose
+// sink a read_committed reader checks.
+const streamJoinKfakeRoute = `route: payauth
+source: { topic: payments, event_time: value.ts, watermark: 2s, idle_timeout: 10s, start: earliest }
+sink: { topic: payauth.out, delivery: %s }
+dead_letter: payauth.dlq
+checkpoint_interval: 200ms
+steps:
+  - join:
+      stream: { topic: auths, event_time: value.ts }
+      on: value.auth_id
+      other: value.id
+      within: { before: 5m, after: 1m }
+      grace: 30s
+      kind: left
+      as: auth
+  - map:
+      p: value.id
+      a: auth?.aid
+`
+
+// TestStreamJoinOnKfake: the route's group reads both topics, keys both
+// into the join's repartition topic, and the sink holds exactly the
+// reference's pairs and unmatched payments, across a restart in the middle
+// (a graceful stop: nothing repeats), at least once and exactly once; an
+// exactly-once route commits the offsets of both topics.
+func TestStreamJoinOnKfake(t *testing.T) {
+	for _, delivery := range []string{rules.DeliveryAtLeastOnce, rules.DeliveryExactlyOnce} {
+		t.Run(delivery, func(t *testing.T) {
+			const parts = 2
+			b := startBroker(t, map[string]int{"payments": parts, "auths": parts})
+			dir := filepath.Join(t.TempDir(), "state")
+			rdir := t.TempDir()
+			p := filepath.Join(rdir, "payauth.yaml")
+			if err := os.WriteFile(p, fmt.Appendf(nil, streamJoinKfakeRoute, delivery), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			def, err := rules.LoadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// In order enough that nothing is late whatever order the
+			// partitions are read in: jitter well within grace.
+			rng := rand.New(rand.NewPCG(7, 27))
+			base := time.Now().Add(-time.Hour).UnixMilli()
+			var ins []sjInput
+			for i := range 400 {
+				in := sjInput{auth: rng.IntN(2) == 0, part: int32(rng.IntN(parts)), key: fmt.Sprint("k", rng.IntN(40)),
+					t: base + int64(i)*2000 - rng.Int64N(10_000)}
+				in.id = fmt.Sprint("p", i)
+				if in.auth {
+					in.id = fmt.Sprint("a", i)
+				}
+				ins = append(ins, in)
+			}
+			rec := func(in sjInput) *kgo.Record {
+				if in.auth {
+					r := jsonRecord("auths", in.id, map[string]any{"id": in.key, "aid": in.id, "ts": in.t})
+					r.Partition = in.part
+					return r
+				}
+				r := jsonRecord("payments", in.id, map[string]any{"id": in.id, "auth_id": in.key, "ts": in.t})
+				r.Partition = in.part
+				return r
+			}
+			var first, second []*kgo.Record
+			for i, in := range ins {
+				if i < len(ins)/2 {
+					first = append(first, rec(in))
+				} else {
+					second = append(second, rec(in))
+				}
+			}
+			// A last record far ahead on every partition of both topics
+			// moves the watermark past every window: the unmatched
+			// payments are emitted. Their keys match nothing.
+			end := base + 3*3600_000
+			for q := range int32(parts) {
+				second = append(second, rec(sjInput{part: q, id: fmt.Sprint("endp", q), key: "none-p", t: end}),
+					rec(sjInput{auth: true, part: q, id: fmt.Sprint("enda", q), key: "none-a", t: end}))
+			}
+			want, late := sjReference(ins, parts, "left")
+			if len(late) > 0 {
+				t.Fatalf("the inputs have late records: %v", late)
+			}
+
+			// On the partitions the inputs name (the reference and the
+			// last records count on it).
+			produce := func(rs []*kgo.Record) {
+				cl := b.tmpClient(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+				defer cl.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+					t.Fatalf("produce: %v", err)
+				}
+			}
+			produce(first)
+			_, stop := runManager(t, b, dir, def)
+			iso := kgo.FetchIsolationLevel(kgo.ReadCommitted())
+			b.consume(t, "payauth.out", 20, 30*time.Second, 0, iso)
+			stop()
+			produce(second)
+			runManager(t, b, dir, def)
+			var out []*kgo.Record
+			for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); {
+				if out = b.consume(t, "payauth.out", 0, time.Second, 500*time.Millisecond, iso); len(out) >= len(want) {
+					break
+				}
+			}
+			var got []string
+			for _, r := range out {
+				var v struct{ P, A *string }
+				if err := json.Unmarshal(r.Value, &v); err != nil {
+					t.Fatal(err)
+				}
+				l, a := "-", "-"
+				if v.P != nil {
+					l = *v.P
+				}
+				if v.A != nil {
+					a = *v.A
+				}
+				got = append(got, l+"|"+a)
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				var extra, missing []string
+				for _, g := range got {
+					if !slices.Contains(want, g) {
+						extra = append(extra, g)
+					}
+				}
+				for _, w := range want {
+					if !slices.Contains(got, w) {
+						missing = append(missing, w)
+					}
+				}
+				for _, r := range b.consume(t, "payauth.dlq", 0, time.Second, 2*time.Second) {
+					t.Logf("dead letter %s: %s", header(r, HeaderReason), r.Value)
+				}
+				t.Fatalf("sink: got %d, want %d; extra %v, missing %v", len(got), len(want), extra, missing)
+			}
+			if delivery != rules.DeliveryExactlyOnce {
+				return
+			}
+			adm := kadm.NewClient(b.client(t))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			offs, err := adm.FetchOffsets(ctx, def.GroupID())
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := map[string]int64{}
+			for _, r := range append(first, second...) {
+				n[fmt.Sprint(r.Topic, r.Partition)]++
+			}
+			for _, topic := range []string{"payments", "auths"} {
+				for q := range int32(parts) {
+					waitFor(t, 10*time.Second, fmt.Sprintf("%s[%d] committed at its end", topic, q), func() bool {
+						offs, err = adm.FetchOffsets(ctx, def.GroupID())
+						o, ok := offs.Lookup(topic, q)
+						return err == nil && ok && o.At == n[fmt.Sprint(topic, q)]
+					})
+				}
+			}
+		})
 	}
 }
