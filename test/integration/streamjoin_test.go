@@ -246,40 +246,53 @@ func TestStreamJoinPaymentsAuthorizations(t *testing.T) {
 	})
 }
 
-// TestStreamJoinThreeInstancesKillExactlyOnce: three instances share an
-// exactly-once stream join; one is SIGKILLed between the two halves of
-// the input, and a fourth joins. A read_committed reader sees the
-// brute-force join exactly: no row lost, none repeated.
-func TestStreamJoinThreeInstancesKillExactlyOnce(t *testing.T) {
+// TestStreamJoinThreeInstancesKill: three instances share a stream join;
+// one is SIGKILLed while the first half of the input is processed, the
+// second half follows, and a fourth instance joins. Exactly once, a
+// read_committed reader sees the brute-force join exactly: no row lost,
+// none repeated. At least once, it sees every row, and a row more than
+// once only as a repeat of the replay after the kill.
+func TestStreamJoinThreeInstancesKill(t *testing.T) {
+	for _, delivery := range []string{"exactly_once", "at_least_once"} {
+		t.Run(delivery, func(t *testing.T) { sjThreeInstancesKill(t, delivery) })
+	}
+}
+
+func sjThreeInstancesKill(t *testing.T, delivery string) {
 	const parts = 4
-	k := StartKfake(t, KfakeOpts{Topics: map[string]int{"pay3": parts, "auth3": parts, "pay3.out": 2, "pay3.dlq": 1}})
+	src, auths := "pay3-"+delivery[:2], "auth3-"+delivery[:2]
+	r := srRoute{Name: src + "-join", Source: src, Sink: src + ".out", DLQ: src + ".dlq", Keyed: true}
+	k := StartKfake(t, KfakeOpts{Topics: map[string]int{src: parts, auths: parts, r.Sink: 2, r.DLQ: 1}})
 	rules := t.TempDir()
-	r := srRoute{Name: "pay3-join", Source: "pay3", Sink: "pay3.out", DLQ: "pay3.dlq", Keyed: true}
-	WriteRuleFile(t, rules, "pay3.yaml", sjRule(r.Name, "pay3", "auth3", r.Sink, r.DLQ, "exactly_once"))
+	WriteRuleFile(t, rules, r.Name+".yaml", sjRule(r.Name, src, auths, r.Sink, r.DLQ, delivery))
 	procs := srStartProxies(t, k, rules, 3)
 	topics := srGroupTopics(t, k.Addrs, r)
-	topics["auth3"] = parts
+	topics[auths] = parts
 	srWaitOwned(t, r, topics, procs, 120*time.Second)
-	ps1, as1 := sjData(0, 800)
-	ps2, as2 := sjData(800, 800)
+	ps1, as1 := sjData(0, 1000)
+	ps2, as2 := sjData(1000, 1000)
 	want := sjWant(append(ps1, ps2...), append(as1, as2...))
-	sjProduce(t, k.Addrs[0], "pay3", "auth3", ps1, as1)
-	sjWaitRows(t, k.Addrs, r.Sink, 200, 120*time.Second)
+	sjProduce(t, k.Addrs[0], src, auths, ps1, as1)
+	sjWaitRows(t, k.Addrs, r.Sink, 20, 120*time.Second)
 	procs[0].Kill()
 	t.Log("SIGKILL instance 0")
-	sjProduce(t, k.Addrs[0], "pay3", "auth3", ps2, as2)
+	sjProduce(t, k.Addrs[0], src, auths, ps2, as2)
 	d := StartProxy(t, ProxyOpts{Upstream: k.Addrs, RulesDir: rules, StateDir: t.TempDir()})
 	srWaitOwned(t, r, topics, []*Proxy{procs[1], procs[2], d}, 120*time.Second)
-	sjFlush(t, k.Addrs, "pay3", "auth3", parts)
+	sjFlush(t, k.Addrs, src, auths, parts)
 	sjWaitRows(t, k.Addrs, r.Sink, len(want), 180*time.Second)
 	var got []string
 	for _, rec := range srRead(t, k.Addrs, r.Sink) {
 		got = append(got, sjRow(t, rec.Value))
 	}
 	slices.Sort(got)
-	if !slices.Equal(got, want) {
-		AssertSameSet(t, r.Sink, got, want)
-		t.Fatalf("%d rows, want %d (a repeat)", len(got), len(want))
+	distinct := slices.Compact(slices.Clone(got))
+	AssertSameSet(t, r.Sink, distinct, want)
+	if delivery == "exactly_once" && len(got) != len(want) {
+		t.Fatalf("%d rows, want %d: exactly once, a row repeats", len(got), len(want))
 	}
-	AssertSameSet(t, "confluent-kafka "+r.Sink, sjConfluentRows(t, d.Addr, r.Sink), want)
+	t.Logf("%d rows, %d distinct (%d repeats after the kill)", len(got), len(distinct), len(got)-len(distinct))
+	if delivery == "exactly_once" {
+		AssertSameSet(t, "confluent-kafka "+r.Sink, sjConfluentRows(t, d.Addr, r.Sink), want)
+	}
 }
