@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -261,7 +262,7 @@ func (d *Driver) SendTo(topic string, in DriverInput) error {
 	}
 	ts, ok := d.other[topic]
 	if !ok {
-		return fmt.Errorf("topic %s: the route reads %s and %v", topic, d.r.def.Source.Topic, d.StreamTopics())
+		return fmt.Errorf("topic %s: the route reads %s (its source) and %s", topic, d.r.def.Source.Topic, strings.Join(d.StreamTopics(), ", "))
 	}
 	next := d.otherNext[topic]
 	if in.Partition < 0 || int(in.Partition) >= len(ts) {
