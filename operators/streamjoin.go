@@ -36,10 +36,13 @@ import (
 //	'L'|'R' uvarint(len key) key time(8) seq(8) -> flags(1) record
 //	'x' 'L'|'R' time(8) seq(8) key              -> empty: expiry index
 //	'w'                                         -> watermark(8)
-//	'n'                                         -> next seq(8)
+//	'n'                                         -> end of the seq block(8)
 //
 // time is putTime (sorts like signed millis); seq numbers the records the
 // step buffered, so two records with equal key and time are both kept.
+// Seqs are taken in blocks of seqBlock: 'n' is written once per block, and
+// a step built again (a restore) starts a new block after it, so no seq is
+// used twice whatever was written after the last checkpoint.
 // flags bit 1: the record matched. The record is encoded by encodeSide.
 // Invariants:
 //
@@ -168,10 +171,10 @@ type streamJoin struct {
 	as            string
 	kv            KV
 
-	loaded bool // wm and seq were read from the KV
-	wm     int64
-	hasWM  bool
-	seq    uint64
+	loaded      bool // wm and seq were read from the KV
+	wm          int64
+	hasWM       bool
+	seq, seqEnd uint64
 
 	kbuf, ibuf, vbuf []byte
 	found            []joinHit
@@ -211,6 +214,9 @@ const (
 	joinMatched = 1
 )
 
+// seqBlock is how many seqs one write of 'n' reserves.
+const seqBlock = 1024
+
 var (
 	keyWM  = []byte{'w'}
 	keySeq = []byte{'n'}
@@ -234,6 +240,7 @@ func (j *streamJoin) load() error {
 	}
 	if ok && len(v) == 8 {
 		j.seq = binary.BigEndian.Uint64(v)
+		j.seqEnd = j.seq
 	}
 	j.loaded = true
 	return nil
@@ -393,10 +400,14 @@ func appendSideKey(b []byte, side byte, key string) []byte {
 func (j *streamJoin) insert(r *Record, side byte, key string, t int64, flags byte) error {
 	j.seq++
 	var sb [8]byte
-	binary.BigEndian.PutUint64(sb[:], j.seq)
-	if err := j.kv.Set(keySeq, sb[:]); err != nil {
-		return err
+	if j.seq > j.seqEnd {
+		binary.BigEndian.PutUint64(sb[:], j.seq-1+seqBlock)
+		if err := j.kv.Set(keySeq, sb[:]); err != nil {
+			return err
+		}
+		j.seqEnd = j.seq - 1 + seqBlock
 	}
+	binary.BigEndian.PutUint64(sb[:], j.seq)
 	j.kbuf = append(putTime(appendSideKey(j.kbuf[:0], side, key), t), sb[:]...)
 	j.ibuf = append(append(putTime(append(j.ibuf[:0], 'x', side), t), sb[:]...), key...)
 	var err error
