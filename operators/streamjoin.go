@@ -171,6 +171,17 @@ type streamJoin struct {
 	as            string
 	kv            KV
 
+	// oldest is the time of the oldest record buffered on each side
+	// (left, right) when oldKnown: Advance skips a side with nothing to
+	// forget without reading the KV.
+	oldest   [2]int64
+	oldKnown [2]bool
+	// gone is, when goneKnown, a time at or before which every record of
+	// the side has been forgotten: the next expiry scan starts after it
+	// instead of walking the store's tombstones of what it deleted.
+	gone      [2]int64
+	goneKnown [2]bool
+
 	loaded      bool // wm and seq were read from the KV
 	wm          int64
 	hasWM       bool
@@ -415,7 +426,11 @@ func (j *streamJoin) insert(r *Record, side byte, key string, t int64, flags byt
 	if err != nil {
 		return err
 	}
+	if si := sideIndex(side); j.oldKnown[si] && t < j.oldest[si] {
+		j.oldest[si] = t
+	}
 	if err := j.kv.Set(j.ibuf, nil); err != nil {
+		j.oldKnown[sideIndex(side)] = false
 		return err
 	}
 	return j.kv.Set(j.kbuf, j.vbuf)
@@ -446,16 +461,33 @@ func (j *streamJoin) expire(side byte, wm, span int64, out Emitter) {
 		return
 	}
 	cut := wm - keep - 1 // forget times <= cut
-	start := []byte{'x', side}
-	end := putTime([]byte{'x', side}, cut+1)
-	if cut == math.MaxInt64 {
-		end = []byte{'x', side + 1}
+	si := sideIndex(side)
+	if j.oldKnown[si] && j.oldest[si] > cut {
+		return // nothing buffered on this side is that old
 	}
+	// One scan: the entries to forget, then the first one kept, whose
+	// time tells the next Advance whether it has anything to do.
 	j.expired = j.expired[:0]
-	_ = j.kv.Scan(start, end, func(k, _ []byte) bool {
+	j.oldKnown[si], j.oldest[si] = true, math.MaxInt64
+	from := []byte{'x', side}
+	if j.goneKnown[si] && j.gone[si] < math.MaxInt64 {
+		from = putTime(from, j.gone[si]+1)
+	}
+	err := j.kv.Scan(from, []byte{'x', side + 1}, func(k, _ []byte) bool {
+		if len(k) < 18 {
+			return true // not an index entry: left alone
+		}
+		if t := getTime(k[2:10]); t > cut {
+			j.oldest[si] = t
+			return false
+		}
 		j.expired = append(j.expired, append([]byte(nil), k...))
 		return true
 	})
+	if err != nil {
+		j.oldKnown[si] = false
+		return
+	}
 	emit := j.emitsUnmatched(side)
 	for _, ik := range j.expired {
 		// 'x' side time(8) seq(8) key
@@ -473,9 +505,18 @@ func (j *streamJoin) expire(side byte, wm, span int64, out Emitter) {
 			}
 		}
 		if j.kv.Delete(j.kbuf) != nil || j.kv.Delete(ik) != nil {
+			j.oldKnown[si] = false
 			return
 		}
 	}
+	j.gone[si], j.goneKnown[si] = cut, true
+}
+
+func sideIndex(side byte) int {
+	if side == sideRight {
+		return 1
+	}
+	return 0
 }
 
 // encodeSide appends r as the join keeps it:

@@ -1084,8 +1084,12 @@ func (p *stepParse) stream(x *keyVal, what string) (operators.StreamInput, bool)
 		ok = false
 	} else if name, good := l.topicName(t, what+".topic"); good {
 		in.Topic = name
-		if name == p.r.Source.Topic {
+		switch name {
+		case p.r.Source.Topic:
 			l.errAt(t.val, name, "`%s.topic` is the route's source topic; a stream join reads a second topic", what)
+			ok = false
+		case p.r.Sink.Topic, p.r.DeadLetter:
+			l.errAt(t.val, name, "`%s.topic` is where the route writes; reading it would feed the join its own outputs", what)
 			ok = false
 		}
 	} else {

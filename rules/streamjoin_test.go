@@ -27,6 +27,8 @@ func TestStreamJoinRefusals(t *testing.T) {
 	for _, c := range []struct{ step, want string }{
 		{"  - join: { stream: { topic: payments }, on: value.a, other: value.b, within: { before: 1m }, grace: 1s, as: x }\n",
 			"r.yaml:5:30: `join.stream.topic` is the route's source topic; a stream join reads a second topic (near `payments`)"},
+		{"  - join: { stream: { topic: out }, on: value.a, other: value.b, within: { before: 1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:30: `join.stream.topic` is where the route writes; reading it would feed the join its own outputs (near `out`)"},
 		{"  - join: { stream: { topic: a }, on: value.a, other: value.b, within: {}, grace: 1s, as: x }\n",
 			"r.yaml:5:64: `join.within` needs `before` or `after` (or both), e.g. `within: { before: 5m, after: 1m }` (near `within`)"},
 		{"  - join: { stream: { topic: a, format: avro }, on: value.a, other: value.b, within: { after: 1m }, grace: 1s, as: x }\n",
