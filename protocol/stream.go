@@ -262,8 +262,8 @@ func (t *tee) copy(n int64) {
 	}
 	t.left -= n
 	_, dstTCP := t.dst.(*net.TCPConn)
-	_, srcTCP := t.src.(*net.TCPConn)
-	if n < spliceAbove || !dstTCP || !srcTCP || len(t.head.b) > 0 || !spliceRecords {
+	srcTCP, _ := tcpSource(t.src)
+	if n < spliceAbove || !dstTCP || srcTCP == nil || len(t.head.b) > 0 || !spliceRecords {
 		if _, err := io.CopyN(t.w, t.r, n); err != nil {
 			t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
 		}
