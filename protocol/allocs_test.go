@@ -21,10 +21,14 @@ import (
 // The client side is raw bytes on a socket (preencoded requests, responses
 // read into one buffer), and kfake is a process of its own, so what
 // testing.AllocsPerRun counts is the proxy's.
+//
+// Each is measured 0 today; the bounds leave 1 for a pool refilled after
+// a GC. The least of three measurements counts, so that the proxy's own
+// background work (a metadata refresh) landing in one does not fail it.
 const (
-	maxProduceAllocs       = 2 // Produce v11, 1 KiB record, acks=-1
-	maxFetchHeldAllocs     = 2 // Fetch v16, response under 64 KiB (held, walked for endpoints)
-	maxFetchStreamedAllocs = 8 // Fetch v16, response over 64 KiB (streamed, records spliced)
+	maxProduceAllocs       = 1 // Produce v11, 1 KiB record, acks=-1
+	maxFetchHeldAllocs     = 1 // Fetch v16, response under 64 KiB (held, walked for endpoints)
+	maxFetchStreamedAllocs = 1 // Fetch v16, response over 64 KiB (streamed, records spliced); 8 before the pooled streamState
 )
 
 func TestPassThroughAllocsPerRequest(t *testing.T) {
@@ -141,6 +145,9 @@ func TestPassThroughAllocsPerRequest(t *testing.T) {
 		{"fetch streamed", large, maxFetchStreamedAllocs},
 	} {
 		got := testing.AllocsPerRun(200, func() { roundTrip(c.req) })
+		for range 2 {
+			got = min(got, testing.AllocsPerRun(200, func() { roundTrip(c.req) }))
+		}
 		t.Logf("%s: %.1f allocations per request", c.name, got)
 		if got > c.max {
 			t.Errorf("%s: %.1f allocations per request, want <= %.0f", c.name, got, c.max)

@@ -541,7 +541,7 @@ func (pr *pair) brokerLoop() {
 			// Streamed, its endpoints rewritten at the same length
 			// (stream.go): no frame is held whole.
 			p.m.bytesB2C.Add(float64(len(frame) + rest))
-			padded, err := streamFetch(pr.client, pr.upR, frame, rest, p)
+			padded, err := streamFetchTo(pr.client, pr.clientR.raw, pr.upR, frame, rest, p)
 			p.m.endpointsPadded.Add(float64(padded))
 			ReleaseFrame(frame)
 			if err != nil {

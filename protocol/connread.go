@@ -27,7 +27,11 @@ import (
 // (TLS, a pipe) reads as before, size first.
 type connReader struct {
 	c   net.Conn
-	raw syscall.RawConn // nil: no raw reads (not plain TCP)
+	raw syscall.RawConn // nil: not plain TCP
+	// ahead: frame heads are read with raw reads (rawReads).
+	ahead bool
+	// lim is copyBody's limit on the socket, reused.
+	lim io.LimitedReader
 	// pend is what was read and not yet consumed, a part of buf, a
 	// pooled buffer held only while pend is not empty.
 	pend []byte
@@ -46,9 +50,9 @@ const readAhead = 4 << 10
 
 func newConnReader(c net.Conn) *connReader {
 	r := &connReader{c: c}
-	if tc, ok := c.(*net.TCPConn); ok && rawReads {
+	if tc, ok := c.(*net.TCPConn); ok {
 		if raw, err := tc.SyscallConn(); err == nil {
-			r.raw = raw
+			r.raw, r.ahead = raw, rawReads
 			r.readFn = r.rawFill
 		}
 	}
@@ -80,7 +84,7 @@ func (r *connReader) buffered() int { return len(r.pend) }
 // buffered, waiting until something has: the start of a frame. Errors are
 // those of net.Conn.Read (io.EOF, a deadline's timeout, net.ErrClosed).
 func (r *connReader) fill() error {
-	if r.raw == nil || len(r.pend) > 0 {
+	if !r.ahead || len(r.pend) > 0 {
 		return nil
 	}
 	err := r.raw.Read(r.readFn)

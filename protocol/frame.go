@@ -270,7 +270,18 @@ func copyBody(dst io.Writer, src io.Reader, n int) error {
 			n -= k
 		}
 		// TCPConn.ReadFrom with a LimitedReader over a TCPConn splices.
-		w, err := io.CopyN(dst, tcp, int64(n))
+		var w int64
+		var err error
+		if cr != nil { // io.CopyN, with the reader's LimitedReader
+			cr.lim = io.LimitedReader{R: tcp, N: int64(n)}
+			w, err = io.Copy(dst, &cr.lim)
+			cr.lim.R = nil
+			if w < int64(n) && err == nil {
+				err = io.EOF
+			}
+		} else {
+			w, err = io.CopyN(dst, tcp, int64(n))
+		}
 		if err != nil && w < int64(n) && errors.Is(err, io.EOF) {
 			return ErrFrameTruncated
 		}

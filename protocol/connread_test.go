@@ -1,0 +1,165 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+)
+
+// tcpPair is two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); acc <- c }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-acc
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
+}
+
+func testFrame(n int, seed byte) []byte {
+	f := binary.BigEndian.AppendUint32(nil, uint32(n))
+	for i := range n {
+		f = append(f, seed+byte(i*13))
+	}
+	return f
+}
+
+// Frames written back to back, small and large, come out of a connReader
+// as they went in: small ones whole, a large one as its head and a body
+// spliced on (with whatever was read ahead of it handed on first), and
+// the reader holds no buffer once a frame is consumed.
+func TestConnReaderFrames(t *testing.T) {
+	w, r := tcpPair(t)
+	cr := newConnReader(r)
+	if !rawReads {
+		t.Skip("raw reads are off on this platform")
+	}
+	small1, small2 := testFrame(100, 1), testFrame(3000, 2)
+	big := testFrame(streamAbove+50000, 3)
+	small3 := testFrame(10, 4)
+	var all []byte
+	for _, f := range [][]byte{small1, small2, big, small3} {
+		all = append(all, f...)
+	}
+	go w.Write(all)
+
+	var sz [4]byte
+	for _, want := range [][]byte{small1, small2} {
+		f, rest, err := readFrameHead(cr, &sz, 1<<20, true)
+		if err != nil || rest != 0 || !bytes.Equal(f, want) {
+			t.Fatalf("frame of %d: got %d bytes, rest %d, err %v", len(want)-4, len(f), rest, err)
+		}
+		ReleaseFrame(f)
+	}
+	head, rest, err := readFrameHead(cr, &sz, 1<<20, false)
+	if err != nil || len(head) != 4+headBytes || rest != len(big)-4-headBytes {
+		t.Fatalf("big frame head %d, rest %d, err %v", len(head), rest, err)
+	}
+	// The body spliced to another socket arrives whole.
+	out, in := tcpPair(t)
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, rest)
+		io.ReadFull(in, b)
+		got <- b
+	}()
+	if err := copyBody(out, cr, rest); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; !bytes.Equal(append(head, b...), big) {
+		t.Fatal("big frame: head + spliced body differ from what was sent")
+	}
+	f, rest, err := readFrameHead(cr, &sz, 1<<20, false)
+	if err != nil || rest != 0 || !bytes.Equal(f, small3) {
+		t.Fatalf("frame after the big one: %v %d %v", f, rest, err)
+	}
+	if cr.buf != nil || cr.buffered() != 0 {
+		t.Fatalf("reader holds %d bytes (buffer %v) after every frame was read", cr.buffered(), cr.buf != nil)
+	}
+
+	// Bytes read ahead of a body are handed on before the splice.
+	body := testFrame(20000, 5)
+	go w.Write(body)
+	if err := cr.fill(); err != nil {
+		t.Fatal(err)
+	}
+	if cr.buffered() == 0 {
+		t.Fatal("fill read nothing")
+	}
+	if _, err := io.ReadFull(cr, sz[:]); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		b := make([]byte, 20000)
+		io.ReadFull(in, b)
+		got <- b
+	}()
+	if err := copyBody(out, cr, 20000); err != nil {
+		t.Fatal(err)
+	}
+	if b := <-got; !bytes.Equal(b, body[4:]) {
+		t.Fatal("read-ahead then spliced body differ from what was sent")
+	}
+
+	// A deadline, a close by the peer and a local close read as they do
+	// on net.Conn.
+	r.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	var ne net.Error
+	if _, _, err := readFrameHead(cr, &sz, 1<<20, false); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("past the deadline: err %v, want a timeout", err)
+	}
+	r.SetReadDeadline(time.Time{})
+	w.Close()
+	if _, _, err := readFrameHead(cr, &sz, 1<<20, false); !errors.Is(err, io.EOF) {
+		t.Fatalf("peer closed: err %v, want io.EOF", err)
+	}
+	r.Close()
+	if _, _, err := readFrameHead(cr, &sz, 1<<20, false); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("closed: err %v, want net.ErrClosed", err)
+	}
+}
+
+// A frame's size and a small frame arrive in one read(2), not two: the
+// frame is in one buffer before its first byte is asked for.
+func TestConnReaderOneReadPerSmallFrame(t *testing.T) {
+	w, r := tcpPair(t)
+	cr := newConnReader(r)
+	if !rawReads {
+		t.Skip("raw reads are off on this platform")
+	}
+	f := testFrame(1000, 9)
+	if _, err := w.Write(f); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // all of it in the socket
+	if err := cr.fill(); err != nil {
+		t.Fatal(err)
+	}
+	if cr.buffered() != len(f) {
+		t.Fatalf("one read took %d bytes, want the whole %d-byte frame", cr.buffered(), len(f))
+	}
+	// Nothing more is read from the socket for this frame: closing the
+	// socket's read side before readFrameHead changes nothing.
+	r.CloseRead()
+	var sz [4]byte
+	got, rest, err := readFrameHead(cr, &sz, 1<<20, false)
+	if err != nil || rest != 0 || !bytes.Equal(got, f) {
+		t.Fatalf("frame: %d bytes, rest %d, err %v", len(got), rest, err)
+	}
+}
