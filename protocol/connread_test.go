@@ -6,8 +6,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // tcpPair is two ends of a loopback TCP connection.
@@ -161,5 +164,48 @@ func TestConnReaderOneReadPerSmallFrame(t *testing.T) {
 	got, rest, err := readFrameHead(cr, &sz, 1<<20, false)
 	if err != nil || rest != 0 || !bytes.Equal(got, f) {
 		t.Fatalf("frame: %d bytes, rest %d, err %v", len(got), rest, err)
+	}
+}
+
+// A request read ahead is not served once the connection drains: it is
+// left unanswered, as it was when the drain's deadline failed the socket
+// read (the client retries it on a fresh connection).
+func TestDrainDoesNotServeARequestReadAhead(t *testing.T) {
+	if !rawReads {
+		t.Skip("raw reads are off on this platform")
+	}
+	upstream := startKfake(t)
+	tp := startProxy(t, upstream, nil)
+	cl, srv := tcpPair(t)
+	var wg sync.WaitGroup
+	pr := &pair{
+		p:          tp.Proxy,
+		client:     srv,
+		node:       -1,
+		loops:      &wg,
+		clientAddr: cl.LocalAddr().String(),
+		clientR:    newConnReader(srv),
+		queue:      make(chan inflight, maxInFlight),
+		done:       make(chan struct{}),
+		reqsDone:   make(chan struct{}),
+	}
+	tp.m.connsOpen.Inc() // close counts it down
+	if _, err := cl.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 3)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if err := pr.clientR.fill(); err != nil || pr.clientR.buffered() == 0 {
+		t.Fatalf("nothing read ahead: %v", err)
+	}
+	pr.drain()
+	pr.clientLoop()
+	wg.Wait()
+	select {
+	case <-pr.reqsDone:
+	default:
+		t.Fatal("the loop returned without ending its requests as a drain does")
+	}
+	if pr.upstream != nil {
+		t.Fatal("a request read ahead was forwarded after the drain")
 	}
 }
