@@ -55,6 +55,47 @@ type target struct {
 	cpu         time.Duration
 	prod, fetch []float64 // proxy/direct ratios, one per round
 	lat         []time.Duration
+	perReq      perRequest // latency phase
+}
+
+// wakes are a process's counts of read and write system calls, context
+// switches (all threads) and CPU time so far.
+type wakes struct {
+	rw, ctx int64
+	cpu     time.Duration
+}
+
+type perRequest struct{ rw, ctx, cpuMicros float64 }
+
+func (w wakes) since(b wakes, n float64) perRequest {
+	return perRequest{float64(w.rw-b.rw) / n, float64(w.ctx-b.ctx) / n, float64((w.cpu - b.cpu).Microseconds()) / n}
+}
+
+func readWakes(pid int) wakes {
+	var w wakes
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid)); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ": "); ok && (k == "syscr" || k == "syscw") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				w.rw += n
+			}
+		}
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that just exited
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && (k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				w.ctx += n
+			}
+		}
+	}
+	w.cpu = benchkit.ProcCPU(pid)
+	return w
 }
 
 // revs is the repeatable -base flag (a comma list works too).
@@ -174,10 +215,17 @@ func main() {
 	for _, t := range targets {
 		addrs = append(addrs, t.addr)
 	}
+	before := make([]wakes, len(targets))
+	for i, t := range targets {
+		before[i] = readWakes(t.proc.Process.Pid)
+	}
 	lats := latency(addrs, *samples)
 	direct.lat = lats[0]
 	for i, t := range targets {
 		t.lat = lats[i+1]
+		// Each proxy served its own warm-up and samples, one request
+		// at a time: what it did per request.
+		t.perReq = readWakes(t.proc.Process.Pid).since(before[i], float64(*samples+latencyWarmup))
 	}
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -198,12 +246,16 @@ func main() {
 
 	// Side by side, one row per proxy (median round ratios; latency added
 	// over direct from the interleaved samples).
-	fmt.Printf("\n| proxy | produce × direct | fetch × direct | added p50 | added p99 | CPU-s per GB |\n|---|---|---|---|---|---|\n")
+	// The last three columns are per request of the latency phase (one
+	// small produce and its response): read and write system calls
+	// (/proc/PID/io syscr+syscw; splice is not among them), context
+	// switches of all the proxy's threads (its wake-ups), and its CPU.
+	fmt.Printf("\n| proxy | produce × direct | fetch × direct | added p50 | added p99 | CPU-s per GB | reads+writes / req | ctx switches / req | CPU µs / req |\n|---|---|---|---|---|---|---|---|---|\n")
 	for _, t := range targets {
-		fmt.Printf("| %s | %.2f | %.2f | %+dµs | %+dµs | %.2f |\n", t.name, benchkit.Median(t.prod), benchkit.Median(t.fetch),
+		fmt.Printf("| %s | %.2f | %.2f | %+dµs | %+dµs | %.2f | %.2f | %.2f | %.1f |\n", t.name, benchkit.Median(t.prod), benchkit.Median(t.fetch),
 			(quantile(t.lat, 0.5) - quantile(direct.lat, 0.5)).Microseconds(),
 			(quantile(t.lat, 0.99) - quantile(direct.lat, 0.99)).Microseconds(),
-			t.cpu.Seconds()/gbMoved)
+			t.cpu.Seconds()/gbMoved, t.perReq.rw, t.perReq.ctx, t.perReq.cpuMicros)
 	}
 }
 
@@ -295,7 +347,7 @@ func latency(addrs []string, samples int) [][]time.Duration {
 		}
 		return time.Since(t)
 	}
-	for range 200 { // warm-up
+	for range latencyWarmup {
 		for _, cl := range cls {
 			once(cl)
 		}
@@ -314,6 +366,9 @@ func latency(addrs []string, samples int) [][]time.Duration {
 	}
 	return out
 }
+
+// latencyWarmup is how many requests per target precede the samples.
+const latencyWarmup = 200
 
 func quantile(s []time.Duration, q float64) time.Duration {
 	if len(s) == 0 {
