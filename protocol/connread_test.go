@@ -209,3 +209,86 @@ func TestDrainDoesNotServeARequestReadAhead(t *testing.T) {
 		t.Fatal("a request read ahead was forwarded after the drain")
 	}
 }
+
+// FuzzConnReaderFrames: any byte stream, written to a socket in chunks of
+// any size, reads through a connReader (frame heads, bodies completed)
+// as ReadFrame reads it from memory, frame for frame, down to the error
+// that ends it.
+func FuzzConnReaderFrames(f *testing.F) {
+	cat := func(fs ...[]byte) []byte { return bytes.Join(fs, nil) }
+	f.Add(cat(testFrame(10, 1), testFrame(5000, 2), testFrame(4, 3)), uint16(7))
+	f.Add(cat(testFrame(100, 1), testFrame(streamAbove+100, 2), testFrame(8, 3)), uint16(4096))
+	f.Add(cat(testFrame(4092, 1), testFrame(4093, 2))[:6000], uint16(1)) // cut mid-frame
+	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x10}, uint16(3))               // a TLS ClientHello
+	f.Add(cat(testFrame(6, 1), []byte{0x7f, 0, 0, 0}), uint16(2))        // then a frame too large
+	f.Add(cat(testFrame(6, 1), []byte{0, 0, 0, 1, 9}), uint16(9))        // then a size too small
+	f.Fuzz(connReaderMatchesReadFrame)
+}
+
+func connReaderMatchesReadFrame(t *testing.T, data []byte, chunk uint16) {
+	{
+		if !rawReads {
+			t.Skip("raw reads are off on this platform")
+		}
+		if len(data) > 1<<18 {
+			return
+		}
+		const maxFrame = 1 << 17
+		type result struct {
+			frames [][]byte
+			reason string
+			eof    bool
+		}
+		collect := func(next func(first bool) ([]byte, error)) result {
+			var res result
+			for first := true; ; first = false {
+				fr, err := next(first)
+				if err != nil {
+					res.reason, res.eof = frameReason(err), errors.Is(err, io.EOF)
+					return res
+				}
+				res.frames = append(res.frames, bytes.Clone(fr))
+				ReleaseFrame(fr)
+			}
+		}
+		var sz [4]byte
+		br := bytes.NewReader(data)
+		want := collect(func(first bool) ([]byte, error) { return ReadFrame(br, &sz, maxFrame, first) })
+
+		w, r := tcpPair(t)
+		wrote := make(chan struct{})
+		// The writer is done before the input is given back (the fuzzing
+		// engine reuses its memory).
+		defer func() { w.Close(); <-wrote }()
+		go func() {
+			defer close(wrote)
+			// At most about 256 writes, so that an input stays fast.
+			step := max(int(chunk)%8192+1, len(data)/256)
+			for i := 0; i < len(data); i += step {
+				if _, err := w.Write(data[i:min(i+step, len(data))]); err != nil {
+					return
+				}
+			}
+			w.CloseWrite()
+		}()
+		r.SetReadDeadline(time.Now().Add(10 * time.Second))
+		cr := newConnReader(r)
+		got := collect(func(first bool) ([]byte, error) {
+			head, rest, err := readFrameHead(cr, &sz, maxFrame, first)
+			if err == nil && rest > 0 {
+				head, err = completeFrame(cr, head, rest)
+			}
+			return head, err
+		})
+		cr.release()
+		if len(got.frames) != len(want.frames) || got.reason != want.reason || got.eof != want.eof {
+			t.Fatalf("connReader: %d frames, ending %q (EOF %v); ReadFrame: %d frames, ending %q (EOF %v)",
+				len(got.frames), got.reason, got.eof, len(want.frames), want.reason, want.eof)
+		}
+		for i := range want.frames {
+			if !bytes.Equal(got.frames[i], want.frames[i]) {
+				t.Fatalf("frame %d differs", i)
+			}
+		}
+	}
+}
