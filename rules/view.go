@@ -595,3 +595,9 @@ func plural(n int, one, many string) string {
 	}
 	return many
 }
+
+// ViewErrorHeader is the one header of the placeholder a client gets for a
+// record its view could not process (the value is null; the header says
+// why). protocol.ViewErrorHeader on the fetch path is the same name;
+// `rtproxy test` shows view tests the same placeholder.
+const ViewErrorHeader = "rtproxy-view-error"
