@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -222,5 +223,43 @@ func TestRoutesAndStatusPageListViews(t *testing.T) {
 		if !strings.Contains(page, want) {
 			t.Errorf("status page lacks %q", want)
 		}
+	}
+}
+
+// TestViewsClosedNotReady: a view standing in closed (its file does not
+// load) makes the proxy not ready, as a closed guard does, and every record
+// it serves is an error.
+func TestViewsClosedNotReady(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "v.yaml"), []byte("view: payments\ntopic: payments\nsteps: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	applied := make(chan []*rules.Route, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w, err := rules.WatchWith(ctx, dir, rules.Options{}, slog.New(slog.DiscardHandler), newRegistry(), func(rs []*rules.Route, _ []error) { applied <- rs })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	rs := <-applied
+	vw, err := newViews(slog.New(slog.DiscardHandler), newRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vw.notReady() != "" {
+		t.Fatal("not ready before any view")
+	}
+	vw.apply(rs)
+	if why := vw.notReady(); !strings.Contains(why, "view payments does not load") {
+		t.Fatalf("notReady = %q", why)
+	}
+	st := vw.Status()
+	if len(st) != 1 || st[0].State != "closed" || st[0].Clients != "every client" {
+		t.Fatalf("status %+v", st)
+	}
+	o := vw.cur.Load().byName["payments"]
+	if keep, err := o.Apply(&protocol.ViewRecord{Value: []byte(`{"card":"4111"}`)}); keep || err == nil {
+		t.Fatalf("a closed view served a record: %v %v", keep, err)
 	}
 }
