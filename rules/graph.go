@@ -35,10 +35,13 @@ type graph struct {
 	// views are the accepted views with a virtual name, by that name
 	// (view.go; graph_view.go).
 	views map[string]*Route
+	// guards are the accepted guards that copy refused records to a
+	// dead-letter topic, by that topic (a topic the rules write).
+	guards map[string]*Route
 }
 
 func newGraph() *graph {
-	return &graph{groups: map[string]*Route{}, readers: map[string][]*Route{}, views: map[string]*Route{}}
+	return &graph{groups: map[string]*Route{}, readers: map[string][]*Route{}, views: map[string]*Route{}, guards: map[string]*Route{}}
 }
 
 // internalTopicRe is the shape of a route's internal topics after its
@@ -85,8 +88,11 @@ func (r *Route) outputs() []struct{ key, topic string } {
 // check returns why r cannot join the graph, nil when it can. Guards are
 // not routes: they read no topic as a group and write none.
 func (g *graph) check(r *Route) []*Error {
-	if r == nil || r.Guard != nil {
+	if r == nil {
 		return nil
+	}
+	if r.Guard != nil {
+		return g.guardVsViews(r)
 	}
 	if r.View != nil {
 		return g.checkView(r)
@@ -209,7 +215,13 @@ func (g *graph) cycleError(r *Route, path func(func(topic string, via *Route, ke
 
 // add accepts r into the graph (after check found nothing).
 func (g *graph) add(r *Route) {
-	if r == nil || r.Guard != nil {
+	if r == nil {
+		return
+	}
+	if r.Guard != nil {
+		if r.Guard.DeadLetter != "" {
+			g.guards[r.Guard.DeadLetter] = r
+		}
 		return
 	}
 	if r.View != nil {

@@ -299,6 +299,18 @@ func TestViewGraph(t *testing.T) {
 			"a.yaml": "view: q.v\ntopic: p\n",
 			"b.yaml": "view: p\ntopic: x\n",
 		}, "b.yaml:1:7: view name `p` is the topic view `q.v`"},
+		{"a virtual name is a route's internal topic", map[string]string{
+			"a.yaml": "route: r\nsource: { topic: in }\nsink: { topic: out }\nsteps:\n  - drop_duplicates: { key: value.id, ttl: 1h }\n",
+			"b.yaml": "view: r.00-drop_duplicates.changelog\ntopic: in\n",
+		}, "b.yaml:1:7: view name `r.00-drop_duplicates.changelog` is an internal topic of route `r`"},
+		{"a virtual name is a guard's dead letters", map[string]string{
+			"a.yaml": "guard: g\ntopic: in\non_reject: dead_letter\nchecks: [valid_json]\n",
+			"b.yaml": "view: g.rejected\ntopic: in\n",
+		}, "b.yaml:1:7: view name `g.rejected` is the dead-letter topic guard `g`"},
+		{"a guard's dead letters are a virtual name", map[string]string{
+			"a.yaml": "view: shadow\ntopic: in\n",
+			"b.yaml": "guard: g\ntopic: in\non_reject: dead_letter\ndead_letter: shadow\nchecks: [valid_json]\n",
+		}, "b.yaml:4:14: dead_letter `shadow` is the virtual name of view `shadow`"},
 		{"a route and a view may share a name", map[string]string{
 			"a.yaml": "route: payments\nsource: { topic: in }\nsink: { topic: out }\n",
 			"b.yaml": "view: payments\ntopic: payments\nclients: { client_id: [a] }\nsteps: [ { filter: true } ]\n",
