@@ -3,10 +3,12 @@ package rules
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/rtproxy/rtproxy/operators"
@@ -492,4 +494,36 @@ func BenchmarkViewRun(b *testing.B) {
 		}
 		dst = out
 	}
+}
+
+// TestViewRunConcurrent: one view serves many fetches at once (each with
+// its own record); every goroutine gets what a lone run gives. Meaningful
+// under -race.
+func TestViewRunConcurrent(t *testing.T) {
+	r := loadViewText(t, exampleView)
+	values := make([]string, 64)
+	want := make([]string, len(values))
+	for i := range values {
+		values[i] = fmt.Sprintf(`{"status":%q,"card":"4111%012d","email":"u%d@example.com","n":%d}`, []string{"ok", "test"}[i%2], i, i, i)
+		out, _, _ := runView(t, r.View, values[i], false)
+		want[i] = out
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rep := 0; rep < 20; rep++ {
+				for i, v := range values {
+					rec := &ViewRecord{Topic: "payments", Raw: []byte(v)}
+					out, _, err := r.View.Run(rec, nil)
+					if err != nil || string(out) != want[i] {
+						t.Errorf("record %d: %q %v, want %q", i, out, err, want[i])
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
