@@ -527,3 +527,24 @@ func TestViewRunConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestWatchViewSaltRotates: writing a new salt reloads the view that names
+// it, with no edit of the view file.
+func TestWatchViewSaltRotates(t *testing.T) {
+	dir := viewDir(t, map[string]string{"v.yaml": exampleView})
+	h := startWatch(t, dir)
+	first := h.next()
+	if len(first.routes) != 1 || len(first.errs) != 0 {
+		t.Fatalf("initial: %d routes, errors %v", len(first.routes), first.errs)
+	}
+	before, _, _ := runView(t, first.routes[0].View, `{"status":"ok","card":"1","email":"a@b"}`, false)
+	write(t, filepath.Join(dir, "salt"), "a-new-salt-of-enough-bytes\n")
+	second := h.next()
+	if len(second.routes) != 1 || second.routes[0].Hash == first.routes[0].Hash {
+		t.Fatal("the new salt did not reload the view")
+	}
+	after, _, _ := runView(t, second.routes[0].View, `{"status":"ok","card":"1","email":"a@b"}`, false)
+	if before == after || !strings.Contains(after, operators.HashString([]byte("a-new-salt-of-enough-bytes"), "a@b")) {
+		t.Fatalf("after rotation %s (before %s)", after, before)
+	}
+}
