@@ -37,6 +37,14 @@ func Run(f *File, t *Test, def *rules.Route) (res Result) {
 		runView(t, def, fail)
 		return res
 	}
+	if t.Client != nil {
+		fail(t.Client.Line, "`client:` says who fetches a view; route %q is not a view", def.Name)
+		return res
+	}
+	if t.Expect.Records != nil {
+		fail(t.Expect.Line, "expect.records is what a view's client fetches; route %q writes `sink:` and `dead_letters:`", def.Name)
+		return res
+	}
 
 	parts := t.Partitions
 	if parts == 0 {

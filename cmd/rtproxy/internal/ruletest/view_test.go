@@ -98,6 +98,8 @@ func TestViewTestFailures(t *testing.T) {
     expect:
       sink: []
 `,
+		"route.yaml":      "route: r\nsource: { topic: a }\nsink: { topic: b }\n",
+		"route.test.yaml": "tests:\n  - name: c\n    client: {client_id: x}\n    input: [{value: {}}]\n    expect: {sink: [{value: {}}]}\n  - name: r\n    input: [{value: {}}]\n    expect: {records: []}\n",
 		"other.yaml":      inPlace,
 		"other.test.yaml": "route: payments\ntests:\n  - name: x\n    input: [{value: {}}]\n    expect: {records: []}\n",
 	})
@@ -112,6 +114,8 @@ func TestViewTestFailures(t *testing.T) {
 		"a view writes no sink and no dead letters: expect `records:`",
 		`the test file is for route "payments", but `,
 		`holds view "payments"`,
+		"route.test.yaml:3: `client:` says who fetches a view; route \"r\" is not a view",
+		"route.test.yaml:8: expect.records is what a view's client fetches",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)
