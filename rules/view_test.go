@@ -3,6 +3,7 @@ package rules
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -104,8 +105,10 @@ func TestViewExample(t *testing.T) {
 		t.Fatalf("bad JSON: %q keep %v err %v", out, keep, err)
 	}
 	// set on a value that is not an object: an error too.
-	if _, _, err := runView(t, v, `{"status":"ok","card":{"n":1}}`, false); err == nil || !strings.Contains(err.Error(), "mask: argument is an object") {
-		t.Fatalf("a string value: err %v", err)
+	_, _, err = runView(t, v, `{"status":"ok","card":{"n":1}}`, false)
+	var ve *ViewError
+	if !errors.As(err, &ve) || ve.Error() != "step 2 (set) failed: an expression failed on this record" || !strings.Contains(ve.Detail, "mask: argument is an object") {
+		t.Fatalf("a card that is an object: err %v", err)
 	}
 	// A tombstone passes the filter and stays null.
 	if _, keep, err := runView(t, v, "", true); !keep || err != nil {
@@ -546,5 +549,41 @@ func TestWatchViewSaltRotates(t *testing.T) {
 	after, _, _ := runView(t, second.routes[0].View, `{"status":"ok","card":"1","email":"a@b"}`, false)
 	if before == after || !strings.Contains(after, operators.HashString([]byte("a-new-salt-of-enough-bytes"), "a@b")) {
 		t.Fatalf("after rotation %s (before %s)", after, before)
+	}
+}
+
+// TestViewErrorsHoldNoValues: the error of a record a view cannot process
+// goes to the very client that must not see the record's values (the
+// placeholder's rtproxy-view-error header), so it says what failed and
+// where, never what the record holds.
+func TestViewErrorsHoldNoValues(t *testing.T) {
+	secret := "4111-1111-1111-1234"
+	for _, c := range []struct {
+		name, view, value, want string
+	}{
+		{"an expression fails on the value", "view: p.v\ntopic: p\nsteps:\n  - set:\n      n: int(value.card)\n", `{"card":"` + secret + `"}`,
+			"step 1 (set) failed: an expression failed on this record"},
+		{"a filter fails", "view: p.v\ntopic: p\nsteps:\n  - filter: value.card + 1 > 2\n", `{"card":"` + secret + `"}`,
+			"step 1 (filter) failed: an expression failed on this record"},
+		{"the value is not JSON", "view: p.v\ntopic: p\nsteps:\n  - drop: [x]\n", `{"card":` + secret + `}`,
+			"the value is not valid JSON"},
+		{"mask of an object", "view: p.v\ntopic: p\nsteps:\n  - set:\n      card: mask(value.card, 4)\n", `{"card":{"n":"` + secret + `"}}`,
+			"step 1 (set) failed: an expression failed on this record"},
+		{"a budget", "view: p.v\ntopic: p\nsteps:\n  - set:\n      s: repeat(value.card, 100000000)\n", `{"card":"` + secret + `"}`,
+			"step 1 (set) failed: over a per-record budget (limits.expr_memory_bytes)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := loadViewText(t, c.view)
+			_, _, err := runView(t, r.View, c.value, false)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if strings.Contains(err.Error(), "4111") || strings.Contains(err.Error(), "1234") {
+				t.Fatalf("the error shows the record: %v", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q, want it to say %q", err, c.want)
+			}
+		})
 	}
 }

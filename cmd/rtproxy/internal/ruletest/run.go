@@ -460,6 +460,8 @@ func describe(o pipeline.DriverOutput, dlq bool) string {
 			fmt.Fprintf(&b, ", %s: %q", strings.TrimPrefix(h.Key, "rtproxy-"), h.Value)
 		case dlq && h.Key == rules.ViewErrorHeader:
 			fmt.Fprintf(&b, ", error: %q", h.Value)
+		case dlq && h.Key == detailHeader:
+			fmt.Fprintf(&b, " (the client is not told: %q)", h.Value)
 		case strings.HasPrefix(h.Key, "rtproxy-"):
 		default:
 			fmt.Fprintf(&b, ", header %s: %q", h.Key, h.Value)

@@ -1,12 +1,17 @@
 package ruletest
 
 import (
+	"errors"
 	"time"
 
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/rules"
 )
+
+// detailHeader carries, in a view test's report only, the full text of an
+// error whose placeholder (rules.ViewError) withholds it from the client.
+const detailHeader = "rtproxy-view-error-detail"
 
 // runView runs one test of a view file: each input record is a stored
 // record of the view's topic, fetched by the test's client; what the
@@ -58,6 +63,11 @@ func runView(t *Test, def *rules.Route, fail func(int, string, ...any)) {
 			switch {
 			case err != nil:
 				out.Value, out.Headers = nil, []operators.Header{{Key: rules.ViewErrorHeader, Value: []byte(err.Error())}}
+				var ve *rules.ViewError
+				if errors.As(err, &ve) && ve.Detail != "" {
+					// For the rule's author only: the client is never told.
+					out.Headers = append(out.Headers, operators.Header{Key: detailHeader, Value: []byte(ve.Detail)})
+				}
 			case !keep:
 				continue
 			default:

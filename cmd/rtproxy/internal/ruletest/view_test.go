@@ -109,7 +109,8 @@ func TestViewTestFailures(t *testing.T) {
 	}
 	for _, want := range []string{
 		"analytics.test.yaml:10: records record 2 differs:",
-		`error: want it to contain "budget", got "value is not valid JSON`,
+		`error: want it to contain "budget", got "the value is not valid JSON"`,
+		`(the client is not told: "value is not valid JSON: want a string object key at offset 1")`,
 		"analytics.test.yaml:9: records record 1 is at offset 1, want offset 0 (a record the view filters out leaves a gap)",
 		"a view writes no sink and no dead letters: expect `records:`",
 		`the test file is for route "payments", but `,
