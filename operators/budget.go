@@ -123,7 +123,7 @@ type budgetError struct {
 	msg    string
 }
 
-func (e *budgetError) Error() string        { return e.msg }
+func (e *budgetError) Error() string { return e.msg }
 
 // BudgetOf names the budget err (or an error it wraps) tripped: one of
 // BudgetNames, BudgetExprMemory for expr's own memory budget, "" when err
