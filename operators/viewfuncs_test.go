@@ -153,3 +153,12 @@ func FuzzMask(f *testing.F) {
 		}
 	})
 }
+
+func TestBudgetOf(t *testing.T) {
+	if got := BudgetOf(tripped(BudgetExprSteps, "x")); got != BudgetExprSteps {
+		t.Fatalf("BudgetOf = %q", got)
+	}
+	if got := BudgetOf(errors.New("plain")); got != "" {
+		t.Fatalf("BudgetOf(plain) = %q", got)
+	}
+}
