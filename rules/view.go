@@ -70,7 +70,7 @@ type ViewClients struct {
 
 // Values and bounds of a view file.
 const (
-	// ViewFilterKinds are the step kinds a view may use: they work on one
+	// viewStepKinds are the step kinds a view may use: they work on one
 	// record at a time and keep no state.
 	viewStepKinds = "filter, set, map, drop"
 	// MinSaltBytes and MaxSaltBytes bound a hash_salt_file's content.
