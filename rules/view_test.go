@@ -587,3 +587,28 @@ func TestViewErrorsHoldNoValues(t *testing.T) {
 		})
 	}
 }
+
+// TestViewClientListBounds: a client list is bounded in entries and in the
+// length of each.
+func TestViewClientListBounds(t *testing.T) {
+	many := make([]string, maxViewClients+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("c%d", i)
+	}
+	for _, c := range []struct{ list, want string }{
+		{"[" + strings.Join(many, ", ") + "]", fmt.Sprintf("lists %d entries, more than %d", maxViewClients+1, maxViewClients)},
+		{"[" + strings.Repeat("x", maxClientEntry+1) + "]", fmt.Sprintf("one line of at most %d bytes", maxClientEntry)},
+		{"[a, a]", "`a` is listed twice"},
+	} {
+		dir := viewDir(t, map[string]string{"v.yaml": "view: p\ntopic: p\nclients: { client_id: " + c.list + " }\nsteps: [ { drop: [x] } ]\n"})
+		_, err := LoadFile(filepath.Join(dir, "v.yaml"))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("err %v, want %q", err, c.want)
+		}
+	}
+	many[maxViewClients] = ""
+	dir := viewDir(t, map[string]string{"v.yaml": "view: p\ntopic: p\nclients: { client_id: [" + strings.Join(many[:maxViewClients], ", ") + "] }\nsteps: [ { drop: [x] } ]\n"})
+	if _, err := LoadFile(filepath.Join(dir, "v.yaml")); err != nil {
+		t.Fatalf("%d entries refused: %v", maxViewClients, err)
+	}
+}
