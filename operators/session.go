@@ -294,7 +294,8 @@ func (w *sessionWindow) Process(r *Record, out Emitter) {
 	} else {
 		// Merge into..last into `into`; the absorbed ones stay in the
 		// heap, marked by nil accs, until Advance pops them.
-		for o := s.next; o != p.last.next; {
+		stop := p.last.next
+		for o := s.next; o != stop; {
 			nx := o.next
 			for i := range w.aggs {
 				w.aggs[i].merge(&s.accs[i], &o.accs[i])
