@@ -82,6 +82,7 @@ type sessionWindow struct {
 	applied   map[int32]int64 // as window.applied
 
 	args    []any // scratch
+	probe   acc   // scratch: the merged kind a merge checks an argument against
 	closing []*session
 }
 
@@ -244,19 +245,25 @@ func (w *sessionWindow) Process(r *Record, out Emitter) {
 	}
 	if p.into != nil {
 		for i, a := range w.spec.Aggregates {
-			var kind uint8
-			for s := p.into; s != p.last.next; s = s.next {
-				k := w.aggs[i].mixKind(&s.accs[i])
-				if k != 0 && kind != 0 && k != kind {
-					out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %s(%s) would merge sessions of numbers and of strings",
-						a.Name, a.Func, a.Arg.Source))
-					return
+			target := &p.into.accs[i]
+			if p.last != p.into {
+				// A merge: the merged accumulators must agree (min and
+				// max: numbers or strings), and the argument fit them.
+				var kind uint8
+				for s := p.into; s != p.last.next; s = s.next {
+					k := w.aggs[i].mixKind(&s.accs[i])
+					if k != 0 && kind != 0 && k != kind {
+						out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %s(%s) would merge sessions of numbers and of strings",
+							a.Name, a.Func, a.Arg.Source))
+						return
+					}
+					kind = max(kind, k)
 				}
-				kind = max(kind, k)
+				w.probe = acc{kind: kind}
+				target = &w.probe
 			}
 			if w.args[i] != nil {
-				probe := acc{kind: kind}
-				if err := w.aggs[i].fits(a, &probe, w.args[i]); err != nil {
+				if err := w.aggs[i].fits(a, target, w.args[i]); err != nil {
 					out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
 					return
 				}
