@@ -197,13 +197,13 @@ type Aggregate struct {
 
 // WindowSpec is a compiled `window:` step.
 type WindowSpec struct {
-	Kind         string // "tumbling", "sliding" or "session"
-	Size, Slide  time.Duration
+	Kind        string // "tumbling", "sliding" or "session"
+	Size, Slide time.Duration
 	// Gap and MaxDuration are a session window's (0: no max_duration).
 	Gap, MaxDuration time.Duration
-	Key          *Expr // nil: one window for all records (key "")
-	Aggregates   []Aggregate
-	EmitOnUpdate bool
+	Key              *Expr // nil: one window for all records (key "")
+	Aggregates       []Aggregate
+	EmitOnUpdate     bool
 }
 
 // window is the tumbling and sliding window step.
