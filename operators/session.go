@@ -594,6 +594,8 @@ func (w *sessionWindow) Restore(sr Reader) error {
 				return fmt.Errorf("%w: session %d key %q: %d trailing bytes", errSnapshot, start, key, len(d.b))
 			case end <= start:
 				return fmt.Errorf("%w: session key %q ends at %d, not after its start %d", errSnapshot, key, end, start)
+			case w.max > 0 && end-start > w.max:
+				return fmt.Errorf("%w: session key %q spans %d ms, more than max_duration", errSnapshot, key, end-start)
 			}
 			// Entries come by start: each key's list is built in order.
 			if tail := tails[key]; tail == nil {
