@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -282,5 +283,37 @@ func TestSessionResume(t *testing.T) {
 	want := `{"distinct_s":1,"first_s":"","hi":0,"key":"b","last_s":"","lo":0,"mean":0,"n":2,"total":0,"window_end":35000,"window_start":20000}`
 	if len(c.rows) != 1 || c.rows[0] != want {
 		t.Errorf("rows %v, want only b's session:\n%s", c.rows, want)
+	}
+}
+
+// TestOpenSessionsAreBounded: each open session counts against
+// limits.max_open_windows; past it a record that would open one is a dead
+// letter with reason budget, while records joining or merging open
+// sessions still count, and closing sessions frees their place.
+func TestOpenSessionsAreBounded(t *testing.T) {
+	defer SetLimits(Limits{})
+	SetLimits(Limits{OpenWindows: 3})
+	spec := windowSpec(t, "session", 0, 0, false)
+	spec.Gap = 10 * time.Second
+	w := NewWindow(spec)
+	c := &lateCollect{}
+	for i, e := range []event{{key: "a", t: 0}, {key: "a", t: 18000}, {key: "b", t: 0}} {
+		w.Process(e.record(i), c)
+	}
+	var dead []string
+	sink := &deadSink{}
+	w.Process(event{key: "c", t: 0}.record(3), sink)    // a fourth session: refused
+	w.Process(event{key: "a", t: 9000}.record(4), sink) // merges a's two: accepted
+	w.Process(event{key: "c", t: 0}.record(5), sink)    // one is free again
+	dead = sink.dead
+	if len(dead) != 1 || !strings.HasPrefix(dead[0], "budget: ") || !strings.Contains(dead[0], "limits.max_open_windows") {
+		t.Fatalf("dead letters %q, want the fourth session's only, reason budget", dead)
+	}
+	if got := w.(StateSizer).StateKeys(); got != 3 {
+		t.Errorf("%d sessions open, want 3", got)
+	}
+	w.(Timed).Advance(1<<40, c)
+	if got := w.(StateSizer).StateKeys(); got != 0 {
+		t.Errorf("%d sessions open after every one closed", got)
 	}
 }
