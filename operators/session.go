@@ -12,7 +12,8 @@ package operators
 //	           name; Restore refuses a snapshot whose aggregates differ
 //
 //	key "s" <start: time> <session key bytes>   (one per open session, in
-//	                                             key order: by start, then key)
+//	                                             no particular order: a store
+//	                                             sorts them, Restore takes any)
 //	  [0:8]    end (time); the session is [start, end)
 //	  then per aggregate, in spec order, its encoding (window.go's table)
 //
@@ -507,30 +508,22 @@ func (w *sessionWindow) Snapshot(sw Writer) error {
 	if err := sw.Put([]byte{'m'}, windowMeta(w.hasWM, w.watermark, w.spec.Aggregates)); err != nil {
 		return fmt.Errorf("window snapshot: %w", err)
 	}
-	all := make([]*session, 0, w.open)
-	for _, s := range w.byKey {
-		for ; s != nil; s = s.next {
-			all = append(all, s)
-		}
-	}
-	slices.SortFunc(all, func(a, b *session) int {
-		if c := cmp.Compare(a.start, b.start); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.key, b.key)
-	})
+	// No sort: the cut copies snapshots while dispatch waits, and the
+	// store orders the entries itself.
 	var kb, vb []byte
-	for _, s := range all {
-		kb = append(putTime(append(kb[:0], 's'), s.start), s.key...)
-		vb = putTime(vb[:0], s.end)
-		for i, a := range w.spec.Aggregates {
-			var err error
-			if vb, err = w.aggs[i].encode(vb, &s.accs[i]); err != nil {
-				return fmt.Errorf("window snapshot: %s: %w", a.Name, err)
+	for _, head := range w.byKey {
+		for s := head; s != nil; s = s.next {
+			kb = append(putTime(append(kb[:0], 's'), s.start), s.key...)
+			vb = putTime(vb[:0], s.end)
+			for i, a := range w.spec.Aggregates {
+				var err error
+				if vb, err = w.aggs[i].encode(vb, &s.accs[i]); err != nil {
+					return fmt.Errorf("window snapshot: %s: %w", a.Name, err)
+				}
 			}
-		}
-		if err := sw.Put(kb, vb); err != nil {
-			return fmt.Errorf("window snapshot: %w", err)
+			if err := sw.Put(kb, vb); err != nil {
+				return fmt.Errorf("window snapshot: %w", err)
+			}
 		}
 	}
 	return nil
@@ -564,7 +557,6 @@ func (w *sessionWindow) reset() {
 // On error the state is left empty.
 func (w *sessionWindow) Restore(sr Reader) error {
 	w.reset()
-	tails := map[string]*session{}
 	sawMeta := false
 	err := sr.Each(func(k, v []byte) error {
 		switch {
@@ -597,15 +589,23 @@ func (w *sessionWindow) Restore(sr Reader) error {
 			case w.max > 0 && end-start > w.max:
 				return fmt.Errorf("%w: session key %q spans %d ms, more than max_duration", errSnapshot, key, end-start)
 			}
-			// Entries come by start: each key's list is built in order.
-			if tail := tails[key]; tail == nil {
-				w.byKey[key] = s
-			} else if tail.end > start {
-				return fmt.Errorf("%w: sessions of key %q overlap at %d", errSnapshot, key, start)
-			} else {
-				tail.next = s
+			// Entries may come in any order: s goes to its place by
+			// start in the key's list, and must not overlap its
+			// neighbours.
+			var prev *session
+			next := w.byKey[key]
+			for next != nil && next.start < start {
+				prev, next = next, next.next
 			}
-			tails[key] = s
+			if (prev != nil && prev.end > start) || (next != nil && next.start < end) {
+				return fmt.Errorf("%w: sessions of key %q overlap at %d", errSnapshot, key, start)
+			}
+			s.next = next
+			if prev == nil {
+				w.byKey[key] = s
+			} else {
+				prev.next = s
+			}
 			w.push(s)
 			w.open++
 			return nil

@@ -265,11 +265,32 @@ func ssKill(t *testing.T, source, delivery string) {
 		}
 		return nil
 	})
+	// The victim is the instance owning the most partitions of the
+	// repartition topic: it holds open sessions, which the survivors
+	// must restore from the changelog.
 	owned = srWaitOwned(t, r, topics, ps, 60*time.Second)
-	ps[0].Kill()
+	victim, most := 0, -1
+	for i, tps := range owned {
+		n := 0
+		for _, tp := range tps {
+			if tp.Topic != source {
+				n++
+			}
+		}
+		if n > most {
+			victim, most = i, n
+		}
+	}
+	ps[victim].Kill()
 	killedAt := time.Now()
-	t.Logf("SIGKILL instance 0 at %d records produced; it owned %v", load.acked.Load(), owned[0])
-	srWaitOwned(t, r, topics, ps[1:], 90*time.Second)
+	t.Logf("SIGKILL instance %d at %d records produced; it owned %v", victim, load.acked.Load(), owned[victim])
+	var rest []*Proxy
+	for i, p := range ps {
+		if i != victim {
+			rest = append(rest, p)
+		}
+	}
+	srWaitOwned(t, r, topics, rest, 90*time.Second)
 	t.Logf("its partitions reassigned %v after the kill", time.Since(killedAt).Round(time.Millisecond))
 	at := load.acked.Load()
 	load.WaitAcked(t, at+2*rate, 30*time.Second)
