@@ -8,6 +8,8 @@
 // or pipeline/. Tests run the same shape through pipeline.Driver, through
 // one in-process instance against kfake, and through three rtproxy
 // binaries (test/integration), and compare every output and dead letter.
+// GenerateSessions makes the same shapes with session windows (gap,
+// max_duration) in place of the tumbling and sliding ones.
 //
 // # The reference's assumptions
 //
@@ -31,7 +33,9 @@
 // by the row's key (one writer, rows in window order), a window after a
 // window by the row key, a function of it or a constant, and aggregates
 // are count and sum of integers; emit: on_update (every intermediate
-// state) only on a window of events, which arrive in the order sent. The
+// state) only on a window of events, which arrive in the order sent, and
+// so is a session's max_duration (where it binds, the session a record
+// joins depends on the order records come in). The
 // live variants (Live true) go further: each partition's event times
 // rise with less disorder than source.watermark (no record is late
 // whatever the interleaving), duplicates are exact copies,
