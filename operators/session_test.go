@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
@@ -315,5 +317,41 @@ func TestOpenSessionsAreBounded(t *testing.T) {
 	w.(Timed).Advance(1<<40, c)
 	if got := w.(StateSizer).StateKeys(); got != 0 {
 		t.Errorf("%d sessions open after every one closed", got)
+	}
+}
+
+// TestSessionStateIsCompact: an open session holds at most 200 bytes of
+// heap besides its accumulators (issue 27): its struct, its key's map
+// entry and bytes, and its heap slot, measured over 50k sessions of
+// distinct keys as they come from records.
+func TestSessionStateIsCompact(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures the heap")
+	}
+	if n := unsafe.Sizeof(session{}); n > 80 {
+		t.Errorf("a session is %d bytes, more than its 80-byte size class", n)
+	}
+	spec := windowSpec(t, "session", 0, 0, false)
+	spec.Aggregates = spec.Aggregates[:1] // count()
+	spec.Gap = time.Hour
+	const n = 50_000
+	runtime.GC()
+	before := liveHeap()
+	w := NewWindow(spec)
+	c := &lateCollect{}
+	for i := range n {
+		// The key string is made here, as a decoder makes it, so the
+		// bytes the session keeps count; the value is garbage after.
+		w.Process(&Record{EventTime: int64(i), Value: map[string]any{"user": fmt.Sprintf("user-%06d", i)}}, c)
+	}
+	runtime.GC()
+	per := float64(liveHeap()-before)/n - float64(unsafe.Sizeof(acc{}))
+	runtime.KeepAlive(w)
+	if got := w.(StateSizer).StateKeys(); got != n {
+		t.Fatalf("%d sessions open, want %d", got, n)
+	}
+	t.Logf("%.0f bytes of heap per open session besides its accumulator", per)
+	if per > 200 {
+		t.Errorf("%.0f bytes per open session besides its accumulator, want at most 200", per)
 	}
 }
