@@ -85,6 +85,10 @@ type Key struct {
 	// Needs completes "<kind> needs `<key>`: ..." when a required key is
 	// missing: what it is, with an example.
 	Needs string
+	// FingerprintOmitsAbsent leaves the key out of the step's fingerprint
+	// when the rule file does not write it: a key added to a kind whose
+	// fingerprints have shipped keeps theirs (and so their state).
+	FingerprintOmitsAbsent bool
 }
 
 // Args are the values of one step as the rule file gave them, defaults

@@ -25,6 +25,10 @@ func FuzzLoad(f *testing.F) {
 	// and variables through, so the fuzzer reaches past the allow-list.
 	f.Add([]byte("route: h\nsource: { topic: a }\nsink:\n  http:\n    url: http://fuzz.example/x\n    method: PUT\n    timeout: 2s\n    max_in_flight: 3\n    headers: { X-A: b, Authorization: { env: FUZZ_TOKEN, prefix: \"Bearer \" } }\n"))
 	f.Add([]byte("route: h\nsource: { topic: a }\nsink: { http: { url: http://fuzz.example/x, headers: { Cookie: c } }, delivery: exactly_once }\n"))
+	// Session windows (operators/session.go): their keys and the keys of
+	// the other kinds they refuse.
+	f.Add([]byte("route: s\nsource: { topic: a, event_time: value.ts }\nsink: { topic: b }\nsteps:\n  - window: { kind: session, gap: 30m, max_duration: 4h, key: value.u, emit: on_update, aggregate: { n: count(), p: count_distinct(value.p) } }\n"))
+	f.Add([]byte("route: s\nsource: { topic: a }\nsink: { topic: b }\nsteps:\n  - window: { kind: session, gap: 1m, size: 1m, max_duration: 30s, aggregate: { n: count() } }\n"))
 	dir := f.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "t.jsonl"), []byte(`{"id":"a","x":1}`+"\n"), 0o644); err != nil {
 		f.Fatal(err)

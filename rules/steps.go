@@ -877,6 +877,9 @@ func (p *stepParse) def() string {
 			}
 			continue
 		}
+		if key.FingerprintOmitsAbsent && p.given[key.Name] == nil {
+			continue
+		}
 		if d.Len() > 0 {
 			d.WriteByte(' ')
 		}

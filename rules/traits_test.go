@@ -19,6 +19,7 @@ var traitVariants = map[string][]string{
 	"window": {
 		"steps:\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n",
 		"steps:\n  - window: { kind: sliding, size: 2m, slide: 1m, key: value.k, emit: on_update, aggregate: { n: count() } }\n",
+		"steps:\n  - window: { kind: session, gap: 30m, max_duration: 4h, key: value.k, aggregate: { n: count() } }\n",
 	},
 	"map":     {"steps:\n  - map: { a: value.x }\n"},
 	"set":     {"steps:\n  - set: { a: value.x }\n"},
