@@ -64,12 +64,14 @@ const (
 	TypeAggregates                    // a mapping of names to aggregate calls
 	TypeStream                        // a second input: { topic, event_time, format } (StreamInput)
 	TypeInterval                      // { before: DURATION, after: DURATION } (Interval)
+	TypeFieldNames                    // a list of field names of the value
 )
 
 var keyTypeNames = map[KeyType]string{
 	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
 	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
 	TypeStream: "stream", TypeInterval: "interval",
+	TypeFieldNames: "field names",
 }
 
 func (t KeyType) String() string { return keyTypeNames[t] }
@@ -96,6 +98,10 @@ type Key struct {
 	// OtherSide: an expression read on the records of the step's second
 	// input (a stream join's `other`), not on the route's.
 	OtherSide bool
+	// FingerprintOmitsAbsent leaves the key out of the step's fingerprint
+	// when the rule file does not write it: a key added to a kind whose
+	// fingerprints have shipped keeps theirs (and so their state).
+	FingerprintOmitsAbsent bool
 }
 
 // Args are the values of one step as the rule file gave them, defaults
@@ -139,6 +145,9 @@ func (a *Args) Stream(key string) StreamInput { s, _ := a.vals[key].(StreamInput
 
 // Interval is a TypeInterval key.
 func (a *Args) Interval(key string) Interval { i, _ := a.vals[key].(Interval); return i }
+
+// Names is a TypeFieldNames key.
+func (a *Args) Names(key string) []string { n, _ := a.vals[key].([]string); return n }
 
 // Aggregates is a TypeAggregates key.
 func (a *Args) Aggregates(key string) []Aggregate { g, _ := a.vals[key].([]Aggregate); return g }
@@ -247,6 +256,7 @@ const (
 	ValueSame     ValueEffect = iota // the value is passed on as it came
 	ValueReplaced                    // the value becomes an object of exactly Plan.Fields
 	ValueMerged                      // Plan.Fields are added to an object
+	ValueDropped                     // Plan.Fields are removed from an object
 )
 
 // BuildEnv is what a step instance is built with.
