@@ -393,3 +393,45 @@ func TestStreamJoinOnKfake(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamJoinWatermarkWaitsForTheStream: the join's watermark is the
+// minimum over the partitions of both topics. A stream partition that
+// has a record holds it back while it is active, whatever the source's
+// frontier; once it has been idle for idle_timeout it no longer does, and
+// the left join emits the payment that matched nothing.
+func TestStreamJoinWatermarkWaitsForTheStream(t *testing.T) {
+	d, err := NewDriver(loadStreamJoinRoute(t, "left"), DriverConfig{Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	t0 := DefaultDriverStart.UnixMilli()
+	send := func(topic string, v map[string]any) {
+		t.Helper()
+		b, _ := json.Marshal(v)
+		if err := d.SendTo(topic, DriverInput{Offset: -1, Value: b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("auths", map[string]any{"id": "other", "aid": "a0", "ts": t0})
+	send("payments", map[string]any{"id": "p1", "auth_id": "x", "ts": t0})
+	send("payments", map[string]any{"id": "p2", "auth_id": "y", "ts": t0 + 20*60_000})
+	if n := len(d.Outputs()); n != 0 {
+		t.Fatalf("%d outputs while the stream's partition holds the watermark at its record: %v", n, d.Outputs())
+	}
+	// Half the idle_timeout (1s): still active.
+	d.AdvanceIdle(500 * time.Millisecond)
+	if n := len(d.Outputs()); n != 0 {
+		t.Fatalf("%d outputs before the stream's idle_timeout", n)
+	}
+	// The stream idle for longer than idle_timeout; the payments go on.
+	d.AdvanceIdle(time.Second)
+	send("payments", map[string]any{"id": "p3", "auth_id": "z", "ts": t0 + 20*60_000})
+	var got []string
+	for _, o := range d.Outputs() {
+		got = append(got, string(o.Value))
+	}
+	if !slices.Equal(got, []string{`{"a":null,"p":"p1"}`}) {
+		t.Fatalf("outputs once the stream is idle: %v, want p1 alone (p2's and p3's windows are open)", got)
+	}
+}
