@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -433,5 +434,59 @@ func TestStreamJoinWatermarkWaitsForTheStream(t *testing.T) {
 	}
 	if !slices.Equal(got, []string{`{"a":null,"p":"p1"}`}) {
 		t.Fatalf("outputs once the stream is idle: %v, want p1 alone (p2's and p3's windows are open)", got)
+	}
+}
+
+// TestStreamJoinBadStreamRecords: a stream record that is not JSON, or
+// whose event_time cannot be read, is a dead letter at the join (reasons
+// decode and error) with the dead-letter counter moving; the records
+// around it are joined as if it had not come.
+func TestStreamJoinBadStreamRecords(t *testing.T) {
+	d, err := NewDriver(loadStreamJoinRoute(t, "inner"), DriverConfig{Partitions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	t0 := DefaultDriverStart.UnixMilli()
+	for _, v := range []string{
+		`{"id": "k1", "aid": "a1", "ts": ` + fmt.Sprint(t0) + `}`,
+		`not json`,
+		`{"id": "k1", "aid": "a2", "ts": "yesterday"}`,
+	} {
+		if err := d.SendTo("auths", DriverInput{Offset: -1, Key: []byte("k"), Value: []byte(v)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"id": "p1", "auth_id": "k1", "ts": t0 + 1000})
+	if err := d.Send(DriverInput{Offset: -1, Value: b}); err != nil {
+		t.Fatal(err)
+	}
+	var rows, reasons []string
+	for _, o := range d.Outputs() {
+		if !o.DeadLetter {
+			rows = append(rows, string(o.Value))
+			continue
+		}
+		var reason, step string
+		for _, h := range o.Headers {
+			switch h.Key {
+			case HeaderReason:
+				reason = string(h.Value)
+			case "rtproxy-step":
+				step = string(h.Value)
+			}
+		}
+		reasons = append(reasons, reason+"@"+step)
+	}
+	if !slices.Equal(rows, []string{`{"a":"a1","p":"p1"}`}) {
+		t.Errorf("rows %v, want p1 with a1 alone", rows)
+	}
+	if !slices.Equal(reasons, []string{"decode@0:join", "error@0:join"}) {
+		t.Errorf("dead letters %v", reasons)
+	}
+	for reason, want := range map[string]float64{"decode": 1, "error": 1} {
+		if got := testutil.ToFloat64(d.r.m.met.deadLetters.WithLabelValues(d.r.name, reason)); got != want {
+			t.Errorf("dead letters with reason %s counted %v, want %v", reason, got, want)
+		}
 	}
 }
