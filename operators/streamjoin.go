@@ -536,6 +536,8 @@ func encodeSide(b []byte, r *Record) ([]byte, error) {
 		val = r.Raw
 	} else if r.Value == nil {
 		flags |= 2
+	} else if raw, ok := r.ValueBytes(); ok {
+		val = raw // the bytes it was decoded from, copied below
 	} else {
 		var err error
 		if val, err = r.EncodeValue(nil); err != nil {
