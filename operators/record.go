@@ -40,6 +40,11 @@ type Record struct {
 	// Window is set on rows emitted by a window step.
 	Window *WindowRef
 
+	// Branch is the switch branch whose sink takes the record (the index
+	// among the branches; 0 for a route without a switch, whose one sink
+	// is branch 0). Only the switch step, the last, sets it.
+	Branch int
+
 	// env is what expressions see, kept in the record so evaluating costs
 	// no allocation; the key string and header map are built at the first
 	// Eval and reused by every later expression on this record (exprEnv).

@@ -57,11 +57,13 @@ const (
 	TypeTable                         // the name of a table under `tables:`
 	TypeFields                        // a mapping of field names to expressions
 	TypeAggregates                    // a mapping of names to aggregate calls
+	TypeBranches                      // a list of `{ when: CONDITION, sink: {...} }` (switch)
 )
 
 var keyTypeNames = map[KeyType]string{
 	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
 	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
+	TypeBranches: "branches",
 }
 
 func (t KeyType) String() string { return keyTypeNames[t] }
@@ -123,6 +125,9 @@ func (a *Args) Fields(key string) []Field { f, _ := a.vals[key].([]Field); retur
 
 // Aggregates is a TypeAggregates key.
 func (a *Args) Aggregates(key string) []Aggregate { g, _ := a.vals[key].([]Aggregate); return g }
+
+// Branches is a TypeBranches key.
+func (a *Args) Branches(key string) []Branch { b, _ := a.vals[key].([]Branch); return b }
 
 // Plan is a compiled step: how to build it, and what the steps after it
 // see.

@@ -369,6 +369,9 @@ type RouteStatus struct {
 	File           string            `json:"file"`
 	Source         string            `json:"source"`
 	Sink           string            `json:"sink"`
+	// Sinks are the route's sinks (one, or a switch's branches) with
+	// their counts; Sink names them all, comma separated.
+	Sinks          []SinkStatus      `json:"sinks,omitempty"`
 	State          string            `json:"state"` // starting, waiting, running, stopped, error
 	Partitions     []PartitionStatus `json:"partitions"`
 	Watermark      *time.Time        `json:"watermark,omitempty"`
@@ -481,7 +484,7 @@ func (m *Manager) Routes() []RouteStatus {
 	var out []RouteStatus
 	seenFile := map[string]bool{}
 	for _, d := range m.mu.stopped {
-		out = append(out, RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: d.Sink.Target(),
+		out = append(out, RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: sinkText(d),
 			State: "stopped", Partitions: []PartitionStatus{}})
 	}
 	ruleErrs := m.mu.ruleErrs

@@ -84,8 +84,8 @@ type httpLane struct {
 	q []*outRecord
 }
 
-func newHTTPSink(r *route) (sink, bool, error) {
-	spec := r.def.Sink.HTTP
+func newHTTPSink(r *route, snk *rules.Sink) (sink, bool, error) {
+	spec := snk.HTTP
 	if spec == nil {
 		return nil, false, nil
 	}
