@@ -5,13 +5,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hamba/avro/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sr"
+
+	"github.com/rtproxy/rtproxy/internal/serde"
 
 	"github.com/rtproxy/rtproxy/internal/testkit"
 	"github.com/rtproxy/rtproxy/rules"
@@ -321,4 +327,71 @@ steps:
 		t.Errorf("only %d aborts injected; the test did not exercise them", injected.Load())
 	}
 	t.Logf("%d large, %d usd, %d rest, %d dropped, %d aborts", len(want["swe.large"]), len(want["swe.usd"]), len(want["swe.rest"]), dropped, injected.Load())
+}
+
+// A switch whose branches write JSON and Avro (through the registry,
+// schema registered by the route): each branch's values are in its own
+// format, decoded back by the schema the registry holds for its subject.
+func TestSwitchAvroBranch(t *testing.T) {
+	b := startBroker(t, map[string]int{"swa": 2})
+	reg := testkit.StartRegistry(t, "")
+	dir := t.TempDir()
+	const avsc = `{"type":"record","name":"P","fields":[{"name":"amount","type":"double"},{"name":"account","type":"string"}]}`
+	if err := os.WriteFile(filepath.Join(dir, "p.avsc"), []byte(avsc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	def := writeRule(t, dir, "swa.yaml", `route: swa
+source: { topic: swa }
+steps:
+  - map: { amount: value.amount, account: value.account }
+  - switch:
+      - when: value.amount > 1000
+        sink: { topic: swa.large }
+      - sink: { topic: swa.rest, format: avro, schema: p.avsc }
+`)
+	pays := randomPayments(3, 40)
+	var rs []*kgo.Record
+	nLarge := 0
+	for i, p := range pays {
+		rs = append(rs, jsonRecord("swa", fmt.Sprint("k", i), p))
+		if p.Amount > 1000 {
+			nLarge++
+		}
+	}
+	b.produce(t, rs...)
+	runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), SchemaRegistry: serde.Config{URL: reg.URL, Timeout: 2 * time.Second}}, def)
+	large := b.consume(t, "swa.large", nLarge, 20*time.Second, 300*time.Millisecond)
+	rest := b.consume(t, "swa.rest", len(pays)-nLarge, 20*time.Second, 300*time.Millisecond)
+	if len(large) != nLarge || len(rest) != len(pays)-nLarge {
+		t.Fatalf("large %d (want %d), rest %d (want %d)", len(large), nLarge, len(rest), len(pays)-nLarge)
+	}
+	for _, r := range large {
+		if !json.Valid(r.Value) {
+			t.Errorf("swa.large: %q is not JSON", r.Value)
+		}
+	}
+	srcl, err := sr.NewClient(sr.URLs(reg.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := srcl.SchemaByVersion(context.Background(), "swa.rest-value", -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s sr.Serde
+	sch := avro.MustParse(avsc)
+	type p struct {
+		Amount  float64 `avro:"amount"`
+		Account string  `avro:"account"`
+	}
+	s.Register(ss.ID, p{}, sr.DecodeFn(func(b []byte, v any) error { return avro.Unmarshal(sch, b, v) }))
+	for _, r := range rest {
+		var v p
+		if err := s.Decode(r.Value, &v); err != nil {
+			t.Fatalf("swa.rest: %v", err)
+		}
+		if v.Amount > 1000 || v.Account == "" {
+			t.Errorf("swa.rest holds %+v", v)
+		}
+	}
 }
