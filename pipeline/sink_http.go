@@ -219,6 +219,9 @@ func (s *httpSink) deliver(o *outRecord) {
 			err = fmt.Errorf("HTTP %d %s", status, http.StatusText(status))
 		}
 		failed = true
+		if o.w.to != nil {
+			o.w.to.failed() // retried here, not through the write's callback
+		}
 		s.r.sinkError(fmt.Errorf("sink %s: %w; retrying, offsets hold", redactURL(s.spec.URL), err))
 	}
 }
