@@ -43,9 +43,6 @@ func checkDefinition(d *rules.Route) error {
 			bad("switch branch %d has no condition and is not the last", i+1)
 		}
 	}
-	if n := len(d.Steps); d.Switch != nil && (n == 0 || d.Steps[n-1].Kind != "switch") {
-		bad("the route has switch branches but its last step is no switch")
-	}
 	if d.Sink.Delivery != rules.DeliveryAtLeastOnce && d.Sink.Delivery != rules.DeliveryExactlyOnce {
 		bad("sink.delivery %q is neither %s nor %s", d.Sink.Delivery, rules.DeliveryAtLeastOnce, rules.DeliveryExactlyOnce)
 	}
