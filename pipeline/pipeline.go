@@ -365,10 +365,10 @@ func (m *Manager) SetRuleErrors(errs []error) {
 
 // RouteStatus is one route in Status.
 type RouteStatus struct {
-	Name           string            `json:"name"`
-	File           string            `json:"file"`
-	Source         string            `json:"source"`
-	Sink           string            `json:"sink"`
+	Name   string `json:"name"`
+	File   string `json:"file"`
+	Source string `json:"source"`
+	Sink   string `json:"sink"`
 	// Sinks are the route's sinks (one, or a switch's branches) with
 	// their counts; Sink names them all, comma separated.
 	Sinks          []SinkStatus      `json:"sinks,omitempty"`

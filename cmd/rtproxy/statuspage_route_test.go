@@ -39,7 +39,7 @@ func TestRoutePage(t *testing.T) {
 	a.setRoutes(func() any {
 		return []pipeline.RouteStatus{
 			{Name: "risk", File: file, Source: "pay", Sink: "pay.risk", State: "running",
-				Sinks: []pipeline.SinkStatus{{Name: "pay.risk", Target: "pay.risk", Format: "avro", Out: 1234, Errors: 5}},
+				Sinks:     []pipeline.SinkStatus{{Name: "pay.risk", Target: "pay.risk", Format: "avro", Out: 1234, Errors: 5}},
 				RuleError: file + ":5:27: filter does not compile: unexpected token (near `>>> 100`)\n" + file + ":9:1: past the end",
 				Owned:     []pipeline.OwnedPartition{{Topic: "pay", Partition: 1, DoneOffset: 42, Lag: 3}}},
 			{File: never, State: "error", RuleError: never + ":1:8: did not find expected node content"},
