@@ -57,7 +57,7 @@ image-check:
 	deploy/scripts/image-check.sh
 
 bench-proxy:
-	$(GO) run ./test/bench/proxy
+	$(GO) run ./test/bench/proxy $(ARGS)
 
 ## bench-guard: produce throughput through the proxy with a guard against without (docs/BENCHMARKS.md)
 bench-guard:
@@ -111,7 +111,7 @@ fuzz:
 SHAPES_DURATION ?= 3m
 fuzz-shapes:
 	SHAPES_SEED=$${SHAPES_SEED:-$$(date +%s)}; echo "+ first seed $$SHAPES_SEED"; \
-	SHAPES_SEED=$$SHAPES_SEED SHAPES_DURATION=$(SHAPES_DURATION) $(GO) test -count=1 -v -timeout 0 -run '^TestShapesDriver$$' ./test/shapes/
+	SHAPES_SEED=$$SHAPES_SEED SHAPES_DURATION=$(SHAPES_DURATION) $(GO) test -count=1 -v -timeout 0 -run '^(TestShapesDriver|TestShapesSessionsDriver)$$' ./test/shapes/
 
 clean:
 	rm -rf bin dist

@@ -44,6 +44,9 @@ type Record struct {
 	// among the branches; 0 for a route without a switch, whose one sink
 	// is branch 0). Only the switch step, the last, sets it.
 	Branch int
+	// HashKey is the salt hash() keys its HMAC with (a view's
+	// hash_salt_file, viewfuncs.go); nil: hash() fails.
+	HashKey []byte
 
 	// env is what expressions see, kept in the record so evaluating costs
 	// no allocation; the key string and header map are built at the first

@@ -58,12 +58,14 @@ const (
 	TypeFields                        // a mapping of field names to expressions
 	TypeAggregates                    // a mapping of names to aggregate calls
 	TypeBranches                      // a list of `{ when: CONDITION, sink: {...} }` (switch)
+	TypeFieldNames                    // a list of field names of the value
 )
 
 var keyTypeNames = map[KeyType]string{
 	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
 	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
 	TypeBranches: "branches",
+	TypeFieldNames: "field names",
 }
 
 func (t KeyType) String() string { return keyTypeNames[t] }
@@ -85,6 +87,10 @@ type Key struct {
 	// Needs completes "<kind> needs `<key>`: ..." when a required key is
 	// missing: what it is, with an example.
 	Needs string
+	// FingerprintOmitsAbsent leaves the key out of the step's fingerprint
+	// when the rule file does not write it: a key added to a kind whose
+	// fingerprints have shipped keeps theirs (and so their state).
+	FingerprintOmitsAbsent bool
 }
 
 // Args are the values of one step as the rule file gave them, defaults
@@ -122,6 +128,9 @@ func (a *Args) String(key string) string { s, _ := a.vals[key].(string); return 
 
 // Fields is a TypeFields key.
 func (a *Args) Fields(key string) []Field { f, _ := a.vals[key].([]Field); return f }
+
+// Names is a TypeFieldNames key.
+func (a *Args) Names(key string) []string { n, _ := a.vals[key].([]string); return n }
 
 // Aggregates is a TypeAggregates key.
 func (a *Args) Aggregates(key string) []Aggregate { g, _ := a.vals[key].([]Aggregate); return g }
@@ -226,6 +235,7 @@ const (
 	ValueSame     ValueEffect = iota // the value is passed on as it came
 	ValueReplaced                    // the value becomes an object of exactly Plan.Fields
 	ValueMerged                      // Plan.Fields are added to an object
+	ValueDropped                     // Plan.Fields are removed from an object
 )
 
 // BuildEnv is what a step instance is built with.

@@ -28,6 +28,10 @@ func FuzzLoad(f *testing.F) {
 	// Switch steps (switch.go): branches with topics, an HTTP sink, keys.
 	f.Add([]byte("route: s\nsource: { topic: a }\nsteps:\n  - switch:\n      - when: value.x > 1\n        sink: { topic: b, key: value.k }\n      - when: value.y == \"z\"\n        sink: { http: { url: http://fuzz.example/y } }\n      - sink: { topic: c }\n"))
 	f.Add([]byte("route: s\nsource: { topic: a }\nsink: { delivery: exactly_once }\nsteps:\n  - filter: value.x > 0\n  - switch: [ { when: value.x > 1, sink: { topic: b } }, { sink: { topic: c } } ]\n"))
+	// Session windows (operators/session.go): their keys and the keys of
+	// the other kinds they refuse.
+	f.Add([]byte("route: s\nsource: { topic: a, event_time: value.ts }\nsink: { topic: b }\nsteps:\n  - window: { kind: session, gap: 30m, max_duration: 4h, key: value.u, emit: on_update, aggregate: { n: count(), p: count_distinct(value.p) } }\n"))
+	f.Add([]byte("route: s\nsource: { topic: a }\nsink: { topic: b }\nsteps:\n  - window: { kind: session, gap: 1m, size: 1m, max_duration: 30s, aggregate: { n: count() } }\n"))
 	dir := f.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "t.jsonl"), []byte(`{"id":"a","x":1}`+"\n"), 0o644); err != nil {
 		f.Fatal(err)
@@ -48,6 +52,10 @@ func FuzzLoad(f *testing.F) {
 		}
 		if r := res.route; r != nil && r.Guard != nil {
 			checkFuzzedGuard(t, r)
+		} else if r != nil && r.View != nil {
+			if r.Name == "" || r.View.Topic == "" || (r.InPlace() && r.View.Clients == nil) || !hex64.MatchString(r.Hash) {
+				t.Fatalf("incomplete view: %+v", r.View)
+			}
 		} else if r != nil {
 			if h := r.Sink.HTTP; h != nil && (r.Sink.Topic != "" || h.URL == "" || h.Method == "" || h.Timeout <= 0 || h.MaxInFlight < 1 || r.Sink.ExactlyOnce()) {
 				t.Fatalf("incomplete HTTP sink: %+v %+v", r.Sink, h)

@@ -19,11 +19,13 @@ var traitVariants = map[string][]string{
 	"window": {
 		"steps:\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n",
 		"steps:\n  - window: { kind: sliding, size: 2m, slide: 1m, key: value.k, emit: on_update, aggregate: { n: count() } }\n",
+		"steps:\n  - window: { kind: session, gap: 30m, max_duration: 4h, key: value.k, aggregate: { n: count() } }\n",
 	},
 	"map":     {"steps:\n  - map: { a: value.x }\n"},
 	"set":     {"steps:\n  - set: { a: value.x }\n"},
 	"filter":  {"steps:\n  - filter: value.x > 1\n"},
 	"explode": {"steps:\n  - explode: { each: value.xs, as: x }\n"},
+	"drop":    {"steps:\n  - drop: [a, b]\n", "steps:\n  - drop: a\n"},
 	"join":    {"tables:\n  t: { topic: t }\nsteps:\n  - join: { table: t, on: key, missing: dead_letter }\n"},
 	// A variant that starts with its own `sink:` replaces the default one.
 	"switch": {"sink: { delivery: exactly_once }\nsteps:\n  - switch: [ { when: value.x > 1, sink: { topic: a } }, { sink: { topic: b } } ]\n"},

@@ -62,6 +62,7 @@ type statusView struct {
 	TrendWindow                    string
 	Routes                         []routeView
 	Guards                         []guardView
+	Views                          []viewStatus
 }
 
 type proxyView struct {
@@ -163,7 +164,7 @@ type guardView struct{ Guard, Check, Value string }
 // sinkView is one sink of a route on its page.
 type sinkView struct{ Name, Target, Format, Out, Errors string }
 
-func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() (bool, string), routes func() any) {
+func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() (bool, string), routes func() any, views func() []viewStatus) {
 	if r.URL.Path != "/" {
 		http.NotFound(w, r)
 		return
@@ -196,6 +197,9 @@ func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() 
 	sort.Slice(v.Guards, func(i, j int) bool {
 		return v.Guards[i].Guard+"\x00"+v.Guards[i].Check < v.Guards[j].Guard+"\x00"+v.Guards[j].Check
 	})
+	if views != nil {
+		v.Views = views()
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := statusTmpl.ExecuteTemplate(w, "status.html", v); err != nil {
