@@ -1,6 +1,7 @@
 package ruletest
 
 import (
+	"github.com/rtproxy/rtproxy/rules"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -86,5 +87,42 @@ func TestSwitchSinks(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestSwitchAfterWindowAndHTTPBranch: a switch routes a window's rows, and
+// an HTTP branch's outputs are expected under its name (http-<branch>),
+// never its URL; a record no branch takes is in no sink.
+func TestSwitchAfterWindowAndHTTPBranch(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{
+		"rows.yaml": `route: rows
+source: { topic: clicks, event_time: value.ts }
+steps:
+  - window: { kind: tumbling, size: 10s, key: value.page, aggregate: { n: count() }, emit: on_close }
+  - switch:
+      - when: value.n >= 2
+        sink: { topic: pages.busy }
+      - when: value.n == 1
+        sink: { http: { url: "http://hooks.internal:8080/quiet" } }
+`,
+		"rows.test.yaml": `tests:
+  - name: rows by count
+    input:
+      - {value: {page: /a, ts: 1000}}
+      - {value: {page: /a, ts: 2000}}
+      - {value: {page: /b, ts: 3000}}
+      - advance: {watermark: 10000}
+    expect:
+      order: any
+      sinks:
+        pages.busy:
+          - {key: /a, value: {key: /a, n: 2, window_start: 0, window_end: 10000}}
+        http-2:
+          - {key: /b, value: {key: /b, n: 1, window_start: 0, window_end: 10000}}
+`})
+	o := Options{Verbose: true, Rules: rules.Options{Allow: &rules.Allow{URLs: []string{"http://hooks.internal:8080"}}}}
+	if code, out := run(t, o, dir); code != ExitPass {
+		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }
