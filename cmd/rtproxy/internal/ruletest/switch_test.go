@@ -1,10 +1,11 @@
 package ruletest
 
 import (
-	"github.com/rtproxy/rtproxy/rules"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/rtproxy/rtproxy/rules"
 )
 
 const switchRoute = `route: by-size
