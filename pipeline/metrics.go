@@ -9,24 +9,21 @@ import (
 // metrics are the pipeline's collectors, registered once per Manager on the
 // Registerer of its Config. Names are the project's agreed ones.
 type metrics struct {
-	recordsIn    *prometheus.CounterVec   // route, partition
-	recordsOut   *prometheus.CounterVec   // route
-	dropped      *prometheus.CounterVec   // route, step
-	deadLetters  *prometheus.CounterVec   // route, reason
-	panics       *prometheus.CounterVec   // route, where
-	staleFetches *prometheus.CounterVec   // route
-	processing   *prometheus.HistogramVec // route
-	endToEnd     *prometheus.HistogramVec // route
-	lag          *prometheus.GaugeVec     // route, partition
-	watermark    *prometheus.GaugeVec     // route
-	sinkErrors   *prometheus.CounterVec   // route
-	// sinkOut and sinkWriteErrors are per sink of a route (sinkset.go).
-	sinkOut         *prometheus.CounterVec   // route, sink
-	sinkWriteErrors *prometheus.CounterVec   // route, sink
-	stateKeys       *prometheus.GaugeVec     // route, step
-	stateBytes      *prometheus.GaugeVec     // route
-	checkpointDur   *prometheus.HistogramVec // route
-	checkpointLast  *prometheus.GaugeVec     // route
+	recordsIn      *prometheus.CounterVec   // route, partition
+	recordsOut     *prometheus.CounterVec   // route
+	dropped        *prometheus.CounterVec   // route, step
+	deadLetters    *prometheus.CounterVec   // route, reason
+	panics         *prometheus.CounterVec   // route, where
+	staleFetches   *prometheus.CounterVec   // route
+	processing     *prometheus.HistogramVec // route
+	endToEnd       *prometheus.HistogramVec // route
+	lag            *prometheus.GaugeVec     // route, partition
+	watermark      *prometheus.GaugeVec     // route
+	sinkErrors     *prometheus.CounterVec   // route
+	stateKeys      *prometheus.GaugeVec     // route, step
+	stateBytes     *prometheus.GaugeVec     // route
+	checkpointDur  *prometheus.HistogramVec // route
+	checkpointLast *prometheus.GaugeVec     // route
 
 	partitionsOwned *prometheus.GaugeVec     // route
 	rebalances      *prometheus.CounterVec   // route
@@ -37,6 +34,9 @@ type metrics struct {
 	tapped          *prometheus.CounterVec   // route
 	tapDropped      *prometheus.CounterVec   // route
 	txnAborts       *prometheus.CounterVec   // route
+	// sinkOut and sinkWriteErrors are per sink of a route (sinkset.go).
+	sinkOut         *prometheus.CounterVec // route, sink
+	sinkWriteErrors *prometheus.CounterVec // route, sink
 	stateFailed     prometheus.Gauge
 	retentionSweeps prometheus.Counter
 }

@@ -365,13 +365,11 @@ func (m *Manager) SetRuleErrors(errs []error) {
 
 // RouteStatus is one route in Status.
 type RouteStatus struct {
-	Name   string `json:"name"`
-	File   string `json:"file"`
-	Source string `json:"source"`
-	Sink   string `json:"sink"`
-	// Sinks are the route's sinks (one, or a switch's branches) with
-	// their counts; Sink names them all, comma separated.
-	Sinks          []SinkStatus      `json:"sinks,omitempty"`
+	Name           string            `json:"name"`
+	File           string            `json:"file"`
+	Source         string            `json:"source"`
+	Sink           string            `json:"sink"`           // every sink's target, comma separated
+	Sinks          []SinkStatus      `json:"sinks,omitempty"` // one, or a switch's branches, with counts
 	State          string            `json:"state"` // starting, waiting, running, stopped, error
 	Partitions     []PartitionStatus `json:"partitions"`
 	Watermark      *time.Time        `json:"watermark,omitempty"`
