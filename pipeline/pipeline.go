@@ -368,9 +368,9 @@ type RouteStatus struct {
 	Name           string            `json:"name"`
 	File           string            `json:"file"`
 	Source         string            `json:"source"`
-	Sink           string            `json:"sink"`           // every sink's target, comma separated
+	Sink           string            `json:"sink"`            // every sink's target, comma separated
 	Sinks          []SinkStatus      `json:"sinks,omitempty"` // one, or a switch's branches, with counts
-	State          string            `json:"state"` // starting, waiting, running, stopped, error
+	State          string            `json:"state"`           // starting, waiting, running, stopped, error
 	Partitions     []PartitionStatus `json:"partitions"`
 	Watermark      *time.Time        `json:"watermark,omitempty"`
 	LastCheckpoint *time.Time        `json:"last_checkpoint,omitempty"`
