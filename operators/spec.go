@@ -64,8 +64,7 @@ const (
 var keyTypeNames = map[KeyType]string{
 	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
 	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
-	TypeBranches: "branches",
-	TypeFieldNames: "field names",
+	TypeFieldNames: "field names", TypeBranches: "branches",
 }
 
 func (t KeyType) String() string { return keyTypeNames[t] }
