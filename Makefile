@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-scale bench-footprint soak fuzz fuzz-shapes clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-switch bench-scale bench-footprint soak fuzz fuzz-shapes clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -78,6 +78,13 @@ bench-pipeline:
 ## bench-eo: exactly_once against at_least_once routes: latency, CPU per record, drain (docs/BENCHMARKS.md)
 bench-eo:
 	$(GO) run ./test/bench/exactlyonce
+
+## bench-switch: a route ending in a switch to 3 sinks against the same route with one sink, ten alternated rounds (docs/BENCHMARKS.md)
+bench-switch:
+	$(GO) test -c -o $${TMPDIR:-/tmp}/rtproxy-pipeline.test ./pipeline
+	cd pipeline && for i in 1 2 3 4 5 6 7 8 9 10; do for c in single-sink switch-3-sinks; do \
+		$${TMPDIR:-/tmp}/rtproxy-pipeline.test -test.run '^$$' -test.bench "BenchmarkSwitchSinks/$$c\$$" -test.benchmem -test.benchtime 100000x -test.cpu 1 | grep Benchmark; \
+	done; done
 
 bench-reload:
 	$(GO) run ./test/bench/reload

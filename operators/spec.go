@@ -64,6 +64,7 @@ const (
 	TypeAggregates                    // a mapping of names to aggregate calls
 	TypeStream                        // a second input: { topic, event_time, format } (StreamInput)
 	TypeInterval                      // { before: DURATION, after: DURATION } (Interval)
+	TypeBranches                      // a list of `{ when: CONDITION, sink: {...} }` (switch)
 	TypeFieldNames                    // a list of field names of the value
 )
 
@@ -71,7 +72,7 @@ var keyTypeNames = map[KeyType]string{
 	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
 	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
 	TypeStream: "stream", TypeInterval: "interval",
-	TypeFieldNames: "field names",
+	TypeFieldNames: "field names", TypeBranches: "branches",
 }
 
 func (t KeyType) String() string { return keyTypeNames[t] }
@@ -151,6 +152,9 @@ func (a *Args) Names(key string) []string { n, _ := a.vals[key].([]string); retu
 
 // Aggregates is a TypeAggregates key.
 func (a *Args) Aggregates(key string) []Aggregate { g, _ := a.vals[key].([]Aggregate); return g }
+
+// Branches is a TypeBranches key.
+func (a *Args) Branches(key string) []Branch { b, _ := a.vals[key].([]Branch); return b }
 
 // Plan is a compiled step: how to build it, and what the steps after it
 // see.
