@@ -2,7 +2,10 @@ package pipeline
 
 // Who owns which partition of a route: the status page shows every
 // partition of the route's topics with its owner in the group, not only
-// this instance's. The coordinator is asked every 5 s (lagLoop).
+// this instance's. The coordinator is asked when this instance's
+// assignment moves, and when the status is read with owners older than
+// ownersMaxAge (askOwners), never on a timer: an idle route used to ask
+// every 5 s, with a Metadata request each time.
 
 import (
 	"context"
@@ -15,6 +18,35 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
+
+// ownersMaxAge is how old the owners /routes shows may be before reading
+// the status asks for them again.
+const ownersMaxAge = 5 * time.Second
+
+// assignmentMoved is called by the group's callbacks: the owners and the
+// tasks' lags are to be looked at again.
+func (r *route) assignmentMoved() {
+	r.askOwners()
+	r.noteLag()
+}
+
+// askOwners has the lag loop describe the group's owners (at most one ask
+// waits). It never blocks.
+func (r *route) askOwners() {
+	r.grp.mu.Lock()
+	r.grp.mu.ownersAt = time.Now()
+	r.grp.mu.Unlock()
+	select {
+	case r.ownersWake <- struct{}{}:
+	default:
+	}
+}
+
+// ownersStaleLocked reports whether the owners are older than ownersMaxAge;
+// grp.mu is held.
+func (r *route) ownersStaleLocked() bool {
+	return time.Since(r.grp.mu.ownersAt) > ownersMaxAge
+}
 
 // describeOwners asks the group's coordinator for its members and their
 // assignments and keeps them for status.
