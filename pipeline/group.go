@@ -71,6 +71,7 @@ type groupState struct {
 		owners    []PartitionOwner // the group's assignment, as last described (owners.go)
 		ownersErr string
 		ownersAt  time.Time                      // when owners were last asked for (askOwners)
+		movedAt   time.Time                      // when this instance's assignment last moved
 		fetched   map[string]map[int32]committed // the group's offsets, as last fetched
 		lastOffs  map[int32]int64                // offsets of the last local checkpoint
 		restoring int                            // tasks being restored now

@@ -4,8 +4,9 @@ package pipeline
 // partition of the route's topics with its owner in the group, not only
 // this instance's. The coordinator is asked when this instance's
 // assignment moves, and when the status is read with owners older than
-// ownersMaxAge (askOwners), never on a timer: an idle route used to ask
-// every 5 s, with a Metadata request each time.
+// ownersMaxAge (ownersRestAge once the group has settled), never on a
+// timer of the route's: an idle route used to ask every 5 s, with a
+// Metadata request each time.
 
 import (
 	"context"
@@ -20,12 +21,23 @@ import (
 )
 
 // ownersMaxAge is how old the owners /routes shows may be before reading
-// the status asks for them again.
-const ownersMaxAge = 5 * time.Second
+// the status asks for them again, for a minute after this instance's
+// assignment moved (the group settles: other members take or release
+// partitions after this one's move). Then the group is at rest, and the
+// status (the status page samples it every few seconds) asks at most once
+// per ownersRestAge.
+const (
+	ownersMaxAge  = 5 * time.Second
+	ownersSettle  = time.Minute
+	ownersRestAge = time.Minute
+)
 
 // assignmentMoved is called by the group's callbacks: the owners and the
 // tasks' lags are to be looked at again.
 func (r *route) assignmentMoved() {
+	r.grp.mu.Lock()
+	r.grp.mu.movedAt = time.Now()
+	r.grp.mu.Unlock()
 	r.askOwners()
 	r.noteLag()
 }
@@ -42,10 +54,14 @@ func (r *route) askOwners() {
 	}
 }
 
-// ownersStaleLocked reports whether the owners are older than ownersMaxAge;
-// grp.mu is held.
+// ownersStaleLocked reports whether the owners are old enough for a status
+// read to ask again; grp.mu is held.
 func (r *route) ownersStaleLocked() bool {
-	return time.Since(r.grp.mu.ownersAt) > ownersMaxAge
+	age := time.Since(r.grp.mu.ownersAt)
+	if time.Since(r.grp.mu.movedAt) < ownersSettle {
+		return age > ownersMaxAge
+	}
+	return age > ownersRestAge
 }
 
 // describeOwners asks the group's coordinator for its members and their

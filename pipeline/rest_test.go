@@ -1,11 +1,16 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -114,8 +119,11 @@ func TestIdleRouteSkipsCheckpoint(t *testing.T) {
 			waitFor(t, 20*time.Second, "the four records committed to the group", func() bool { return committed() == 4 })
 			r := routeOf(m, name)
 			time.Sleep(300 * time.Millisecond) // the keyed segment's last checkpoint
-			seq0, w0 := r.cp.seq.Load(), wc.snapshot()
+			// A status read may ask for the owners (an async describe):
+			// it is done before the rest is counted.
 			lc0 := *m.Routes()[0].LastCheckpoint
+			time.Sleep(200 * time.Millisecond)
+			seq0, w0 := r.cp.seq.Load(), wc.snapshot()
 			time.Sleep(1500 * time.Millisecond) // fifteen checkpoint intervals
 			seq1, w1 := r.cp.seq.Load(), wc.snapshot()
 			if seq1 != seq0 {
@@ -152,4 +160,128 @@ func TestIdleRouteSkipsCheckpoint(t *testing.T) {
 			})
 		})
 	}
+}
+
+// One instance with several routes holds one group client per route and
+// one more client for all of them (admin, metadata, changelog): each route
+// used to open a client of its own besides its group client, and one more
+// for every setup attempt (issue 29). The routes still work side by side,
+// keyed ones writing their changelogs through the shared client.
+func TestRoutesShareOneClient(t *testing.T) {
+	const n = 4
+	topics := map[string]int{}
+	var defs []*rules.Route
+	for i := 0; i < n; i++ {
+		name := "share" + string(rune('a'+i))
+		topics[name] = 2
+		var step rules.StepSpec
+		if i%2 == 0 {
+			step = dedupStep(t, 0, "value.id")
+		} else {
+			step = filterStep(t, 0, "value.id >= 0")
+		}
+		defs = append(defs, newRouteDef(name, "v1", name, name+".out", step))
+	}
+	b := startBroker(t, topics)
+	wc := newWireCount()
+	m, stop := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), ClientOpts: []kgo.Opt{kgo.WithHooks(wc)}}, defs...)
+	for _, d := range defs {
+		for i := 0; i < 3; i++ {
+			b.produce(t, jsonRecord(d.Name, string(rune('a'+i)), map[string]any{"id": i}))
+		}
+	}
+	for _, d := range defs {
+		b.consume(t, d.Name+".out", 3, 20*time.Second, 0)
+	}
+	waitFor(t, 20*time.Second, "every route running", func() bool {
+		st := m.Routes()
+		for _, s := range st {
+			if s.State != "running" {
+				return false
+			}
+		}
+		return len(st) == n
+	})
+	if got := wc.alive(); got != n+1 {
+		t.Errorf("%d kgo clients alive with %d routes, want %d (a group client each and one shared)", got, n, n+1)
+	}
+	wc.mu.Lock()
+	made := wc.made
+	wc.mu.Unlock()
+	if made != n+1 {
+		t.Errorf("%d kgo clients made for %d routes, want %d", made, n, n+1)
+	}
+	// The keyed routes' changelogs were written (by the shared client).
+	for i := 0; i < n; i += 2 {
+		cl := defs[i].Name + ".00-drop_duplicates.changelog"
+		b.consume(t, cl, 3, 20*time.Second, 0)
+	}
+	stop()
+	if got := wc.alive(); got != 0 {
+		t.Errorf("%d kgo clients alive after Run returned, want 0", got)
+	}
+}
+
+// Each route's cost is on /metrics: the memory held for it by part, its
+// busy time, the state store's shared memory; its goroutines carry its
+// name as a pprof label, and the shared client's do not (issue 29).
+func TestRouteCostMetrics(t *testing.T) {
+	b := startBroker(t, map[string]int{"cost": 2})
+	reg := prometheus.NewRegistry()
+	def := newRouteDef("cost", "v1", "cost", "cost.out", dedupStep(t, 0, "value.id"))
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg}, def)
+	for i := 0; i < 20; i++ {
+		b.produce(t, jsonRecord("cost", fmt.Sprint(i), map[string]any{"id": i}))
+	}
+	b.consume(t, "cost.out", 20, 20*time.Second, 0)
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := map[string]bool{}
+	var busy float64
+	state := map[string]bool{}
+	for _, f := range fams {
+		for _, mt := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range mt.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch f.GetName() {
+			case "rtproxy_route_memory_bytes":
+				if labels["route"] == "cost" && mt.GetGauge().GetValue() >= 0 {
+					parts[labels["part"]] = true
+				}
+			case "rtproxy_route_busy_seconds_total":
+				if labels["route"] == "cost" {
+					busy = mt.GetCounter().GetValue()
+				}
+			case "rtproxy_state_memory_bytes":
+				state[labels["part"]] = true
+			}
+		}
+	}
+	for _, p := range []string{"state_uncommitted", "fetch_buffered", "produce_buffered"} {
+		if !parts[p] {
+			t.Errorf("rtproxy_route_memory_bytes{route=cost,part=%s} missing (have %v)", p, parts)
+		}
+	}
+	if busy <= 0 {
+		t.Errorf("rtproxy_route_busy_seconds_total{route=cost} = %v after 20 records, want > 0", busy)
+	}
+	if !state["block_cache"] || !state["memtables"] {
+		t.Errorf("rtproxy_state_memory_bytes parts %v, want block_cache and memtables", state)
+	}
+	var prof bytes.Buffer
+	if err := pprof.Lookup("goroutine").WriteTo(&prof, 1); err != nil {
+		t.Fatal(err)
+	}
+	p := prof.String()
+	if !strings.Contains(p, `"route":"cost"`) || !strings.Contains(p, "pipeline.(*route).pollLoop") {
+		t.Errorf("no goroutine labelled route=cost in the goroutine profile")
+	}
+	if !strings.Contains(p, `labels: {"pipeline":"shared"}`) {
+		t.Errorf("the shared client's goroutines are not labelled pipeline=shared")
+	}
+	_ = m
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -58,8 +59,9 @@ type route struct {
 	lagWake, ownersWake chan struct{}
 
 	// cl is the group consumer, and the producer of every write but the
-	// changelog's; logCl the route's non-group client: admin requests
-	// (grp.adm) and changelog records (changelog.go, journal.go).
+	// changelog's; logCl the instance's non-group client, shared by every
+	// route (shared.go): admin requests (grp.adm) and changelog records
+	// (changelog.go, journal.go). The route never closes it.
 	cl    *kgo.Client
 	logCl *kgo.Client
 	plan  routePlan
@@ -217,6 +219,9 @@ func newRoute(m *Manager, d *rules.Route) *route {
 func (r *route) start(parent context.Context) {
 	r.ctx, r.cancel = context.WithCancel(parent)
 	go func() {
+		// Every goroutine of the route, its group client's among them,
+		// carries its name in CPU profiles (cost.go).
+		pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("route", r.name)))
 		backoff := 100 * time.Millisecond
 		waiting := "" // the waiting message while the source topic is missing
 		for {
@@ -311,9 +316,6 @@ func (r *route) run() {
 	// Leaves the group: the final checkpoint (stop) committed the offsets
 	// already, so the partitions' next owners repeat nothing.
 	r.cl.Close()
-	if r.logCl != nil {
-		r.logCl.Close()
-	}
 	r.snk.close()
 	r.out.cancel()
 	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(0)
