@@ -21,14 +21,14 @@ import (
 )
 
 // ownersMaxAge is how old the owners /routes shows may be before reading
-// the status asks for them again, for a minute after this instance's
+// the status asks for them again, for ownersSettle after this instance's
 // assignment moved (the group settles: other members take or release
 // partitions after this one's move). Then the group is at rest, and the
 // status (the status page samples it every few seconds) asks at most once
 // per ownersRestAge.
 const (
 	ownersMaxAge  = 5 * time.Second
-	ownersSettle  = time.Minute
+	ownersSettle  = 20 * time.Second
 	ownersRestAge = time.Minute
 )
 
