@@ -57,7 +57,7 @@ image-check:
 	deploy/scripts/image-check.sh
 
 bench-proxy:
-	$(GO) run ./test/bench/proxy
+	$(GO) run ./test/bench/proxy $(ARGS)
 
 ## bench-guard: produce throughput through the proxy with a guard against without (docs/BENCHMARKS.md)
 bench-guard:

@@ -32,10 +32,16 @@ type graph struct {
 	routes  []*Route
 	groups  map[string]*Route   // consumer group -> route
 	readers map[string][]*Route // source topic -> routes reading it
+	// views are the accepted views with a virtual name, by that name
+	// (view.go; graph_view.go).
+	views map[string]*Route
+	// guards are the accepted guards that copy refused records to a
+	// dead-letter topic, by that topic (a topic the rules write).
+	guards map[string]*Route
 }
 
 func newGraph() *graph {
-	return &graph{groups: map[string]*Route{}, readers: map[string][]*Route{}}
+	return &graph{groups: map[string]*Route{}, readers: map[string][]*Route{}, views: map[string]*Route{}, guards: map[string]*Route{}}
 }
 
 // internalTopicRe is the shape of a route's internal topics after its
@@ -82,10 +88,16 @@ func (r *Route) outputs() []struct{ key, topic string } {
 // check returns why r cannot join the graph, nil when it can. Guards are
 // not routes: they read no topic as a group and write none.
 func (g *graph) check(r *Route) []*Error {
-	if r == nil || r.Guard != nil {
+	if r == nil {
 		return nil
 	}
-	var errs []*Error
+	if r.Guard != nil {
+		return g.guardVsViews(r)
+	}
+	if r.View != nil {
+		return g.checkView(r)
+	}
+	errs := g.routeVsViews(r)
 	if o := g.groups[r.GroupID()]; o != nil {
 		key, how := "source.group", "source.group"
 		if r.Source.Group == "" {
@@ -203,7 +215,19 @@ func (g *graph) cycleError(r *Route, path func(func(topic string, via *Route, ke
 
 // add accepts r into the graph (after check found nothing).
 func (g *graph) add(r *Route) {
-	if r == nil || r.Guard != nil {
+	if r == nil {
+		return
+	}
+	if r.Guard != nil {
+		if r.Guard.DeadLetter != "" {
+			g.guards[r.Guard.DeadLetter] = r
+		}
+		return
+	}
+	if r.View != nil {
+		if !r.InPlace() {
+			g.views[r.Name] = r
+		}
 		return
 	}
 	g.routes = append(g.routes, r)

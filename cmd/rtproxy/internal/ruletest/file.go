@@ -33,6 +33,7 @@ const Suffix = ".test.yaml"
 type File struct {
 	Path  string
 	Route string // the route under test, when the file names it
+	View  string // the view under test, when the file names it (`view:`)
 	Tests []*Test
 }
 
@@ -44,6 +45,15 @@ type Test struct {
 	Tables     map[string]*TableRows
 	Steps      []Step // inputs and clock moves, in order
 	Expect     Expect
+	// Client is who fetches, for a view's test (`client:`); nil: a client
+	// the view applies to (its test runs the view).
+	Client *Client
+}
+
+// Client is a view test's fetching client.
+type Client struct {
+	Line                            int
+	ClientID, Principal, TLSSubject string
 }
 
 // TableRows replaces one table's rows for a test.
@@ -88,6 +98,10 @@ type Expect struct {
 	AnyOrder    bool
 	Sink        []*Record
 	DeadLetters []*Record
+	// Records are what a client of a view fetches (view tests): the
+	// records that pass, at their offsets, and for a record the view
+	// cannot process the placeholder (a null value, `error:`).
+	Records []*Record
 }
 
 // Error is a malformed test file: its position and what is wrong.
@@ -163,12 +177,18 @@ func Parse(path string, src []byte) (*File, error) {
 		return nil, Errors{{File: path, Msg: "empty test file; want `tests:`, a list of tests"}}
 	}
 	root := doc.Content[0]
-	fields := p.fields(root, "the test file", "route", "tests")
+	fields := p.fields(root, "the test file", "route", "view", "tests")
 	if fields == nil {
 		return nil, p.errs
 	}
 	if n := fields["route"]; n != nil {
 		f.Route = p.str(n, "route")
+	}
+	if n := fields["view"]; n != nil {
+		f.View = p.str(n, "view")
+		if f.Route != "" {
+			p.errAt(n, "a test file tests a route (`route:`) or a view (`view:`), not both")
+		}
 	}
 	tests := fields["tests"]
 	switch {
@@ -247,11 +267,14 @@ func (p *parser) str(n *yaml.Node, what string) string {
 }
 
 func (p *parser) test(n *yaml.Node) *Test {
-	fs := p.fields(n, "a test", "name", "partitions", "tables", "input", "expect")
+	fs := p.fields(n, "a test", "name", "partitions", "tables", "input", "expect", "client")
 	if fs == nil {
 		return nil
 	}
 	t := &Test{Line: n.Line}
+	if cn := fs["client"]; cn != nil {
+		t.Client = p.client(cn)
+	}
 	if fs["name"] == nil {
 		p.errAt(n, "a test needs a `name`")
 	} else {
@@ -285,7 +308,7 @@ func (p *parser) test(n *yaml.Node) *Test {
 		}
 	}
 	if en := fs["expect"]; en == nil {
-		p.errAt(n, "a test needs `expect` (with `sink:` and, when any are expected, `dead_letters:`)")
+		p.errAt(n, "a test needs `expect` (with `sink:` and, when any are expected, `dead_letters:`; for a view, `records:`)")
 	} else {
 		t.Expect = p.expect(en)
 	}
@@ -297,6 +320,21 @@ func (p *parser) test(n *yaml.Node) *Test {
 		}
 	}
 	return t
+}
+
+// client reads a view test's `client:`.
+func (p *parser) client(n *yaml.Node) *Client {
+	fs := p.fields(n, "client", "client_id", "principal", "tls_subject")
+	if fs == nil {
+		return nil
+	}
+	c := &Client{Line: n.Line}
+	for name, dst := range map[string]*string{"client_id": &c.ClientID, "principal": &c.Principal, "tls_subject": &c.TLSSubject} {
+		if v := fs[name]; v != nil {
+			*dst = p.str(v, "client."+name)
+		}
+	}
+	return c
 }
 
 func (p *parser) tables(n *yaml.Node) map[string]*TableRows {
@@ -477,11 +515,14 @@ func (p *parser) time(n *yaml.Node, what string) (time.Time, bool) {
 var (
 	sinkKeys = append(slices.Clone(recordKeys[:4]), "window")
 	dlqKeys  = append(slices.Clone(recordKeys[:4]), "reason", "step", "error")
+	// viewKeys: what a view's client fetches (the offset it is at; error:
+	// the placeholder of a record the view could not process).
+	viewKeys = append(slices.Clone(recordKeys[:4]), "partition", "offset", "error")
 )
 
 func (p *parser) expect(n *yaml.Node) Expect {
 	e := Expect{Line: n.Line}
-	fs := p.fields(n, "expect", "order", "sink", "dead_letters")
+	fs := p.fields(n, "expect", "order", "sink", "dead_letters", "records")
 	if fs == nil {
 		return e
 	}
@@ -494,7 +535,7 @@ func (p *parser) expect(n *yaml.Node) Expect {
 			p.errAt(o, "order must be `strict` (the default: in the order written) or `any` (as a set)")
 		}
 	}
-	for name, dst := range map[string]*[]*Record{"sink": &e.Sink, "dead_letters": &e.DeadLetters} {
+	for name, dst := range map[string]*[]*Record{"sink": &e.Sink, "dead_letters": &e.DeadLetters, "records": &e.Records} {
 		ln := fs[name]
 		if ln == nil {
 			continue
@@ -506,8 +547,11 @@ func (p *parser) expect(n *yaml.Node) Expect {
 			continue
 		}
 		keys := sinkKeys
-		if name == "dead_letters" {
+		switch name {
+		case "dead_letters":
 			keys = dlqKeys
+		case "records":
+			keys = viewKeys
 		}
 		*dst = []*Record{}
 		for _, rn := range ln.Content {
