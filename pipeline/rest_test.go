@@ -285,3 +285,33 @@ func TestRouteCostMetrics(t *testing.T) {
 	}
 	_ = m
 }
+
+// A resting lag loop wakes when a fetch brings records: with dispatch held
+// (cut), records fetched after the rest show as lag (the fetch sets it),
+// and once they are done the gauge falls back to 0, which only the lag
+// loop sets: one that stayed asleep leaves the gauge at 5.
+func TestLagGaugeWakesFromRest(t *testing.T) {
+	b := startBroker(t, map[string]int{"lagrest": 1})
+	def := newRouteDef("lagrest", "v1", "lagrest", "lagrest.out", filterStep(t, 0, "value.n >= 0"))
+	m, _ := runManager(t, b, t.TempDir(), def)
+	b.produce(t, jsonRecord("lagrest", "a", map[string]any{"n": 0}))
+	b.consume(t, "lagrest.out", 1, 20*time.Second, 0)
+	r := routeOf(m, "lagrest")
+	waitFor(t, 10*time.Second, "the lag loop at rest", func() bool { return r.lagResting.Load() })
+	gauge := m.met.lag.WithLabelValues("lagrest", "0")
+	r.cut.Lock() // no task dispatches a record meanwhile
+	held := true
+	defer func() {
+		if held {
+			r.cut.Unlock()
+		}
+	}()
+	for i := 1; i <= 5; i++ {
+		b.produce(t, jsonRecord("lagrest", "a", map[string]any{"n": i}))
+	}
+	waitFor(t, 10*time.Second, "the lag gauge showing the 5 records fetched", func() bool { return testutil.ToFloat64(gauge) == 5 })
+	r.cut.Unlock()
+	held = false
+	b.consume(t, "lagrest.out", 6, 20*time.Second, 0)
+	waitFor(t, 10*time.Second, "the lag gauge back to 0", func() bool { return testutil.ToFloat64(gauge) == 0 })
+}

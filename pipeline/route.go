@@ -57,6 +57,8 @@ type route struct {
 	// lagWake wakes a resting lag loop (noteLag); ownersWake asks it to
 	// describe the group's owners again (askOwners).
 	lagWake, ownersWake chan struct{}
+	// lagResting: the lag loop rests until noteLag wakes it.
+	lagResting atomic.Bool
 
 	// cl is the group consumer, and the producer of every write but the
 	// changelog's; logCl the instance's non-group client, shared by every
@@ -462,7 +464,6 @@ func (r *route) lagLoop() {
 	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	var last lagView
-	resting := false
 	for {
 		select {
 		case <-r.life.halt:
@@ -471,17 +472,20 @@ func (r *route) lagLoop() {
 			r.describeOwners()
 			continue
 		case <-r.lagWake:
-			if resting {
-				resting = false
-				t.Reset(time.Second)
-			}
+			// Sent only by the noteLag that ended a rest.
+			t.Reset(time.Second)
 			continue
 		case <-t.C:
 		}
 		if r.refreshLag(&last) {
 			t.Reset(time.Second)
-		} else {
-			resting = true
+			continue
+		}
+		// Rest: from now on noteLag wakes the loop. What moved between the
+		// refresh and the flag woke nothing: look once more.
+		r.lagResting.Store(true)
+		if r.refreshLag(&last) && r.lagResting.CompareAndSwap(true, false) {
+			t.Reset(time.Second)
 		}
 	}
 }
@@ -525,8 +529,13 @@ func (r *route) refreshLag(last *lagView) (changed bool) {
 }
 
 // noteLag wakes a resting lag loop: a fetch brought records or a new high
-// watermark, a batch finished, or the tasks changed. It never blocks.
+// watermark, a batch finished, or the tasks changed. While the loop ticks
+// it costs one atomic load (it is called per batch: a channel send per
+// batch woke the loop's goroutine for nothing); it never blocks.
 func (r *route) noteLag() {
+	if !r.lagResting.Load() || !r.lagResting.CompareAndSwap(true, false) {
+		return
+	}
 	select {
 	case r.lagWake <- struct{}{}:
 	default:
