@@ -95,6 +95,9 @@ type routeWrites struct {
 	out *outbox
 	wr  writer
 	snk sink
+	// outs are the route's sinks (sinkset.go), made with the route; the
+	// switch's branch of an output (operators.Record.Branch) indexes it.
+	outs []*outlet
 }
 
 // routeLife is how far a route's life has gone.
@@ -206,6 +209,7 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.mx.proc = m.met.processing.WithLabelValues(d.Name)
 	r.mx.tapped = m.met.tapped.WithLabelValues(d.Name)
 	r.mx.busy = m.met.busy.WithLabelValues(d.Name)
+	r.outs = r.newOutlets()
 	r.idleWake = make(chan struct{}, 1)
 	r.lagWake, r.ownersWake = make(chan struct{}, 1), make(chan struct{}, 1)
 	r.st.state = "starting"

@@ -78,7 +78,15 @@ func (r *Route) errAt(key, text, format string, args ...any) *Error {
 // outputs are the topics r writes that another route could read: its sink
 // and its dead letters, with the key each is written under.
 func (r *Route) outputs() []struct{ key, topic string } {
-	out := []struct{ key, topic string }{{"sink.topic", r.Sink.Topic}}
+	var out []struct{ key, topic string }
+	if r.Switch == nil {
+		out = append(out, struct{ key, topic string }{"sink.topic", r.Sink.Topic})
+	}
+	for i, b := range r.Switch {
+		if b.Sink.Topic != "" {
+			out = append(out, struct{ key, topic string }{switchTopicKey(i), b.Sink.Topic})
+		}
+	}
 	if r.DeadLetter != "" && r.DeadLetter != r.Sink.Topic {
 		out = append(out, struct{ key, topic string }{"dead_letter", r.DeadLetter})
 	}
@@ -206,9 +214,11 @@ func (g *graph) cycleError(r *Route, path func(func(topic string, via *Route, ke
 	if dead {
 		msg += " (dead letters count: a record that fails at each route would go round too)"
 	}
-	topic := r.Sink.Topic
-	if first == "dead_letter" {
-		topic = r.DeadLetter
+	topic := ""
+	for _, o := range r.outputs() {
+		if o.key == first {
+			topic = o.topic
+		}
 	}
 	return r.errAt(first, topic, "%s", msg)
 }

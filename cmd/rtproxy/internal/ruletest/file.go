@@ -98,6 +98,12 @@ type Expect struct {
 	AnyOrder    bool
 	Sink        []*Record
 	DeadLetters []*Record
+	// Sinks are the records expected on each sink of a route with a
+	// switch, by the sink's name (its topic, or http-<branch>), in the
+	// order written (SinkNames); nil when the file gives no `sinks:`.
+	Sinks     map[string][]*Record
+	SinkNames []string
+	SinksLine int
 	// Records are what a client of a view fetches (view tests): the
 	// records that pass, at their offsets, and for a record the view
 	// cannot process the placeholder (a null value, `error:`).
@@ -522,7 +528,7 @@ var (
 
 func (p *parser) expect(n *yaml.Node) Expect {
 	e := Expect{Line: n.Line}
-	fs := p.fields(n, "expect", "order", "sink", "dead_letters", "records")
+	fs := p.fields(n, "expect", "order", "sink", "sinks", "dead_letters", "records")
 	if fs == nil {
 		return e
 	}
@@ -534,6 +540,9 @@ func (p *parser) expect(n *yaml.Node) Expect {
 		default:
 			p.errAt(o, "order must be `strict` (the default: in the order written) or `any` (as a set)")
 		}
+	}
+	if sn := fs["sinks"]; sn != nil {
+		p.expectSinks(sn, &e)
 	}
 	for name, dst := range map[string]*[]*Record{"sink": &e.Sink, "dead_letters": &e.DeadLetters, "records": &e.Records} {
 		ln := fs[name]
@@ -561,6 +570,37 @@ func (p *parser) expect(n *yaml.Node) Expect {
 		}
 	}
 	return e
+}
+
+// expectSinks reads expect.sinks: a mapping from a sink's name to the
+// records it must receive (a route with a switch writes to several).
+func (p *parser) expectSinks(n *yaml.Node, e *Expect) {
+	e.SinksLine = n.Line
+	if n.Kind != yaml.MappingNode {
+		p.errAt(n, "expect.sinks must be a mapping from a sink (its topic) to a list of records, e.g. `sinks: { payments.large: [ ... ], payments.rest: [] }`")
+		return
+	}
+	e.Sinks = map[string][]*Record{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, ln := n.Content[i], n.Content[i+1]
+		name := k.Value
+		if _, dup := e.Sinks[name]; dup {
+			p.errAt(k, "sink %q given twice in expect.sinks", name)
+			continue
+		}
+		if ln.Kind != yaml.SequenceNode {
+			p.errAt(ln, "expect.sinks.%s must be a list of records ([] for none)", name)
+			continue
+		}
+		recs := []*Record{}
+		for _, rn := range ln.Content {
+			if r, ok := p.record(rn, "an expected record in expect.sinks."+name, sinkKeys); ok {
+				recs = append(recs, r)
+			}
+		}
+		e.Sinks[name] = recs
+		e.SinkNames = append(e.SinkNames, name)
+	}
 }
 
 // nodeValue turns a YAML node into the value tree JSON gives: objects,

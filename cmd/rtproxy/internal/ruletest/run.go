@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -113,9 +114,43 @@ func Run(f *File, t *Test, def *rules.Route) (res Result) {
 			sink = append(sink, o)
 		}
 	}
-	compare(fail, t.Expect, "sink", t.Expect.Sink, sink, false)
+	if def.Switch != nil || t.Expect.Sinks != nil {
+		compareSinks(fail, t.Expect, def, sink)
+	} else {
+		compare(fail, t.Expect, "sink", t.Expect.Sink, sink, false)
+	}
 	compare(fail, t.Expect, "dead_letters", t.Expect.DeadLetters, dls, true)
 	return res
+}
+
+// compareSinks checks what a route wrote to each of its sinks against
+// expect.sinks, sink by sink; a sink the file does not name must receive
+// nothing.
+func compareSinks(fail func(int, string, ...any), e Expect, def *rules.Route, got []pipeline.DriverOutput) {
+	sinks := def.Sinks()
+	names := make([]string, len(sinks))
+	byTarget := map[string]string{}
+	for i, s := range sinks {
+		names[i] = s.Name
+		byTarget[s.Target()] = s.Name
+	}
+	if e.Sink != nil {
+		fail(e.Line, "route %q writes to %d sinks (its switch): give what each receives under `expect.sinks`, by sink (%s), not `expect.sink`", def.Name, len(sinks), strings.Join(names, ", "))
+		return
+	}
+	for _, n := range e.SinkNames {
+		if !slices.Contains(names, n) {
+			fail(e.SinksLine, "expect.sinks names %q, which is no sink of route %q; its sinks are %s", n, def.Name, strings.Join(names, ", "))
+		}
+	}
+	per := map[string][]pipeline.DriverOutput{}
+	for _, o := range got {
+		n := byTarget[o.Topic]
+		per[n] = append(per[n], o)
+	}
+	for _, n := range names {
+		compare(fail, e, "sinks."+n, e.Sinks[n], per[n], false)
+	}
 }
 
 func tableKey(v any) (string, bool) {
