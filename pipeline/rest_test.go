@@ -118,7 +118,11 @@ func TestIdleRouteSkipsCheckpoint(t *testing.T) {
 			}
 			waitFor(t, 20*time.Second, "the four records committed to the group", func() bool { return committed() == 4 })
 			r := routeOf(m, name)
-			time.Sleep(300 * time.Millisecond) // the keyed segment's last checkpoint
+			// Every output is out and committed: once two ticks in a row
+			// found nothing moved, the route is at rest.
+			skipped := func() float64 { return testutil.ToFloat64(m.met.checkpointSkipped.WithLabelValues(name)) }
+			s0 := skipped()
+			waitFor(t, 20*time.Second, "two checkpoint ticks with nothing moved", func() bool { return skipped() >= s0+2 })
 			// A status read may ask for the owners (an async describe):
 			// it is done before the rest is counted.
 			lc0 := *m.Routes()[0].LastCheckpoint
