@@ -59,6 +59,9 @@ type groupState struct {
 	// the status page may read it (groupState.proto).
 	protocol atomic.Pointer[string]
 	local    *state.Checkpoint // the checkpoint found at setup
+	// commitFailed: the last OffsetCommit failed; the next checkpoint
+	// commits again even when nothing moved (checkpointer.unchanged).
+	commitFailed atomic.Bool
 	// sourceChanged: the route last ran on another source topic, so the
 	// local checkpoint's source offsets do not apply.
 	sourceChanged bool
@@ -67,6 +70,8 @@ type groupState struct {
 		sync.Mutex
 		owners    []PartitionOwner // the group's assignment, as last described (owners.go)
 		ownersErr string
+		ownersAt  time.Time                      // when owners were last asked for (askOwners)
+		movedAt   time.Time                      // when this instance's assignment last moved
 		fetched   map[string]map[int32]committed // the group's offsets, as last fetched
 		lastOffs  map[int32]int64                // offsets of the last local checkpoint
 		restoring int                            // tasks being restored now
@@ -183,6 +188,7 @@ func (r *route) onAssigned(_ context.Context, cl *kgo.Client, assigned map[strin
 	}
 	_, gen := cl.GroupMetadata()
 	r.log.Info("partitions assigned", "partitions", n, "generation", gen)
+	r.assignmentMoved()
 }
 
 // adjustOffsets creates a task for each newly assigned partition: its
@@ -485,10 +491,12 @@ func (r *route) tasksIn(which map[string][]int32) []*task {
 }
 
 func (r *route) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	r.assignmentMoved()
 	r.release(revoked, "revoked")
 }
 
 func (r *route) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	r.assignmentMoved()
 	r.release(lost, "lost")
 }
 
@@ -534,6 +542,7 @@ func (r *route) commitGroup(c *cutPoint) {
 			}
 		}
 	})
+	r.grp.commitFailed.Store(cerr != nil)
 	if cerr != nil && !errors.Is(cerr, context.Canceled) {
 		// The local checkpoint stands; the next one commits again. Until
 		// then a new owner of these partitions replays from the previous

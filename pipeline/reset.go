@@ -133,7 +133,7 @@ func (m *Manager) dropRouteState(ctx context.Context, route string) error {
 		return err
 	}
 	if ok {
-		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(m.cfg.Seeds...)}, m.cfg.ClientOpts...)...)
+		cl, err := kgo.NewClient(clientBase(m.cfg)...)
 		if err != nil {
 			return err
 		}

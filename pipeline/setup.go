@@ -69,8 +69,8 @@ func (r *route) setup() error {
 	return r.setupClients(s, parts)
 }
 
-// setupEnv is what setup's phases share: the base client options, an
-// admin client, and the deadline of the phase.
+// setupEnv is what setup's phases share: the base client options, the
+// instance's shared client (shared.go), and the deadline of the phase.
 type setupEnv struct {
 	base   []kgo.Opt
 	admCl  *kgo.Client
@@ -83,14 +83,26 @@ type setupEnv struct {
 
 func (r *route) newSetupEnv() (*setupEnv, error) {
 	cfg := r.m.cfg
-	s := &setupEnv{base: append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...)}, cfg.ClientOpts...), parent: r.ctx, limit: cfg.SetupTimeout}
-	cl, err := kgo.NewClient(s.base...)
+	s := &setupEnv{base: clientBase(cfg), parent: r.ctx, limit: cfg.SetupTimeout}
+	cl, adm, err := r.m.shared.get(s.base)
 	if err != nil {
-		return nil, fmt.Errorf("route %q: client: %w", r.name, err)
+		return nil, fmt.Errorf("route %q: %w", r.name, err)
 	}
-	s.admCl, s.adm = cl, kadm.NewClient(cl)
+	s.admCl, s.adm = cl, adm
 	s.ctx, s.cancel = context.WithTimeout(s.parent, s.limit)
 	return s, nil
+}
+
+// clientBase is the start of every pipeline client's options: the seeds,
+// no KIP-714 client metrics, then the configured options (TLS, SASL).
+// A broker that asks for client metrics (kfake does, and Kafka with a
+// telemetry plugin) got them from every client every push interval, each
+// client with a gzip compressor of its own: at rest they were 80% of the
+// quickstart's Go heap, 7 MiB for six clients (docs/BENCHMARKS.md,
+// "Footprint"). The pipeline's clients are the sidecar's own, not the
+// application's: their metrics are on /metrics.
+func clientBase(cfg Config) []kgo.Opt {
+	return append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...), kgo.DisableClientMetrics()}, cfg.ClientOpts...)
 }
 
 // renew gives the phases that follow a deadline of their own.
@@ -100,8 +112,7 @@ func (s *setupEnv) renew() {
 }
 
 func (s *setupEnv) close() {
-	s.cancel()
-	s.admCl.Close()
+	s.cancel() // the shared client stays for every route
 }
 
 // setupCheck refuses a definition the pipeline cannot run, and a state
@@ -128,6 +139,13 @@ func (r *route) setupTopics(s *setupEnv) (map[string]int, error) {
 		return nil, err
 	}
 	r.recreate.created = created
+	if len(created) > 0 {
+		// The shared client cached them as unknown a moment ago (the
+		// Metadata above): its next sharded request on them (the group's
+		// first ListOffsets of a new repartition topic) would be refused
+		// for up to metadata_min_age.
+		s.admCl.PurgeTopicsFromClient(slices.Collect(maps.Keys(created))...)
+	}
 
 	return parts, nil
 }
@@ -290,23 +308,15 @@ func (r *route) setupClients(s *setupEnv, parts map[string]int) error {
 	if err != nil {
 		return err
 	}
-	// The route's own non-group client exists before the group client
-	// starts: the group calls adjustOffsets (which lists offsets through
-	// r.grp.adm) as soon as it joins. It also writes changelog records: a
-	// checkpoint logs every key it changed at once, and through the group
-	// client that burst would queue ahead of the repartition records,
-	// adding its time to their latency.
-	r.logCl, err = kgo.NewClient(append(append([]kgo.Opt(nil), s.base...),
-		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerBatchMaxBytesFn(limits.of),
-		kgo.ProducerLinger(0),
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordDeliveryTimeout(10*time.Second),
-	)...)
-	if err != nil {
-		return fmt.Errorf("route %q: client: %w", d.Name, err)
-	}
-	r.grp.adm = kadm.NewClient(r.logCl)
+	// The instance's shared client is the route's non-group client
+	// (shared.go), there before the group client starts: the group calls
+	// adjustOffsets (which lists offsets through r.grp.adm) as soon as it
+	// joins. It also writes changelog records: a checkpoint logs every key
+	// it changed at once, and through the group client that burst would
+	// queue ahead of the repartition records, adding its time to their
+	// latency.
+	r.m.shared.addLimits(limits)
+	r.logCl, r.grp.adm = s.admCl, s.adm
 	// The group starts with the client and may hand out partitions at
 	// once; for an exactly-once route their tasks must find a transaction
 	// open, so they wait on cut until it is.
@@ -395,10 +405,7 @@ func (r *route) teardown() {
 		r.cl.Close()
 		r.cl = nil
 	}
-	if r.logCl != nil {
-		r.logCl.Close()
-		r.logCl = nil
-	}
+	r.logCl = nil // the instance's (shared.go): closed by the Manager
 	if r.snk != nil {
 		r.snk.close()
 	}
@@ -437,8 +444,9 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 	return parts, err
 }
 
-// ensureTopicsCreated is ensureTopics that also says which topics it
-// created.
+// ensureTopicsCreated is ensureTopics that also says which topics were
+// missing: true for those it created, false for those another instance
+// created meanwhile.
 func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, map[string]bool, error) {
 	dlq := deadLetterTopic(d)
 	want := []string{dlq}
@@ -496,9 +504,9 @@ func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) 
 			return nil, nil, fmt.Errorf("route %q: create topic %s: %w", d.Name, t, err)
 		}
 		parts[t] = n
-		if err == nil {
-			created[t] = true
-		}
+		// Every topic that was missing is a key (the shared client's
+		// cache is purged of them); true when this call created it.
+		created[t] = err == nil
 		if errors.Is(err, kerrTopicExists) {
 			// Created by another instance a moment ago: ask its real size.
 			if md2, err := adm.Metadata(ctx, t); err == nil && len(md2.Topics[t].Partitions) > 0 {

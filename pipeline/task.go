@@ -283,6 +283,7 @@ func (t *task) dispatchLoop() {
 			}
 			continue
 		}
+		began := time.Now()
 		ok := t.dispatch(recs, b.tapped)
 		// Tapped batches the fetch has now caught up with.
 		for ok {
@@ -292,6 +293,9 @@ func (t *task) dispatchLoop() {
 			}
 			ok = t.dispatch(recs, true)
 		}
+		r.mx.busy.Add(time.Since(began).Seconds())
+		// Its done offsets moved: the lag gauge follows (lagLoop).
+		r.noteLag()
 		// The batch's writes leave with its poll's (batch.go); a tapped
 		// one belongs to no poll and flushes its own.
 		if b.poll != nil {
