@@ -93,6 +93,24 @@ func (r *Route) outputs() []struct{ key, topic string } {
 	return out
 }
 
+// inputs are the topics r reads: its source and the second topic of each
+// stream join, with the key each is written under. A stream topic's key
+// is positioned at its step.
+func (r *Route) inputs() []struct{ key, topic string } {
+	in := []struct{ key, topic string }{{"source.topic", r.Source.Topic}}
+	for i, st := range r.Steps {
+		if st.Input == nil {
+			continue
+		}
+		key := fmt.Sprintf("steps[%d].join.stream.topic", i)
+		if _, ok := r.at[key]; !ok && r.at != nil {
+			r.at[key] = position{line: st.Line, col: st.Col}
+		}
+		in = append(in, struct{ key, topic string }{key, st.Input.Topic})
+	}
+	return in
+}
+
 // check returns why r cannot join the graph, nil when it can. Guards are
 // not routes: they read no topic as a group and write none.
 func (g *graph) check(r *Route) []*Error {
@@ -106,6 +124,18 @@ func (g *graph) check(r *Route) []*Error {
 		return g.checkView(r)
 	}
 	errs := g.routeVsViews(r)
+	// A topic r writes that a stream join of r reads: the join would
+	// read its own outputs (the step checks the sink and dead-letter
+	// topic; this also covers a switch's branches, parsed after it).
+	for _, in := range r.inputs()[1:] {
+		for _, o := range r.outputs() {
+			if o.topic == in.topic {
+				errs = append(errs, r.errAt(o.key, o.topic,
+					"%s `%s` is the second topic a stream join of this route reads (%s); the join would read its own outputs. Choose another topic",
+					o.key, o.topic, r.where(in.key)))
+			}
+		}
+	}
 	if o := g.groups[r.GroupID()]; o != nil {
 		key, how := "source.group", "source.group"
 		if r.Source.Group == "" {
@@ -121,7 +151,7 @@ func (g *graph) check(r *Route) []*Error {
 	}
 	// Internal topics, both ways: r touching another route's, and another
 	// route touching one r would create.
-	touches := append(r.outputs(), struct{ key, topic string }{"source.topic", r.Source.Topic})
+	touches := append(r.outputs(), r.inputs()...)
 	for _, o := range append(g.routes, r) {
 		for _, t := range touches {
 			if internalTopicOf(o.Name, t.topic) {
@@ -137,7 +167,7 @@ func (g *graph) check(r *Route) []*Error {
 		if o == r {
 			continue
 		}
-		for _, t := range append(o.outputs(), struct{ key, topic string }{"source.topic", o.Source.Topic}) {
+		for _, t := range append(o.outputs(), o.inputs()...) {
 			if internalTopicOf(r.Name, t.topic) {
 				errs = append(errs, r.errAt("route", r.Name,
 					"route `%s` would own internal topics named `%s.NN-<step>.repartition|changelog`, and route `%s` (%s) uses `%s` as its %s; rename this route",
@@ -151,8 +181,9 @@ func (g *graph) check(r *Route) []*Error {
 	return errs
 }
 
-// cycle finds a path from what r writes back to r's source through the
-// accepted routes, and returns it as an error; nil when there is none.
+// cycle finds a path from what r writes back to a topic r reads (its
+// source or a stream join's second topic) through the accepted routes, and
+// returns it as an error; nil when there is none.
 func (g *graph) cycle(r *Route) *Error {
 	type step struct {
 		topic string
@@ -160,7 +191,10 @@ func (g *graph) cycle(r *Route) *Error {
 		key   string // sink.topic or dead_letter of via
 		prev  *step
 	}
-	target := r.Source.Topic
+	target := map[string]bool{}
+	for _, in := range r.inputs() {
+		target[in.topic] = true
+	}
 	seen := map[string]bool{}
 	var queue []*step
 	for _, o := range r.outputs() {
@@ -172,8 +206,8 @@ func (g *graph) cycle(r *Route) *Error {
 	for len(queue) > 0 {
 		s := queue[0]
 		queue = queue[1:]
-		if s.topic == target {
-			return g.cycleError(r, func(yield func(topic string, via *Route, key string)) {
+		if target[s.topic] {
+			return g.cycleError(r, s.topic, func(yield func(topic string, via *Route, key string)) {
 				var path []*step
 				for p := s; p != nil; p = p.prev {
 					path = append(path, p)
@@ -195,11 +229,12 @@ func (g *graph) cycle(r *Route) *Error {
 	return nil
 }
 
-func (g *graph) cycleError(r *Route, path func(func(topic string, via *Route, key string))) *Error {
+func (g *graph) cycleError(r *Route, reached string, path func(func(topic string, via *Route, key string))) *Error {
 	var b strings.Builder
 	first := ""
 	dead := false
-	fmt.Fprintf(&b, "`%s`", r.Source.Topic)
+	// The path starts where it ends: the topic of r it reached.
+	fmt.Fprintf(&b, "`%s`", reached)
 	path(func(topic string, via *Route, key string) {
 		if first == "" {
 			first = key
@@ -210,7 +245,11 @@ func (g *graph) cycleError(r *Route, path func(func(topic string, via *Route, ke
 		}
 		fmt.Fprintf(&b, " → route `%s` (%s) %s `%s`", via.Name, via.where(key), what, topic)
 	})
-	msg := fmt.Sprintf("the routes form a cycle: %s, the source of this route; each record would circulate forever (and multiply through explode). Break the cycle: write to a topic no route of the cycle reads", b.String())
+	what := "the source of this route"
+	if reached != r.Source.Topic {
+		what = "the second topic a stream join of this route reads"
+	}
+	msg := fmt.Sprintf("the routes form a cycle: %s, %s; each record would circulate forever (and multiply through explode). Break the cycle: write to a topic no route of the cycle reads", b.String(), what)
 	if dead {
 		msg += " (dead letters count: a record that fails at each route would go round too)"
 	}
@@ -242,7 +281,9 @@ func (g *graph) add(r *Route) {
 	}
 	g.routes = append(g.routes, r)
 	g.groups[r.GroupID()] = r
-	g.readers[r.Source.Topic] = append(g.readers[r.Source.Topic], r)
+	for _, in := range r.inputs() {
+		g.readers[in.topic] = append(g.readers[in.topic], r)
+	}
 }
 
 // checkGraph judges the routes of results in order (the first file of a

@@ -299,3 +299,42 @@ func TestWatchGuardInvalidAtStartFailsClosed(t *testing.T) {
 		}
 	}
 }
+
+// TestGraphStreamJoinInputs: a stream join's second topic is an input of
+// its route like the source: a cycle through it is refused, and a switch
+// branch may not write it (the join would read its own outputs).
+func TestGraphStreamJoinInputs(t *testing.T) {
+	join := "  - join: { stream: { topic: auths, event_time: value.ts }, on: value.a, other: value.id, within: { before: 5m, after: 1m }, grace: 30s, as: auth }\n"
+	// x joins `auths`; y reads x's sink and writes `auths`: a cycle.
+	ok, out, _ := checkDir(t, map[string]string{
+		"x.yaml": "route: x\nsource: { topic: pays, event_time: value.ts }\nsink: { topic: matched }\nsteps:\n" + join,
+		"y.yaml": "route: y\nsource: { topic: matched }\nsink: { topic: auths }\n",
+	})
+	if ok || !strings.Contains(out, "the routes form a cycle: `matched` → route `y`") || !strings.Contains(out, "writes `auths` → route `x`") {
+		t.Fatalf("a cycle through a stream join's second topic was not refused:\n%s", out)
+	}
+	// The same with the writer of `auths` accepted first: the join's
+	// route is refused, the cycle walked from its second topic.
+	ok, out, _ = checkDir(t, map[string]string{
+		"a.yaml": "route: y\nsource: { topic: matched }\nsink: { topic: auths }\n",
+		"x.yaml": "route: x\nsource: { topic: pays, event_time: value.ts }\nsink: { topic: matched }\nsteps:\n" + join,
+	})
+	if ok || !strings.Contains(out, "the routes form a cycle: `auths` → route `x`") || !strings.Contains(out, "the second topic a stream join of this route reads") {
+		t.Fatalf("a cycle into a stream join's second topic was not refused:\n%s", out)
+	}
+	// A switch branch writing the stream topic.
+	ok, out, _ = checkDir(t, map[string]string{
+		"x.yaml": "route: x\nsource: { topic: pays, event_time: value.ts }\nsteps:\n" + join +
+			"  - switch: [ { when: value.amount > 1, sink: { topic: auths } }, { sink: { topic: rest } } ]\n",
+	})
+	if ok || !strings.Contains(out, "`auths` is the second topic a stream join of this route reads") {
+		t.Fatalf("a switch branch writing the stream topic was not refused:\n%s", out)
+	}
+	// Reading the same second topic from two routes is fine.
+	if ok, out, _ := checkDir(t, map[string]string{
+		"x.yaml": "route: x\nsource: { topic: pays, event_time: value.ts }\nsink: { topic: m1 }\nsteps:\n" + join,
+		"y.yaml": "route: y\nsource: { topic: pays2, event_time: value.ts }\nsink: { topic: m2 }\nsteps:\n" + join,
+	}); !ok {
+		t.Fatalf("two routes joining one stream refused:\n%s", out)
+	}
+}
