@@ -53,8 +53,10 @@ type viewCounts struct{ kept, filtered, errors int64 }
 func viewPartition(dst []byte, v View, partition int32, in []byte, m *decodeMeter, sc *viewScratch, c *viewCounts) ([]byte, error) {
 	for len(in) >= 17 {
 		size := int64(int32(binary.BigEndian.Uint32(in[8:12])))
-		if size < 0 || 12+size > int64(len(in)) {
-			break // a trailing partial batch
+		if size < 14 || 12+size > int64(len(in)) {
+			// A trailing partial batch, or a length too short for any
+			// message format: nothing after it can be framed.
+			break
 		}
 		b := in[:12+size]
 		in = in[12+size:]
@@ -83,15 +85,15 @@ func viewBatch(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc
 		return dst, nil // no room for a header: not a batch a client could read either
 	}
 	attrs := int16(binary.BigEndian.Uint16(b[21:23]))
-	if attrs&0x20 != 0 {
-		return append(dst, b...), nil // a control batch
-	}
 	hdr := b[:batchHeaderLen]
 	base := int64(binary.BigEndian.Uint64(b[0:8]))
 	lastDelta := int32(binary.BigEndian.Uint32(b[23:27]))
 	if crc32.Checksum(b[21:], viewCRCTable) != binary.BigEndian.Uint32(b[17:21]) {
 		c.errors++
 		return appendErrorBatch(dst, hdr, base, lastDelta, "record batch CRC mismatch"), nil
+	}
+	if attrs&0x20 != 0 {
+		return append(dst, b...), nil // a control batch
 	}
 	mk := m.mark()
 	for {
@@ -252,7 +254,7 @@ func appendErrorBatch(dst, hdr []byte, base int64, lastDelta int32, reason strin
 	}
 	h := dst[start:]
 	h[16] = 2
-	binary.BigEndian.PutUint16(h[21:23], binary.BigEndian.Uint16(h[21:23])&0x30) // keep transactional and control bits, no codec
+	binary.BigEndian.PutUint16(h[21:23], binary.BigEndian.Uint16(h[21:23])&0x18) // keep the timestamp type and transactional bits; no codec, not control
 	binary.BigEndian.PutUint32(h[23:27], uint32(lastDelta))
 	binary.BigEndian.PutUint32(h[57:61], 1)
 	first := int64(binary.BigEndian.Uint64(h[27:35]))

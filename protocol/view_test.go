@@ -470,3 +470,48 @@ func TestViewReadCommittedSkipsAborted(t *testing.T) {
 		t.Errorf("read_committed did not get %v", want)
 	}
 }
+
+// With views in force, a fetch that names no view for its client stays on
+// the path without views: no decode, no allocation (the per-connection
+// cache answers once warm); the request is forwarded as it is.
+func TestViewFetchWithoutViewNoAlloc(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	tp := startProxy(t, upstream, nil)
+	vs := Views(testViews{{name: "pay", topic: "pay", clients: []string{"analyst"}}, {name: "v", topic: "pay", clients: []string{"analyst"}}})
+	for _, version := range []int16{4, 12, 13, 17} {
+		req := kmsg.NewPtrFetchRequest()
+		req.Version = version
+		req.SessionEpoch = -1
+		for _, name := range []string{"pay", "other"} {
+			rt := kmsg.NewFetchRequestTopic()
+			rt.Topic = name
+			rt.TopicID[0] = byte(len(name))
+			rt.Partitions = append(rt.Partitions, kmsg.NewFetchRequestTopicPartition())
+			req.Topics = append(req.Topics, rt)
+		}
+		frame := rawRequest(req, 1)
+		pr := &pair{p: tp.Proxy}
+		h, err := ParseRequestHeader(frame[4:])
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.ClientID = []byte("someone")
+		run := func() {
+			out, rest, vr, err := pr.viewRequest(&vs, h, frame, 0)
+			if err != nil || vr != nil || rest != 0 || &out[0] != &frame[0] {
+				t.Fatalf("v%d: a fetch without view was rewritten (%v, %v)", version, vr, err)
+			}
+		}
+		run()
+		if n := testing.AllocsPerRun(100, run); n != 0 {
+			t.Errorf("fetch v%d without a view: %v allocations per request", version, n)
+		}
+		// The client the view names takes the view path.
+		h.ClientID = []byte("analyst")
+		if version < 13 {
+			if _, _, vr, err := pr.viewRequest(&vs, h, slices.Clone(frame), 0); err != nil || vr == nil {
+				t.Errorf("v%d: the named client's fetch did not take the view path (%v)", version, err)
+			}
+		}
+	}
+}
