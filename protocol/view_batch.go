@@ -288,7 +288,7 @@ func parseRecord(b []byte, hdrs []kmsg.Header) (r ViewRecord, offsetDelta int32,
 	}
 	p = p[k:]
 	od, k := binary.Varint(p)
-	if k <= 0 || od < 0 || od > math.MaxInt32 {
+	if k <= 0 || od < math.MinInt32 || od > math.MaxInt32 {
 		return bad("offset delta")
 	}
 	p = p[k:]
@@ -301,14 +301,15 @@ func parseRecord(b []byte, hdrs []kmsg.Header) (r ViewRecord, offsetDelta int32,
 		return bad("value")
 	}
 	hc, k := binary.Varint(p)
-	if k <= 0 || hc < 0 || hc > int64(len(p)) {
+	if k <= 0 || hc > int64(len(p)) {
 		return bad("header count")
 	}
+	hc = max(hc, 0) // a negative count reads as no header, as clients read it
 	p = p[k:]
 	first := len(hdrs)
 	for range hc {
 		var hk, hv []byte
-		if hk, p, ok = varBytes(p); !ok || hk == nil {
+		if hk, p, ok = varBytes(p); !ok {
 			return bad("header key")
 		}
 		if hv, p, ok = varBytes(p); !ok {
@@ -316,19 +317,19 @@ func parseRecord(b []byte, hdrs []kmsg.Header) (r ViewRecord, offsetDelta int32,
 		}
 		hdrs = append(hdrs, kmsg.Header{Key: string(hk), Value: hv})
 	}
-	if len(p) != 0 {
-		return bad("bytes after its headers")
-	}
+	// Bytes after the headers, inside the record's length, are ignored,
+	// as franz-go reads them (and not re-encoded).
 	if hc > 0 {
 		r.Headers = hdrs[first:len(hdrs):len(hdrs)]
 	}
 	return r, int32(od), hdrs, n, nil
 }
 
-// varBytes reads a varint-length byte string (-1: nil).
+// varBytes reads a varint-length byte string (a negative length: nil,
+// as Kafka reads it).
 func varBytes(p []byte) ([]byte, []byte, bool) {
 	l, k := binary.Varint(p)
-	if k <= 0 || l < -1 || l > int64(len(p)-k) {
+	if k <= 0 || l > int64(len(p)-k) {
 		return nil, p, false
 	}
 	p = p[k:]
