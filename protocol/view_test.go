@@ -2,6 +2,9 @@ package protocol
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +19,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 	"github.com/twmb/franz-go/pkg/kversion"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 )
 
 // testView is a view written in Go: it drops records whose JSON status is
@@ -29,7 +34,8 @@ type testView struct {
 func (v *testView) Name() string  { return v.name }
 func (v *testView) Topic() string { return v.topic }
 func (v *testView) applies(c ViewClient) bool {
-	return len(v.clients) == 0 || slices.Contains(v.clients, c.ClientID) || slices.Contains(v.clients, c.Principal)
+	return len(v.clients) == 0 || slices.Contains(v.clients, c.ClientID) || slices.Contains(v.clients, "principal:"+c.Principal) ||
+		slices.Contains(v.clients, "tls:"+c.TLSSubject)
 }
 
 func (v *testView) Apply(r *ViewRecord) (bool, error) {
@@ -512,6 +518,100 @@ func TestViewFetchWithoutViewNoAlloc(t *testing.T) {
 			if _, _, vr, err := pr.viewRequest(&vs, h, slices.Clone(frame), 0); err != nil || vr == nil {
 				t.Errorf("v%d: the named client's fetch did not take the view path (%v)", version, err)
 			}
+		}
+	}
+}
+
+// checkInPlace consumes pay through the proxy (opts say who) and checks
+// it gets the view's records when masked, the originals otherwise.
+func checkInPlace(t *testing.T, addr, group string, at map[pOff]int, masked bool, opts ...kgo.Opt) {
+	t.Helper()
+	want := len(at)
+	if masked {
+		want = 0
+		for _, i := range at {
+			if _, kept, _ := viewExpect(i); kept {
+				want++
+			}
+		}
+	}
+	got := consumeView(t, addr, "any-client-id", group, "pay", want, opts...)
+	if masked {
+		checkViewRecords(t, got, at, "pay", 0)
+		return
+	}
+	if len(got) != len(at) {
+		t.Fatalf("got %d records, want the %d originals", len(got), len(at))
+	}
+	for _, r := range got {
+		if i := at[pOff{r.Partition, r.Offset}]; string(r.Value) != viewInput(i) {
+			t.Errorf("got %s, want the original %s", r.Value, viewInput(i))
+		}
+	}
+}
+
+// A view names its clients by TLS certificate subject: the proxy reads
+// it from the client certificate when it terminates TLS.
+func TestViewClientByTLSSubject(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	serverCert, serverPool := selfSigned(t, "proxy")
+	analyst, _ := selfSigned(t, "analyst")
+	other, _ := selfSigned(t, "other")
+	clientCAs := x509.NewCertPool()
+	clientCAs.AddCert(analyst.Leaf)
+	clientCAs.AddCert(other.Leaf)
+	tp := startProxy(t, upstream, func(c *Config) {
+		c.ClientTLS = &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: clientCAs}
+	})
+	tp.SetViews(testViews{{name: "pay", topic: "pay", clients: []string{"tls:CN=analyst"}}})
+	at := produceDirect(t, upstream, "pay", 0, 20, kgo.Lz4Compression())
+	dial := func(c tls.Certificate) kgo.Opt {
+		return kgo.DialTLSConfig(&tls.Config{RootCAs: serverPool, Certificates: []tls.Certificate{c}})
+	}
+	checkInPlace(t, tp.Addr(), "g-analyst", at, true, dial(analyst))
+	checkInPlace(t, tp.Addr(), "g-other", at, false, dial(other))
+}
+
+// A view names its clients by SASL principal: the proxy reads the
+// username as SaslAuthenticate passes and adopts it when the broker
+// accepts the authentication.
+func TestViewClientBySASLPrincipal(t *testing.T) {
+	for _, mech := range []string{"PLAIN", "SCRAM-SHA-512"} {
+		t.Run(mech, func(t *testing.T) {
+			upstream := startKfake(t, "-sasl", mech+":admin:s3cret", "-topics", "pay:1")
+			tp := startProxyNoWait(t, upstream)
+			auth := kgo.SASL(plain.Auth{User: "admin", Pass: "s3cret"}.AsMechanism())
+			if mech != "PLAIN" {
+				auth = kgo.SASL(scram.Auth{User: "admin", Pass: "s3cret"}.AsSha512Mechanism())
+			}
+			at := produceDirect(t, upstream, "pay", 0, 20, kgo.GzipCompression(), auth)
+			tp.SetViews(testViews{{name: "pay", topic: "pay", clients: []string{"principal:admin"}}})
+			checkInPlace(t, tp.Addr(), "g-admin", at, true, auth)
+			tp.SetViews(testViews{{name: "pay", topic: "pay", clients: []string{"principal:someone-else"}}})
+			checkInPlace(t, tp.Addr(), "g-other", at, false, auth)
+		})
+	}
+}
+
+func TestSASLUsername(t *testing.T) {
+	jwt := func(claims string) string {
+		return "x." + base64.RawURLEncoding.EncodeToString([]byte(claims)) + ".sig"
+	}
+	for _, tc := range []struct {
+		mech, msg, want string
+	}{
+		{"PLAIN", "\x00alice\x00pw", "alice"},
+		{"PLAIN", "admin\x00alice\x00pw", "alice"},
+		{"PLAIN", "alice", ""},
+		{"SCRAM-SHA-256", "n,,n=al=2Cice=3D,r=abc", "al,ice="},
+		{"SCRAM-SHA-512", "n,a=x,n=bob,r=abc", "bob"},
+		{"SCRAM-SHA-256", "c=biws,r=abc,p=xyz", ""},
+		{"OAUTHBEARER", "n,,\x01auth=Bearer " + jwt(`{"sub":"svc"}`) + "\x01\x01", "svc"},
+		{"OAUTHBEARER", "n,,\x01auth=Bearer nonsense\x01\x01", ""},
+		{"GSSAPI", "anything", ""},
+	} {
+		if got := saslUsername(tc.mech, []byte(tc.msg)); got != tc.want {
+			t.Errorf("%s %q: %q, want %q", tc.mech, tc.msg, got, tc.want)
 		}
 	}
 }
