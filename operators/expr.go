@@ -24,6 +24,8 @@ type Expr struct {
 	// fast evaluates the commonest expressions without the VM, or is nil
 	// (fastexpr.go).
 	fast *fastExpr
+	// hash says the expression calls hash() (viewfuncs.go).
+	hash bool
 }
 
 // valueReads is what an expression reads of `value`: the top-level
@@ -80,15 +82,19 @@ func (o *readsObserver) Visit(node *ast.Node) {
 // expr options (for example expr.AsBool() for a filter).
 func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error) {
 	var reads valueReads
+	var hashes hashFinder
 	options := func(budget bool) []expr.Option {
 		reads = valueReads{}
-		all := []expr.Option{expr.Env(recordEnv{}), fetchFunc, expr.Patch(&readsObserver{r: &reads})}
+		hashes = hashFinder{}
+		all := []expr.Option{expr.Env(recordEnv{}), fetchFunc, expr.Patch(&readsObserver{r: &reads}), expr.Patch(&hashes)}
 		if len(bound) > 0 {
 			all = append(all, expr.Patch(boundPatcher(bound)))
 		}
 		all = append(all, expr.Patch(fetchPatcher{}), addFunc, expr.Patch(addPatcher{}))
 		all = append(all, opts...)
+		all = append(all, helperCheck...)
 		if budget {
+			all = append(all, helperBudgeted...)
 			all = append(all, budgetFuncs...)
 			all = append(all, expr.Patch(budgetPatcher{}))
 		}
@@ -105,7 +111,7 @@ func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error)
 	if err != nil {
 		return nil, fmt.Errorf("%s: compiling with the expression budget: %w", src, err)
 	}
-	e := &Expr{Source: src, program: p, reads: reads}
+	e := &Expr{Source: src, program: p, reads: reads, hash: hashes.found}
 	if len(opts) == 0 {
 		// An option (AsBool, AsInt64) changes what the VM returns; the
 		// routes' own expressions take none.
@@ -159,7 +165,8 @@ type recordEnv struct {
 	Offset    int64             `expr:"offset"`
 	Size      int64             `expr:"size"` // len(Raw): bytes of the value as produced
 	Bound     map[string]any    `expr:"rtproxy_bound__"`
-	Meter     *meter            `expr:"rtproxy_meter__"` // the evaluation's budget (budget.go)
+	Meter     *meter            `expr:"rtproxy_meter__"`    // the evaluation's budget (budget.go)
+	HashKey   []byte            `expr:"rtproxy_hash_key__"` // the salt of hash() (viewfuncs.go)
 	ready     bool              // Key and Headers are filled in
 }
 
@@ -284,6 +291,7 @@ func (r *Record) exprEnv() *recordEnv {
 	e.Value = r.Value
 	e.Bound = r.Bound
 	e.Meter = &r.meter
+	e.HashKey = r.HashKey
 	e.Timestamp = r.Timestamp
 	e.Topic = r.Topic
 	e.Partition = r.Partition

@@ -40,6 +40,10 @@ type Record struct {
 	// Window is set on rows emitted by a window step.
 	Window *WindowRef
 
+	// HashKey is the salt hash() keys its HMAC with (a view's
+	// hash_salt_file, viewfuncs.go); nil: hash() fails.
+	HashKey []byte
+
 	// env is what expressions see, kept in the record so evaluating costs
 	// no allocation; the key string and header map are built at the first
 	// Eval and reused by every later expression on this record (exprEnv).

@@ -57,11 +57,13 @@ const (
 	TypeTable                         // the name of a table under `tables:`
 	TypeFields                        // a mapping of field names to expressions
 	TypeAggregates                    // a mapping of names to aggregate calls
+	TypeFieldNames                    // a list of field names of the value
 )
 
 var keyTypeNames = map[KeyType]string{
 	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
 	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
+	TypeFieldNames: "field names",
 }
 
 func (t KeyType) String() string { return keyTypeNames[t] }
@@ -120,6 +122,9 @@ func (a *Args) String(key string) string { s, _ := a.vals[key].(string); return 
 
 // Fields is a TypeFields key.
 func (a *Args) Fields(key string) []Field { f, _ := a.vals[key].([]Field); return f }
+
+// Names is a TypeFieldNames key.
+func (a *Args) Names(key string) []string { n, _ := a.vals[key].([]string); return n }
 
 // Aggregates is a TypeAggregates key.
 func (a *Args) Aggregates(key string) []Aggregate { g, _ := a.vals[key].([]Aggregate); return g }
@@ -221,6 +226,7 @@ const (
 	ValueSame     ValueEffect = iota // the value is passed on as it came
 	ValueReplaced                    // the value becomes an object of exactly Plan.Fields
 	ValueMerged                      // Plan.Fields are added to an object
+	ValueDropped                     // Plan.Fields are removed from an object
 )
 
 // BuildEnv is what a step instance is built with.

@@ -177,9 +177,11 @@ func readError(path string, err error) *Error {
 }
 
 // checkNames refuses a route or guard name that an earlier file in results
-// already uses (routes and guards share one namespace). The refused file's
-// route is dropped; the error names both files. results are in priority
-// order: the first file with a name keeps it.
+// already uses (routes and guards share one namespace), and a view name
+// another view uses (views have their own: a view's name is a topic
+// name, which a route or guard may share). The refused file's route is
+// dropped; the error names both files. results are in priority order: the
+// first file with a name keeps it.
 // With onlyValid, a file that is refused anyway claims no name, so a valid
 // file still runs (loading); without it every conflict is reported now
 // (checking), since it will bite once the other file is fixed.
@@ -195,16 +197,34 @@ func checkNames(results []*fileResult, onlyValid bool) {
 		if name == "" || (onlyValid && len(fr.res.errs) > 0) {
 			continue
 		}
-		if f, dup := seen[name]; dup {
+		key := claimKey(name, fr.res.view)
+		if f, dup := seen[key]; dup {
+			msg := nameTaken(name, fr.res.guard, f.guard, fmt.Sprintf("%s:%d:%d", f.file, f.pos.line, f.pos.col))
+			if fr.res.view {
+				msg = viewNameTaken(name, fmt.Sprintf("%s:%d:%d", f.file, f.pos.line, f.pos.col))
+			}
 			fr.res.errs = append(fr.res.errs, &Error{
-				File: fr.path, Line: fr.res.nameNode.line, Col: fr.res.nameNode.col, Text: name,
-				Msg: nameTaken(name, fr.res.guard, f.guard, fmt.Sprintf("%s:%d:%d", f.file, f.pos.line, f.pos.col)),
+				File: fr.path, Line: fr.res.nameNode.line, Col: fr.res.nameNode.col, Text: name, Msg: msg,
 			})
 			fr.res.route = nil
 			continue
 		}
-		seen[name] = first{fr.path, fr.res.nameNode, fr.res.guard}
+		seen[key] = first{fr.path, fr.res.nameNode, fr.res.guard}
 	}
+}
+
+// claimKey is the namespace entry a name claims: views have their own.
+func claimKey(name string, view bool) string {
+	if view {
+		return "view\x00" + name
+	}
+	return name
+}
+
+// viewNameTaken refuses a view name another view (at "file:line:col")
+// already uses.
+func viewNameTaken(name, at string) string {
+	return fmt.Sprintf("view name `%s` is already used by the view at %s; clients fetch a view by its name, so view names must be unique in the rules directory (one in-place view per topic: list all its clients in it). Rename one of them", name, at)
 }
 
 // nameTaken refuses a name that the file at `at` ("file:line:col")
@@ -325,6 +345,8 @@ func CheckPathsWith(w io.Writer, paths []string, o Options) bool {
 					checks = "check"
 				}
 				fmt.Fprintf(w, "ok %s (guard %s: topic %s, %d %s)\n", fr.path, fr.res.route.Name, g.Topic, len(g.Checks), checks)
+			} else if v := fr.res.route.View; v != nil {
+				fmt.Fprintf(w, "ok %s (view %s: %s)\n", fr.path, fr.res.route.Name, fr.res.route.ViewSummary())
 			} else {
 				fmt.Fprintf(w, "ok %s\n", fr.path)
 			}

@@ -45,6 +45,10 @@ func FuzzLoad(f *testing.F) {
 		}
 		if r := res.route; r != nil && r.Guard != nil {
 			checkFuzzedGuard(t, r)
+		} else if r != nil && r.View != nil {
+			if r.Name == "" || r.View.Topic == "" || (r.InPlace() && r.View.Clients == nil) || !hex64.MatchString(r.Hash) {
+				t.Fatalf("incomplete view: %+v", r.View)
+			}
 		} else if r != nil {
 			if h := r.Sink.HTTP; h != nil && (r.Sink.Topic != "" || h.URL == "" || h.Method == "" || h.Timeout <= 0 || h.MaxInFlight < 1 || r.Sink.ExactlyOnce()) {
 				t.Fatalf("incomplete HTTP sink: %+v %+v", r.Sink, h)

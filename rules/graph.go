@@ -32,10 +32,13 @@ type graph struct {
 	routes  []*Route
 	groups  map[string]*Route   // consumer group -> route
 	readers map[string][]*Route // source topic -> routes reading it
+	// views are the accepted views with a virtual name, by that name
+	// (view.go; graph_view.go).
+	views map[string]*Route
 }
 
 func newGraph() *graph {
-	return &graph{groups: map[string]*Route{}, readers: map[string][]*Route{}}
+	return &graph{groups: map[string]*Route{}, readers: map[string][]*Route{}, views: map[string]*Route{}}
 }
 
 // internalTopicRe is the shape of a route's internal topics after its
@@ -85,7 +88,10 @@ func (g *graph) check(r *Route) []*Error {
 	if r == nil || r.Guard != nil {
 		return nil
 	}
-	var errs []*Error
+	if r.View != nil {
+		return g.checkView(r)
+	}
+	errs := g.routeVsViews(r)
 	if o := g.groups[r.GroupID()]; o != nil {
 		key, how := "source.group", "source.group"
 		if r.Source.Group == "" {
@@ -204,6 +210,12 @@ func (g *graph) cycleError(r *Route, path func(func(topic string, via *Route, ke
 // add accepts r into the graph (after check found nothing).
 func (g *graph) add(r *Route) {
 	if r == nil || r.Guard != nil {
+		return
+	}
+	if r.View != nil {
+		if !r.InPlace() {
+			g.views[r.Name] = r
+		}
 		return
 	}
 	g.routes = append(g.routes, r)

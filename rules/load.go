@@ -107,6 +107,11 @@ type loadResult struct {
 	// guardTopic is a guard file's topic when it could be read, even if
 	// the file is refused (a closed guard blocks it: closedGuard).
 	guardTopic string
+	// view says the file is a view file (or, not parsed, looks like one);
+	// viewTopic its topic when it could be read (a closed view stands in
+	// for it: closedView).
+	view      bool
+	viewTopic string
 }
 
 type position struct{ line, col int }
@@ -132,6 +137,8 @@ type loader struct {
 		whole   bool
 	}
 	tableDefs map[string]string // table name -> definition as written, for join fingerprints
+	// hashOK says expressions may call hash(): a view with a salt.
+	hashOK bool
 }
 
 func loadBytes(path string, src []byte, o Options) *loadResult {
@@ -145,8 +152,14 @@ func loadBytes(path string, src []byte, o Options) *loadResult {
 		res:   res,
 	}
 	route := l.loadGuarded()
-	if len(l.errs) > 0 && !res.guard {
+	if len(l.errs) > 0 && !res.guard && !res.view {
 		res.guard, res.guardTopic = guessGuard(l.lines) // YAML that does not parse
+		if !res.guard {
+			var name string
+			if res.view, name, res.viewTopic = guessView(l.lines); res.view && res.name == "" {
+				res.name = name
+			}
+		}
 	}
 	l.errs.sort()
 	res.errs = l.errs
@@ -241,6 +254,11 @@ func (l *loader) load() *Route {
 		l.errAt(root, root.Value, "a rule file is a YAML mapping with the keys %s", strings.Join(topKeys, ", "))
 		return nil
 	}
+	if view, refused := l.isViewFile(root); refused {
+		return nil
+	} else if view {
+		return l.loadView(root)
+	}
 	if guard, refused := l.isGuardFile(root); refused {
 		return nil
 	} else if guard {
@@ -332,6 +350,11 @@ func (l *loader) hash(r *Route) string {
 	}
 	if r.Sink.Schema != "" {
 		fmt.Fprintf(h, "\x00sink.schema\x00%s", r.Sink.Schema)
+	}
+	if r.View != nil && r.View.SaltFile != "" {
+		// The salt itself is hashed in: a new salt reloads the view.
+		fmt.Fprintf(h, "\x00hash_salt_file\x00")
+		h.Write(r.View.salt)
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }

@@ -24,6 +24,10 @@ type Route struct {
 	// Guard is non-nil for a guard file: then Source, Sink, Steps are
 	// empty; Name, File, Hash are set as for routes.
 	Guard *Guard
+	// View is non-nil for a view file (view.go): then Name is the topic
+	// name clients fetch, Steps its compiled steps, Source.Topic and
+	// Source.Format the view's topic and format, Sink empty.
+	View *View
 
 	Source             Source
 	Sink               Sink

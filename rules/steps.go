@@ -129,6 +129,10 @@ func (l *loader) exprNode(n, keyNode *yaml.Node, what string, sc *scope, kind ex
 		return nil
 	}
 	l.noteReads(e, sc)
+	if e.UsesHash() && !l.hashOK {
+		l.noHash(n, src)
+		return nil
+	}
 	if l.overBudget(n, src, what, e) {
 		return nil
 	}
@@ -596,6 +600,12 @@ func (p *stepParse) read(key *operators.Key, x *keyVal, what string) bool {
 			return false
 		}
 		v = fields
+	case operators.TypeFieldNames:
+		names, ok := p.fieldNames(x, what)
+		if !ok {
+			return false
+		}
+		v = names
 	case operators.TypeAggregates:
 		aggs, ok := p.aggregates(x, what)
 		if !ok {
@@ -681,6 +691,38 @@ func (p *stepParse) fields(x *keyVal) ([]operators.Field, bool) {
 		fields = append(fields, operators.Field{Name: fk.Value, Expr: e})
 	}
 	return fields, ok
+}
+
+// fieldNames reads a list of field names (drop): at least one, each
+// plain text, none twice. A single name may be written without the list.
+func (p *stepParse) fieldNames(x *keyVal, what string) ([]string, bool) {
+	l := p.l
+	usage := "a list of field names, e.g. `" + x.key.Value + ": [email, phone]`"
+	items := x.val.Content
+	switch {
+	case x.val.Kind == yaml.ScalarNode && x.val.ShortTag() != "!!null" && strings.TrimSpace(x.val.Value) != "":
+		items = []*yaml.Node{x.val}
+	case x.val.Kind != yaml.SequenceNode || len(x.val.Content) == 0:
+		l.errAt(x.val, what, "`%s` must be %s", what, usage)
+		return nil, false
+	}
+	var names []string
+	ok := true
+	for _, it := range items {
+		it = resolve(it)
+		if it.Kind != yaml.ScalarNode || strings.TrimSpace(it.Value) == "" || it.ShortTag() == "!!null" {
+			l.errAt(it, "", "each entry of `%s` is a field name (plain text); `%s` must be %s", what, what, usage)
+			ok = false
+			continue
+		}
+		if contains(names, it.Value) {
+			l.errAt(it, it.Value, "field `%s` is listed twice in this `%s`; keep one", it.Value, what)
+			ok = false
+			continue
+		}
+		names = append(names, it.Value)
+	}
+	return names, ok
 }
 
 // aggregates reads a mapping of names to aggregate calls.
@@ -782,6 +824,24 @@ func (p *stepParse) apply(plan *operators.Plan, st *StepSpec) {
 		} else if sc.shape.raw {
 			p.l.errAt(p.step.key, kind, "`%s` adds fields to a JSON object, but with `format: raw` value is a string; use `map` to build an object, or `format: json`", kind)
 		}
+	case operators.ValueDropped:
+		switch {
+		case sc.shape.known:
+			var kept []string
+			for _, f := range sc.shape.fields {
+				if !contains(plan.Fields, f) {
+					kept = append(kept, f)
+				}
+			}
+			sc.shape = shape{known: true, fields: kept, origin: fmt.Sprintf("the %s at line %d", kind, line)}
+		case sc.shape.raw:
+			p.l.errAt(p.step.key, kind, "`%s` removes fields of a JSON object, but with `format: raw` value is a string; use `map` to build an object, or `format: json`", kind)
+		default:
+			// A member decoded in part would be spliced back from the raw
+			// bytes (jsoncodec.SpliceMembers): a value with members dropped
+			// is decoded whole.
+			p.l.srcReads.whole = true
+		}
 	}
 	if plan.ClearsNames {
 		sc.bound = nil
@@ -847,6 +907,8 @@ func (p *stepParse) value(key *operators.Key) string {
 			fmt.Fprintf(&d, "%s=%s\x00", f.Name, canonical(f.Expr.Source))
 		}
 		return d.String()
+	case operators.TypeFieldNames:
+		return strings.Join(p.args.Names(key.Name), "\x00")
 	}
 	return p.args.String(key.Name)
 }

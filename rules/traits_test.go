@@ -24,6 +24,7 @@ var traitVariants = map[string][]string{
 	"set":     {"steps:\n  - set: { a: value.x }\n"},
 	"filter":  {"steps:\n  - filter: value.x > 1\n"},
 	"explode": {"steps:\n  - explode: { each: value.xs, as: x }\n"},
+	"drop":    {"steps:\n  - drop: [a, b]\n", "steps:\n  - drop: a\n"},
 	"join":    {"tables:\n  t: { topic: t }\nsteps:\n  - join: { table: t, on: key, missing: dead_letter }\n"},
 }
 

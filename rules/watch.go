@@ -86,6 +86,8 @@ type watchedFile struct {
 	contentHash string
 	guard       bool   // a guard file (or, not parsed, looks like one)
 	guardTopic  string // its topic when it could be read
+	view        bool   // a view file (or, not parsed, looks like one)
+	viewTopic   string // its topic when it could be read
 	tableFiles  []string
 	tableHash   string
 	name        string   // route name of the current content
@@ -161,7 +163,7 @@ func watch(ctx context.Context, dir string, log *slog.Logger, reg prometheus.Reg
 	}, []string{"result"})
 	w.routes = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "rtproxy_rules_routes",
-		Help: "Routes in the current rule set, guards not included (a refused file that keeps its previous valid version counts).",
+		Help: "Routes in the current rule set, guards and views not included (a refused file that keeps its previous valid version counts).",
 	})
 	if reg != nil {
 		w.reloads = register(reg, w.reloads).(*prometheus.CounterVec)
@@ -360,6 +362,7 @@ func (w *Watcher) scan() {
 		wf.tableHash = hashFiles(res.tableFiles)
 		wf.name, wf.namePos = res.name, res.nameNode
 		wf.guard, wf.guardTopic = res.guard, res.guardTopic
+		wf.view, wf.viewTopic = res.view, res.viewTopic
 		wf.cur, wf.errs = res.route, res.errs
 		for _, e := range res.warns {
 			w.log.Warn("rules: "+e.Msg, "at", fmt.Sprintf("%s:%d:%d", e.File, e.Line, e.Col))
@@ -384,11 +387,14 @@ func (w *Watcher) scan() {
 		result = "error"
 	}
 	w.reloads.WithLabelValues(result).Inc()
-	var names, guards []string
+	var names, guards, views []string
 	for _, r := range routes {
-		if r.Guard != nil {
+		switch {
+		case r.Guard != nil:
 			guards = append(guards, r.Name)
-		} else {
+		case r.View != nil:
+			views = append(views, r.Name)
+		default:
 			names = append(names, r.Name)
 		}
 	}
@@ -402,7 +408,7 @@ func (w *Watcher) scan() {
 		}
 	}
 	w.logged = logged
-	w.log.Info("rules: applying rule set", "dir", w.dir, "routes", strings.Join(names, ","), "guards", strings.Join(guards, ","), "errors", len(errs))
+	w.log.Info("rules: applying rule set", "dir", w.dir, "routes", strings.Join(names, ","), "guards", strings.Join(guards, ","), "views", strings.Join(views, ","), "errors", len(errs))
 	w.apply(routes, errs)
 }
 
@@ -458,14 +464,17 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 		if cand == nil {
 			continue
 		}
-		if first, dup := taken[cand.Name]; dup {
+		if first, dup := taken[claimKey(cand.Name, cand.View != nil)]; dup {
+			msg := nameTaken(cand.Name, cand.Guard != nil, first.guard, first.at)
+			if cand.View != nil {
+				msg = viewNameTaken(cand.Name, first.at)
+			}
 			errs = append(errs, &Error{
-				File: p, Line: wf.namePos.line, Col: wf.namePos.col, Text: cand.Name,
-				Msg: nameTaken(cand.Name, cand.Guard != nil, first.guard, first.at),
+				File: p, Line: wf.namePos.line, Col: wf.namePos.col, Text: cand.Name, Msg: msg,
 			})
 			cand = nil
 			if wf.good != nil && wf.good != wf.cur {
-				if _, dup := taken[wf.good.Name]; !dup {
+				if _, dup := taken[claimKey(wf.good.Name, wf.good.View != nil)]; !dup {
 					cand = wf.good
 				}
 			}
@@ -482,7 +491,7 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 				errs = append(errs, e)
 			}
 			if cand == wf.cur && wf.good != nil && wf.good != wf.cur && len(g.check(wf.good)) == 0 {
-				if _, dup := taken[wf.good.Name]; !dup {
+				if _, dup := taken[claimKey(wf.good.Name, wf.good.View != nil)]; !dup {
 					cand = wf.good
 				} else {
 					continue
@@ -495,7 +504,7 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 			wf.good = wf.cur
 		}
 		g.add(cand)
-		taken[cand.Name] = claim{fmt.Sprintf("%s:%d:%d", p, wf.namePos.line, wf.namePos.col), cand.Guard != nil}
+		taken[claimKey(cand.Name, cand.View != nil)] = claim{fmt.Sprintf("%s:%d:%d", p, wf.namePos.line, wf.namePos.col), cand.Guard != nil}
 		routes = append(routes, cand)
 		inForce[p] = true
 	}
@@ -504,6 +513,22 @@ func (w *Watcher) resolve() ([]*Route, []error) {
 	for _, p := range paths {
 		if wf := w.files[p]; wf.guard && !inForce[p] {
 			routes = append(routes, closedGuard(p, wf.name, wf.guardTopic, wf.contentHash))
+		}
+	}
+	// So does a view file: its clients get placeholders, never the
+	// originals, until it loads (closedView); not when another file's view
+	// holds the name (that one applies).
+	for _, p := range paths {
+		wf := w.files[p]
+		if !wf.view || inForce[p] {
+			continue
+		}
+		if _, held := taken[claimKey(wf.name, true)]; held {
+			continue
+		}
+		if cv := closedView(p, wf.name, wf.viewTopic, wf.contentHash); cv != nil {
+			taken[claimKey(wf.name, true)] = claim{at: p}
+			routes = append(routes, cv)
 		}
 	}
 	sort.Slice(routes, func(i, j int) bool { return routes[i].File < routes[j].File })

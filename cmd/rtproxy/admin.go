@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,8 @@ type admin struct {
 		routes func() any            // the pipeline manager's status; nil: no routes
 		// deadLetters is a route's last dead letters, for its page.
 		deadLetters func(route string) []pipeline.DeadLetterInfo
+		// views lists the views in force (views.go); nil: none.
+		views func() []viewStatus
 	}
 }
 
@@ -56,6 +59,19 @@ func (a *admin) setRoutes(fn func() any) {
 	a.mu.Lock()
 	a.mu.routes = fn
 	a.mu.Unlock()
+}
+
+// setViews wires the views /routes and the status page list.
+func (a *admin) setViews(fn func() []viewStatus) {
+	a.mu.Lock()
+	a.mu.views = fn
+	a.mu.Unlock()
+}
+
+func (a *admin) viewsHook() func() []viewStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.mu.views
 }
 
 // setDeadLetters wires the source of the route pages' last dead letters.
@@ -108,7 +124,7 @@ func newAdmin(addr string, reg *prometheus.Registry, log *slog.Logger, profiles 
 	}
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		ready, routes := a.hooks()
-		page.serve(w, r, pageReady(ready), routes)
+		page.serve(w, r, pageReady(ready), routes, a.viewsHook())
 	})
 	mux.HandleFunc("GET /route/{name}", func(w http.ResponseWriter, r *http.Request) {
 		ready, routes := a.hooks()
@@ -178,6 +194,12 @@ func (a *admin) serveRoutes(w http.ResponseWriter, _ *http.Request) {
 			v = s
 		}
 	}
+	// Views follow the routes, each with "kind": "view" (views.go).
+	if vs := a.viewsHook(); vs != nil {
+		if list := vs(); len(list) > 0 {
+			v = withViews(v, list)
+		}
+	}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		http.Error(w, "encode routes: "+err.Error(), http.StatusInternalServerError)
@@ -189,6 +211,21 @@ func (a *admin) serveRoutes(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Write(append(b, '\n'))
+}
+
+// withViews is the list routes (a slice of route statuses) with the views
+// after them.
+func withViews(routes any, views []viewStatus) []any {
+	var out []any
+	if rv := reflect.ValueOf(routes); rv.Kind() == reflect.Slice {
+		for i := 0; i < rv.Len(); i++ {
+			out = append(out, rv.Index(i).Interface())
+		}
+	}
+	for _, v := range views {
+		out = append(out, v)
+	}
+	return out
 }
 
 // shutdown stops the server, letting in-flight scrapes finish within ctx.

@@ -29,11 +29,13 @@ type routes struct {
 	log     *slog.Logger
 	reg     prometheus.Registerer
 	watcher atomic.Pointer[rules.Watcher]
-	// guards receives the guard files of each rule set (guards.go).
+	// guards receives the guard files of each rule set (guards.go), views
+	// its view files (views.go).
 	guards func([]*rules.Route)
+	views  func([]*rules.Route)
 }
 
-func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer, srm *serde.Metrics, guards func([]*rules.Route)) (routeEngine, error) {
+func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Logger, reg prometheus.Registerer, srm *serde.Metrics, guards, views func([]*rules.Route)) (routeEngine, error) {
 	if _, err := os.Stat(cfg.RulesDir); os.IsNotExist(err) {
 		// An empty directory is a valid "no routes"; creating it lets the
 		// watcher see the first rule file an operator drops in.
@@ -70,23 +72,29 @@ func newRoutes(cfg *config.Config, seeds []string, opts []kgo.Opt, log *slog.Log
 	if err != nil {
 		return nil, err
 	}
-	return &routes{m: m, dir: cfg.RulesDir, opts: rulesOptions(cfg), log: log, reg: reg, guards: guards}, nil
+	return &routes{m: m, dir: cfg.RulesDir, opts: rulesOptions(cfg), log: log, reg: reg, guards: guards, views: views}, nil
 }
 
 // apply hands the watcher's rule set to the pipelines. The watcher keeps a
 // refused file's last valid route in routes and logs each error itself;
 // the errors go to /routes next to their route.
 func (r *routes) apply(rs []*rules.Route, errs []error) {
-	var pipes, guards []*rules.Route
+	var pipes, guards, views []*rules.Route
 	for _, x := range rs {
-		if x.Guard != nil {
+		switch {
+		case x.Guard != nil:
 			guards = append(guards, x)
-		} else {
+		case x.View != nil:
+			views = append(views, x)
+		default:
 			pipes = append(pipes, x)
 		}
 	}
 	if r.guards != nil {
 		r.guards(guards)
+	}
+	if r.views != nil {
+		r.views(views)
 	}
 	r.m.SetRuleErrors(errs)
 	r.m.Apply(pipes)

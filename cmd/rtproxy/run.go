@@ -252,7 +252,11 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer gd.close()
-	routes, err := newRoutes(cfg, upstream, popts, log, reg, srm, gd.apply)
+	vw, err := newViews(log.With("component", "views"), reg, viewsSetter(px))
+	if err != nil {
+		return err
+	}
+	routes, err := newRoutes(cfg, upstream, popts, log, reg, srm, gd.apply, vw.apply)
 	if err != nil {
 		return err
 	}
@@ -269,6 +273,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return true, ""
 	})
 	adm.setRoutes(routes.Status)
+	adm.setViews(vw.Status)
 	adm.setDeadLetters(routes.RecentDeadLetters)
 
 	ctx, cancel := context.WithCancel(context.Background())

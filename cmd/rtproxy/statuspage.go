@@ -62,6 +62,7 @@ type statusView struct {
 	TrendWindow                    string
 	Routes                         []routeView
 	Guards                         []guardView
+	Views                          []viewStatus
 }
 
 type proxyView struct {
@@ -157,7 +158,7 @@ type namedValue struct {
 
 type guardView struct{ Guard, Check, Value string }
 
-func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() (bool, string), routes func() any) {
+func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() (bool, string), routes func() any, views func() []viewStatus) {
 	if r.URL.Path != "/" {
 		http.NotFound(w, r)
 		return
@@ -190,6 +191,9 @@ func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() 
 	sort.Slice(v.Guards, func(i, j int) bool {
 		return v.Guards[i].Guard+"\x00"+v.Guards[i].Check < v.Guards[j].Guard+"\x00"+v.Guards[j].Check
 	})
+	if views != nil {
+		v.Views = views()
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	if err := statusTmpl.ExecuteTemplate(w, "status.html", v); err != nil {

@@ -1,0 +1,457 @@
+package rules
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rtproxy/rtproxy/operators"
+)
+
+const testSalt = "0123456789abcdef-test-salt"
+
+// exampleView is the view of issue 28.
+const exampleView = `view: payments.for-analytics
+topic: payments
+hash_salt_file: salt
+steps:
+  - filter: value.status != "test"
+  - set:
+      card: mask(value.card, 4)
+      email: hash(value.email)
+`
+
+// viewDir writes files into a new rules directory (with a salt file).
+func viewDir(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	write(t, filepath.Join(dir, "salt"), testSalt+"\n")
+	for name, content := range files {
+		write(t, filepath.Join(dir, name), content)
+	}
+	return dir
+}
+
+func loadViewText(t *testing.T, content string) *Route {
+	t.Helper()
+	dir := viewDir(t, map[string]string{"v.yaml": content})
+	r, err := LoadFile(filepath.Join(dir, "v.yaml"))
+	if err != nil {
+		t.Fatalf("view refused: %v", err)
+	}
+	if r.View == nil {
+		t.Fatal("loaded as a route or guard, not a view")
+	}
+	return r
+}
+
+// runView runs a view on one value and returns what the client gets.
+func runView(t *testing.T, v *View, value string, null bool) (string, bool, error) {
+	t.Helper()
+	rec := &ViewRecord{Topic: v.Topic, Partition: 1, Offset: 7, Key: []byte("k"), Raw: []byte(value), Timestamp: 1700000000000}
+	if null {
+		rec.Raw = nil
+	}
+	out, keep, err := v.Run(rec, nil)
+	if null && out != nil {
+		t.Fatalf("a null value came out as %q", out)
+	}
+	return string(out), keep, err
+}
+
+func jsonEqual(t *testing.T, got, want string) {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal([]byte(got), &g); err != nil {
+		t.Fatalf("output %q is not JSON: %v", got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatal(err)
+	}
+	gb, _ := json.Marshal(g)
+	wb, _ := json.Marshal(w)
+	if !bytes.Equal(gb, wb) {
+		t.Fatalf("got %s\nwant %s", got, want)
+	}
+}
+
+func TestViewExample(t *testing.T) {
+	r := loadViewText(t, exampleView)
+	v := r.View
+	if r.Name != "payments.for-analytics" || v.Topic != "payments" || r.InPlace() || v.Clients != nil || v.Format != FormatJSON || len(r.Steps) != 2 || !hex64.MatchString(r.Hash) {
+		t.Fatalf("view = %+v %+v", r, v)
+	}
+	if got := r.ViewSummary(); got != "topic payments, every client, 2 steps" {
+		t.Errorf("summary %q", got)
+	}
+	out, keep, err := runView(t, v, `{"status":"ok","card":"4111111111111111","email":"ann@example.com","amount":12.5,"note":"x"}`, false)
+	if err != nil || !keep {
+		t.Fatalf("keep %v err %v", keep, err)
+	}
+	want := `{"status":"ok","card":"************1111","email":"` + operators.HashString([]byte(testSalt), "ann@example.com") + `","amount":12.5,"note":"x"}`
+	jsonEqual(t, out, want)
+	if _, keep, err := runView(t, v, `{"status":"test","card":"1"}`, false); keep || err != nil {
+		t.Fatalf("a test record: keep %v err %v, want filtered out", keep, err)
+	}
+	// Not JSON: an error (the proxy withholds the value), never the original.
+	if out, keep, err := runView(t, v, `{"status":`, false); err == nil || keep || out != "" || !strings.Contains(err.Error(), "not valid JSON") {
+		t.Fatalf("bad JSON: %q keep %v err %v", out, keep, err)
+	}
+	// set on a value that is not an object: an error too.
+	if _, _, err := runView(t, v, `{"status":"ok","card":{"n":1}}`, false); err == nil || !strings.Contains(err.Error(), "mask: argument is an object") {
+		t.Fatalf("a string value: err %v", err)
+	}
+	// A tombstone passes the filter and stays null.
+	if _, keep, err := runView(t, v, "", true); !keep || err != nil {
+		t.Fatalf("tombstone: keep %v err %v", keep, err)
+	}
+}
+
+// TestViewDropRemovesUndecodedMembers: a view whose expressions read one
+// member decodes the value in part; a dropped member must not come back
+// from the raw bytes when the value is spliced back together.
+func TestViewDropRemovesUndecodedMembers(t *testing.T) {
+	r := loadViewText(t, "view: p.v\ntopic: p\nsteps:\n  - set:\n      card: mask(value.card, 2)\n  - drop: [email, ssn]\n")
+	out, keep, err := runView(t, r.View, `{"card":"1234","email":"a@b","ssn":"078-05-1120","other":{"x":[1,2]}}`, false)
+	if err != nil || !keep {
+		t.Fatalf("keep %v err %v", keep, err)
+	}
+	jsonEqual(t, out, `{"card":"**34","other":{"x":[1,2]}}`)
+	// Without drop the view decodes only what it reads, and keeps the rest
+	// as it was (bytes spliced back).
+	r = loadViewText(t, "view: p.v\ntopic: p\nsteps:\n  - set:\n      card: mask(value.card, 2)\n")
+	if r.View.Members == nil {
+		t.Fatal("a view reading one member decodes whole")
+	}
+	out, _, _ = runView(t, r.View, `{"card":"1234","email":"a@b"}`, false)
+	jsonEqual(t, out, `{"card":"**34","email":"a@b"}`)
+}
+
+func TestViewInPlaceAndClients(t *testing.T) {
+	r := loadViewText(t, `view: payments
+topic: payments
+clients:
+  client_id: ["analytics-*", "bi"]
+  principal: ["User:analyst?"]
+  tls_subject: "CN=reports,*"
+steps:
+  - map: { id: value.id, amount: value.amount }
+`)
+	if !r.InPlace() {
+		t.Fatal("a view named as its topic is not in place")
+	}
+	for _, c := range []struct {
+		m    ViewClientMatch
+		want bool
+	}{
+		{ViewClientMatch{ClientID: "analytics-eu"}, true},
+		{ViewClientMatch{ClientID: "analytics-"}, true},
+		{ViewClientMatch{ClientID: "bi"}, true},
+		{ViewClientMatch{ClientID: "bix"}, false},
+		{ViewClientMatch{ClientID: "payments-consumer"}, false},
+		{ViewClientMatch{ClientID: ""}, false},
+		{ViewClientMatch{ClientID: "x", Principal: "User:analyst1"}, true},
+		{ViewClientMatch{ClientID: "x", Principal: "User:analyst12"}, false},
+		{ViewClientMatch{ClientID: "x", TLSSubject: "CN=reports,O=Acme/Unit"}, true},
+		{ViewClientMatch{ClientID: "x", TLSSubject: "CN=other"}, false},
+	} {
+		if got := r.View.AppliesTo(c.m); got != c.want {
+			t.Errorf("AppliesTo(%+v) = %v, want %v", c.m, got, c.want)
+		}
+	}
+	out, _, err := runView(t, r.View, `{"id":"p1","amount":3,"card":"4111"}`, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jsonEqual(t, out, `{"id":"p1","amount":3}`)
+}
+
+func TestViewRawFormat(t *testing.T) {
+	r := loadViewText(t, "view: logs.masked\ntopic: logs\nformat: raw\nsteps:\n  - filter: value startsWith \"GET\"\n  - map:\n      line: mask(value, 3)\n")
+	out, keep, err := runView(t, r.View, "GET /x", false)
+	if err != nil || !keep {
+		t.Fatal(keep, err)
+	}
+	jsonEqual(t, out, `{"line":"*** /x"}`)
+	if _, keep, _ := runView(t, r.View, "POST /x", false); keep {
+		t.Fatal("POST passed the filter")
+	}
+	// A raw view without steps passes the bytes as they are (an alias).
+	r = loadViewText(t, "view: logs.alias\ntopic: logs\nformat: raw\n")
+	if out, keep, err := runView(t, r.View, "\xff\x00bin", false); out != "\xff\x00bin" || !keep || err != nil {
+		t.Fatalf("alias: %q %v %v", out, keep, err)
+	}
+}
+
+// TestViewRefused: what check refuses in a view file, each at its place.
+func TestViewRefused(t *testing.T) {
+	cases := []struct {
+		name, file, want string
+	}{
+		{"window", "view: a.v\ntopic: a\nsteps:\n  - window: { size: 1m, aggregate: { n: count() } }\n", "v.yaml:4:5: a view runs per-record steps only (filter, set, map, drop): `window` keeps state"},
+		{"explode", "view: a.v\ntopic: a\nsteps:\n  - explode: value.items\n", "v.yaml:4:5: a view runs per-record steps only (filter, set, map, drop): `explode` makes several records"},
+		{"dedup", "view: a.v\ntopic: a\nsteps:\n  - filter: true\n  - drop_duplicates: { key: value.id, within: 1m }\n", "v.yaml:5:5: a view runs per-record steps only (filter, set, map, drop): `drop_duplicates`"},
+		{"join", "view: a.v\ntopic: a\nsteps:\n  - join: { table: t, on: value.id }\n", "v.yaml:4:5: a view runs per-record steps only (filter, set, map, drop): `join` reads a table"},
+		{"in place without clients", "view: a\ntopic: a\nsteps:\n  - filter: true\n", "v.yaml:1:7: view `a` is in place (its name is its topic), so it must name the clients"},
+		{"in place without steps", "view: a\ntopic: a\nclients: { client_id: [x] }\n", "v.yaml:1:7: in-place view `a` has no `steps`"},
+		{"hash without salt", "view: a.v\ntopic: a\nsteps:\n  - set: { e: hash(value.e) }\n", "v.yaml:4:15: hash() needs a salt, and this view has no `hash_salt_file`"},
+		{"short salt", "view: a.v\ntopic: a\nhash_salt_file: short\n", "holds 5 bytes, fewer than 16"},
+		{"salt missing", "view: a.v\ntopic: a\nhash_salt_file: nope\n", "v.yaml:3:17: hash_salt_file: cannot read"},
+		{"salt outside", "view: a.v\ntopic: a\nhash_salt_file: /etc/hostname\n", "is outside the rules directory and not allowed by the proxy's rules.allow"},
+		{"avro", "view: a.v\ntopic: a\nformat: avro\n", "v.yaml:3:9: a view reads format json or raw"},
+		{"bad name", "view: a/b\ntopic: a\n", "v.yaml:1:7: `view` is not a valid Kafka topic name"},
+		{"no topic", "view: a.v\n", "v.yaml:1:1: missing `topic`"},
+		{"empty clients", "view: a.v\ntopic: a\nclients: {}\n", "`clients` names no client"},
+		{"clients not a list", "view: a.v\ntopic: a\nclients: { client_id: {x: 1} }\n", "`clients.client_id` must be a list"},
+		{"unknown client key", "view: a.v\ntopic: a\nclients: { client: [x] }\n", "unknown field `client` in clients; did you mean `client_id`?"},
+		{"unknown key", "view: a.v\ntopic: a\nstep: []\n", "unknown field `step` in view file; did you mean `steps`?"},
+		{"view and route", "view: a.v\nroute: r\ntopic: a\n", "not two of them"},
+		{"drop raw", "view: a.v\ntopic: a\nformat: raw\nsteps:\n  - drop: [x]\n", "`drop` removes fields of a JSON object, but with `format: raw`"},
+		{"drop empty", "view: a.v\ntopic: a\nsteps:\n  - drop: []\n", "`drop` must be a list of field names"},
+		{"drop twice", "view: a.v\ntopic: a\nsteps:\n  - drop: [x, x]\n", "field `x` is listed twice"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := viewDir(t, map[string]string{"v.yaml": c.file, "short": "12345\n"})
+			_, err := LoadFile(filepath.Join(dir, "v.yaml"))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err:\n%v\nwant one containing:\n%s", err, c.want)
+			}
+		})
+	}
+}
+
+// TestHashOnlyInViews: a route or guard cannot call hash(): there is no
+// salt to key it with.
+func TestHashOnlyInViews(t *testing.T) {
+	dir := viewDir(t, map[string]string{
+		"r.yaml": "route: r\nsource: { topic: a }\nsink: { topic: b }\nsteps:\n  - set: { e: hash(value.e) }\n",
+		"g.yaml": "guard: g\ntopic: a\nchecks:\n  - check: hash(value.e) != \"\"\n",
+	})
+	for _, f := range []string{"r.yaml", "g.yaml"} {
+		_, err := LoadFile(filepath.Join(dir, f))
+		if err == nil || !strings.Contains(err.Error(), "hash() is keyed with a view's salt") {
+			t.Errorf("%s: err %v", f, err)
+		}
+	}
+	// mask is fine anywhere.
+	write(t, filepath.Join(dir, "m.yaml"), "route: m\nsource: { topic: a }\nsink: { topic: b }\nsteps:\n  - set:\n      c: mask(value.c, 4)\n  - drop: [e]\n")
+	if _, err := LoadFile(filepath.Join(dir, "m.yaml")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestViewSaltAllowed: a salt outside the rules directory loads when
+// rules.allow.files lists it, and a new salt changes the view's hash.
+func TestViewSaltAllowed(t *testing.T) {
+	secrets := t.TempDir()
+	salt := filepath.Join(secrets, "salt")
+	write(t, salt, testSalt)
+	dir := viewDir(t, map[string]string{"v.yaml": "view: a.v\ntopic: a\nhash_salt_file: " + salt + "\nsteps:\n  - set: { e: hash(value.e) }\n"})
+	o := Options{Allow: &Allow{Files: []string{secrets}}}
+	r, err := LoadFileWith(filepath.Join(dir, "v.yaml"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, salt, testSalt+"-rotated")
+	r2, err := LoadFileWith(filepath.Join(dir, "v.yaml"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Hash == r2.Hash {
+		t.Fatal("a new salt does not change the view's hash: it would not reload")
+	}
+	a, _, _ := runView(t, r.View, `{"e":"x"}`, false)
+	b, _, _ := runView(t, r2.View, `{"e":"x"}`, false)
+	if a == b {
+		t.Fatal("two salts hash alike")
+	}
+}
+
+// TestViewGraph: names and topics across the files of a directory.
+func TestViewGraph(t *testing.T) {
+	cases := []struct {
+		name  string
+		files map[string]string
+		want  string // an error of b.yaml; "" none
+	}{
+		{"virtual name is a route's sink", map[string]string{
+			"a.yaml": "route: r\nsource: { topic: in }\nsink: { topic: out }\n",
+			"b.yaml": "view: out\ntopic: in\n",
+		}, "b.yaml:1:7: view name `out` is a real topic: route `r`"},
+		{"route writes a virtual name", map[string]string{
+			"a.yaml": "view: shadow\ntopic: in\n",
+			"b.yaml": "route: r\nsource: { topic: in }\nsink: { topic: shadow }\n",
+		}, "b.yaml:3:16: sink.topic `shadow` is the virtual name of view `shadow`"},
+		{"two views of one name", map[string]string{
+			"a.yaml": "view: p\ntopic: p\nclients: { client_id: [a] }\nsteps: [ { filter: true } ]\n",
+			"b.yaml": "view: p\ntopic: p\nclients: { client_id: [b] }\nsteps: [ { filter: true } ]\n",
+		}, "b.yaml:1:7: view name `p` is already used by the view at"},
+		{"views do not chain", map[string]string{
+			"a.yaml": "view: p.v\ntopic: p\n",
+			"b.yaml": "view: p.vv\ntopic: p.v\n",
+		}, "b.yaml:2:8: `topic` `p.v` is the virtual name of view `p.v`"},
+		{"a virtual name hides another view's topic", map[string]string{
+			"a.yaml": "view: q.v\ntopic: p\n",
+			"b.yaml": "view: p\ntopic: x\n",
+		}, "b.yaml:1:7: view name `p` is the topic view `q.v`"},
+		{"a route and a view may share a name", map[string]string{
+			"a.yaml": "route: payments\nsource: { topic: in }\nsink: { topic: out }\n",
+			"b.yaml": "view: payments\ntopic: payments\nclients: { client_id: [a] }\nsteps: [ { filter: true } ]\n",
+		}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := viewDir(t, c.files)
+			routes, errs := LoadDir(dir)
+			var got []string
+			for _, e := range errs {
+				got = append(got, strings.TrimPrefix(e.Error(), dir+"/"))
+			}
+			if c.want == "" {
+				if len(errs) != 0 || len(routes) != 2 {
+					t.Fatalf("errors %v, %d routes", got, len(routes))
+				}
+				return
+			}
+			if len(got) != 1 || !strings.HasPrefix(got[0], c.want) {
+				t.Fatalf("errors %q\nwant one starting %q", got, c.want)
+			}
+			if len(routes) != 1 || !strings.HasSuffix(routes[0].File, "a.yaml") {
+				t.Fatalf("the first file does not keep running: %d routes", len(routes))
+			}
+			var out bytes.Buffer
+			if CheckPaths(&out, []string{dir}) || !strings.Contains(out.String(), c.want) {
+				t.Fatalf("check:\n%s", out.String())
+			}
+		})
+	}
+}
+
+func TestCheckPrintsViews(t *testing.T) {
+	dir := viewDir(t, map[string]string{"v.yaml": exampleView})
+	var out bytes.Buffer
+	if !CheckPaths(&out, []string{dir}) {
+		t.Fatal(out.String())
+	}
+	want := "ok " + filepath.Join(dir, "v.yaml") + " (view payments.for-analytics: topic payments, every client, 2 steps)\n"
+	if out.String() != want {
+		t.Fatalf("check said %q, want %q", out.String(), want)
+	}
+}
+
+// TestWatchViewInvalidFailsClosed: an in-place view whose file does not
+// load, with no valid version, stands in closed: every record is an
+// error for every client, so nobody gets the originals it should mask.
+// Fixed, it applies; broken again, its last good version keeps running.
+func TestWatchViewInvalidFailsClosed(t *testing.T) {
+	dir := viewDir(t, nil)
+	p := filepath.Join(dir, "v.yaml")
+	write(t, p, "view: payments\ntopic: payments\nclients: { client_id: [analytics] }\nsteps:\n  - set:\n      card: mask(value.card 4)\n")
+	h := startWatch(t, dir)
+	first := h.next()
+	if len(first.routes) != 1 || first.routes[0].View == nil || first.routes[0].View.Closed == "" || len(first.errs) != 1 {
+		t.Fatalf("initial: %d routes, errors %v", len(first.routes), first.errs)
+	}
+	cv := first.routes[0]
+	if cv.Name != "payments" || cv.View.Topic != "payments" || !cv.View.AppliesTo(ViewClientMatch{ClientID: "anyone"}) {
+		t.Fatalf("closed view %+v", cv.View)
+	}
+	if _, _, err := runView(t, cv.View, `{"card":"4111"}`, false); err == nil || !strings.Contains(err.Error(), "fails closed") {
+		t.Fatalf("a closed view passed a record: %v", err)
+	}
+	write(t, p, "view: payments\ntopic: payments\nclients: { client_id: [analytics] }\nsteps:\n  - set:\n      card: mask(value.card, 4)\n")
+	second := h.next()
+	if len(second.routes) != 1 || second.routes[0].View.Closed != "" || len(second.errs) != 0 {
+		t.Fatalf("fixed: %d routes, errors %v", len(second.routes), second.errs)
+	}
+	write(t, p, "view: payments\ntopic: [\n")
+	third := h.next()
+	if len(third.routes) != 1 || third.routes[0] != second.routes[0] || len(third.errs) != 1 {
+		t.Fatalf("broken again: %d routes, errors %v", len(third.routes), third.errs)
+	}
+	// YAML that does not parse, in a new file: still recognised as a view.
+	write(t, filepath.Join(dir, "w.yaml"), "view: orders.v\ntopic: orders\nsteps: [\n")
+	fourth := h.next()
+	closed := 0
+	for _, r := range fourth.routes {
+		if r.View != nil && r.View.Closed != "" && r.Name == "orders.v" && r.View.Topic == "orders" {
+			closed++
+		}
+	}
+	if closed != 1 {
+		t.Fatalf("a new view file that does not parse does not fail closed: %d routes", len(fourth.routes))
+	}
+}
+
+// globReference is globMatch by path.Match, for inputs without `/`, `[`
+// and `\` (which path.Match treats specially).
+func globReference(p, s string) bool {
+	ok, _ := path.Match(p, s)
+	return ok
+}
+
+func FuzzGlobMatch(f *testing.F) {
+	for _, s := range [][2]string{{"analytics-*", "analytics-eu"}, {"*", ""}, {"a?c", "abc"}, {"*a*b*", "xaxxb"}, {"?", "é"}, {"**", "x"}, {"a*", "b"}} {
+		f.Add(s[0], s[1])
+	}
+	f.Fuzz(func(t *testing.T, p, s string) {
+		if len(p) > 64 || len(s) > 256 {
+			return
+		}
+		got := globMatch(p, s)
+		if !strings.ContainsAny(p+s, `/[\`) {
+			if want := globReference(p, s); got != want {
+				t.Fatalf("globMatch(%q, %q) = %v, path.Match says %v", p, s, got, want)
+			}
+		}
+	})
+}
+
+// FuzzViewFile feeds arbitrary view files to the loader: no panic, and
+// either a complete view or located errors. A view that loads runs on
+// arbitrary values without panicking, and its errors withhold the value.
+func FuzzViewFile(f *testing.F) {
+	f.Add([]byte(exampleView), []byte(`{"status":"ok","card":"4111","email":"a"}`))
+	f.Add([]byte("view: p\ntopic: p\nclients: { client_id: [a*], principal: [\"User:*\"], tls_subject: x }\nsteps:\n  - drop: [a]\n"), []byte(`{"a":1}`))
+	f.Add([]byte("view: p.raw\ntopic: p\nformat: raw\nsteps:\n  - map:\n      m: mask(value, 2)\n"), []byte("hello"))
+	f.Add([]byte("view: p.v\ntopic: p\nsteps:\n  - window: { size: 1m }\n"), []byte(`{}`))
+	f.Add([]byte("view: [\n"), []byte(``))
+	dir := f.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "salt"), []byte(testSalt), 0o644); err != nil {
+		f.Fatal(err)
+	}
+	p := filepath.Join(dir, "v.yaml")
+	f.Fuzz(func(t *testing.T, file, value []byte) {
+		res := loadBytes(p, file, Options{})
+		if (res.route == nil) == (len(res.errs) == 0) {
+			t.Fatalf("route %v with %d errors", res.route != nil, len(res.errs))
+		}
+		for _, e := range res.errs {
+			if e.Line < 1 || e.Msg == "" || strings.Contains(e.Msg, "internal error") {
+				t.Fatalf("bad error: %+v", e)
+			}
+		}
+		r := res.route
+		if r == nil || r.View == nil {
+			return
+		}
+		v := r.View
+		if r.Name == "" || v.Topic == "" || (r.InPlace() && v.Clients == nil) || !hex64.MatchString(r.Hash) || len(v.steps) != len(r.Steps) {
+			t.Fatalf("incomplete view %+v", v)
+		}
+		for _, s := range r.Steps {
+			if !contains(allowedViewSteps, s.Kind) {
+				t.Fatalf("a view runs a %s step", s.Kind)
+			}
+		}
+		out, keep, err := v.Run(&ViewRecord{Topic: v.Topic, Raw: value}, nil)
+		if err != nil && (keep || out != nil) {
+			t.Fatalf("an error with a value: %q", out)
+		}
+	})
+}
