@@ -585,7 +585,7 @@ func TestViewClientBySASLPrincipal(t *testing.T) {
 				auth = kgo.SASL(scram.Auth{User: "admin", Pass: "s3cret"}.AsSha512Mechanism())
 			}
 			at := produceDirect(t, upstream, "pay", 0, 20, kgo.GzipCompression(), auth)
-			tp.SetViews(testViews{{name: "pay", topic: "pay", clients: []string{"principal:admin"}}})
+			tp.SetViews(testViews{{name: "pay", topic: "pay", clients: []string{"principal:User:admin"}}})
 			checkInPlace(t, tp.Addr(), "g-admin", at, true, auth)
 			tp.SetViews(testViews{{name: "pay", topic: "pay", clients: []string{"principal:someone-else"}}})
 			checkInPlace(t, tp.Addr(), "g-other", at, false, auth)

@@ -21,8 +21,9 @@ package protocol
 // principal and the TLS client certificate's subject. The proxy does not
 // terminate SASL; it reads the username a client claims as its
 // SaslAuthenticate passes (PLAIN's authcid, SCRAM's n= attribute,
-// OAUTHBEARER's unverified JWT "sub") and adopts it once the broker
-// answers that round without error. A broker serves nothing on a
+// OAUTHBEARER's unverified JWT "sub") and adopts it, as Kafka writes a
+// principal ("User:alice"), once the broker answers that round without
+// error. A broker serves nothing on a
 // connection whose authentication failed, so a principal the proxy holds
 // is one the broker accepted the credentials of — but the proxy's reading
 // is its own: a broker that maps principals differently (a custom
@@ -430,7 +431,7 @@ func (pr *pair) adoptPrincipal(req inflight, frame []byte) {
 		return
 	}
 	if binary.BigEndian.Uint16(frame[4+off:]) == 0 {
-		u := req.saslUser
+		u := "User:" + req.saslUser // as Kafka writes a principal (KafkaPrincipal, ACLs)
 		pr.principal.Store(&u)
 	}
 }
