@@ -126,6 +126,8 @@ func main() {
 	}
 	fmt.Fprintf(w, "proxy CPU-s per GB moved\t-\t%.2f\t(%.2f CPU-s / %.2f GB)\t\t<= 2\t\n", cpuPerGB, proxyCPU.Seconds(), gbMoved)
 	w.Flush()
+
+	runViewPhase(kfakeBin, proxyBin, *portFirst+300)
 }
 
 func newClient(seeds string, opts ...kgo.Opt) *kgo.Client {
