@@ -50,7 +50,36 @@ type viewCounts struct{ kept, filtered, errors int64 }
 // the budget is given back between batches, so a partition costs at most
 // one batch's decoded records at a time. sc holds scratch buffers reused
 // across batches.
+//
+// A batch whose records are all filtered out is not written as an empty
+// batch when it need not be: its offsets are folded into the batch
+// written before it (its last offset delta grows, as when a batch's last
+// records are filtered) or, when there is none, into the next one (whose
+// base offset moves down, as when a batch's first records are filtered).
+// Only a partition whose batches are all filtered out, or a run of them
+// before a control batch, ends in an empty batch, and only for a client
+// that can read one (sc.noEmpty unset): segmentio/kafka-go (v0.4.51)
+// panics on a batch of no records, kafka-python (2.0.2) fails on a
+// partition whose batches hold none.
 func viewPartition(dst []byte, v View, partition int32, in []byte, m *decodeMeter, sc *viewScratch, c *viewCounts) ([]byte, error) {
+	prev := -1           // where in dst the last data batch starts; -1: none, or a control batch since
+	pending := int64(-1) // first offset of the filtered-out batches not folded yet
+	var pendEnd int64    // their last offset
+	var pendHdr [batchHeaderLen]byte
+	flush := func() {
+		if pending < 0 {
+			return
+		}
+		if sc.noEmpty {
+			// A client that cannot read an empty batch: the offsets
+			// are left out (the client fetches them again, or moves
+			// past them with the next batch).
+			sc.dropped++
+		} else {
+			dst = appendEmptyBatch(dst, pendHdr[:], pending, int32(pendEnd-pending))
+		}
+		prev, pending = -1, -1
+	}
 	for len(in) >= 17 {
 		size := int64(int32(binary.BigEndian.Uint32(in[8:12])))
 		if size < 14 || 12+size > int64(len(in)) {
@@ -63,54 +92,116 @@ func viewPartition(dst []byte, v View, partition int32, in []byte, m *decodeMete
 		if b[16] != 2 {
 			// An old message set entry (magic 0 or 1): its offset is the
 			// entry's (a compressed wrapper's is its last inner one).
+			flush()
 			off := int64(binary.BigEndian.Uint64(b[0:8]))
+			prev = len(dst)
 			dst = appendErrorBatch(dst, nil, off, 0, "record format (magic "+fmt.Sprint(b[16])+") older than Kafka 0.11 batches")
 			c.errors++
 			continue
 		}
-		var err error
-		dst, err = viewBatch(dst, v, partition, b, m, sc, c)
+		if len(b) < batchHeaderLen {
+			continue // no room for a header: not a batch a client could read either
+		}
+		base := int64(binary.BigEndian.Uint64(b[0:8]))
+		end := base + int64(int32(binary.BigEndian.Uint32(b[23:27])))
+		if pending >= 0 && (end-pending > math.MaxInt32 || end < pending) {
+			flush() // too far to fold
+		}
+		start := len(dst)
+		out, kind, err := viewBatch(dst, v, partition, b, m, sc, c, pending)
 		if err != nil {
-			return dst, err
+			return out, err
+		}
+		switch kind {
+		case batchWritten:
+			dst, prev, pending = out, start, -1
+		case batchControl:
+			if pending >= 0 {
+				dst = dst[:start]
+				flush()
+				dst = append(dst, b...)
+			} else {
+				dst = out
+			}
+			prev = -1
+		case batchFiltered:
+			if prev >= 0 {
+				if pb := int64(binary.BigEndian.Uint64(dst[prev:])); end-pb <= math.MaxInt32 && end >= pb {
+					binary.BigEndian.PutUint32(dst[prev+23:], uint32(end-pb))
+					dst = finishBatch(dst, prev) // prev is the last batch in dst
+					continue
+				}
+			}
+			if pending < 0 {
+				pending = base
+				copy(pendHdr[:], b[:batchHeaderLen])
+			}
+			pendEnd = end
 		}
 	}
+	flush()
 	return dst, nil
 }
 
-// viewBatch rewrites one v2 batch b (whole) through v. Its error is only
-// that the connection closed while the decode waited for the global
-// budget.
-func viewBatch(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc *viewScratch, c *viewCounts) ([]byte, error) {
-	if len(b) < batchHeaderLen {
-		return dst, nil // no room for a header: not a batch a client could read either
-	}
+// What viewBatch did with a batch.
+const (
+	batchWritten  = iota // a data batch (or its error record) was appended
+	batchControl         // a control batch was appended as it is
+	batchFiltered        // every record was filtered out: nothing was appended
+)
+
+// viewBatch rewrites one v2 batch b (whole) through v. With rebase >= 0
+// (earlier batches were all filtered out) the batch written starts at
+// that offset instead of its own. Its error is only that the connection
+// closed while the decode waited for the global budget.
+func viewBatch(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc *viewScratch, c *viewCounts, rebase int64) ([]byte, int, error) {
 	attrs := int16(binary.BigEndian.Uint16(b[21:23]))
 	hdr := b[:batchHeaderLen]
 	base := int64(binary.BigEndian.Uint64(b[0:8]))
 	lastDelta := int32(binary.BigEndian.Uint32(b[23:27]))
+	if rebase >= 0 {
+		lastDelta = int32(base + int64(lastDelta) - rebase)
+		base = rebase
+	}
 	if crc32.Checksum(b[21:], viewCRCTable) != binary.BigEndian.Uint32(b[17:21]) {
 		c.errors++
-		return appendErrorBatch(dst, hdr, base, lastDelta, "record batch CRC mismatch"), nil
+		return appendErrorBatch(dst, hdr, base, lastDelta, "record batch CRC mismatch"), batchWritten, nil
 	}
 	if attrs&0x20 != 0 {
-		return append(dst, b...), nil // a control batch
+		return append(dst, b...), batchControl, nil
 	}
 	mk := m.mark()
 	for {
-		out, err := viewRecords(dst, v, partition, b, m, sc, c)
+		out, kept, err := viewRecords(dst, v, partition, b, m, sc, c, rebase)
 		m.unwind(mk)
 		switch {
+		case err == nil && kept == 0:
+			return dst, batchFiltered, nil
 		case err == nil:
-			return out, nil
+			return out, batchWritten, nil
 		case errors.Is(err, errLeaseShort):
 			if !m.retry(mk) {
-				return dst, errors.New("connection closed while waiting for the decode budget")
+				return dst, 0, errors.New("connection closed while waiting for the decode budget")
 			}
 			continue
 		}
 		c.errors++
-		return appendErrorBatch(dst, hdr, base, lastDelta, err.Error()), nil
+		return appendErrorBatch(dst, hdr, base, lastDelta, err.Error()), batchWritten, nil
 	}
+}
+
+// appendEmptyBatch appends a batch of no records covering base to
+// base+lastDelta, with hdr's producer fields, timestamps and
+// transactional bit, uncompressed, as the log cleaner writes one.
+func appendEmptyBatch(dst, hdr []byte, base int64, lastDelta int32) []byte {
+	start := len(dst)
+	dst = append(dst, hdr[:batchHeaderLen]...)
+	h := dst[start:]
+	binary.BigEndian.PutUint64(h[0:8], uint64(base))
+	binary.BigEndian.PutUint16(h[21:23], binary.BigEndian.Uint16(h[21:23])&^0x27) // no codec, not control
+	binary.BigEndian.PutUint32(h[23:27], uint32(lastDelta))
+	binary.BigEndian.PutUint32(h[57:61], 0)
+	return finishBatch(dst, start)
 }
 
 // unwind gives back what the meter charged since mk (the batch's records
@@ -123,22 +214,34 @@ func (m *decodeMeter) unwind(mk meterMark) {
 
 // viewScratch is reused across the batches of a response.
 type viewScratch struct {
-	raw  []byte // the kept records, encoded, before compression
+	// noEmpty is set for a client that cannot read a batch of no
+	// records; dropped counts the runs of filtered batches left out for
+	// it.
+	noEmpty bool
+	dropped int
+	raw     []byte // the kept records, encoded, before compression
 	recs []ViewRecord
 	hdrs []kmsg.Header
 	comp compressors
 }
 
-func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc *viewScratch, c *viewCounts) (out []byte, err error) {
+// viewRecords decodes batch b, runs v on its records and appends the
+// batch of the kept ones (nothing when none is kept), based at rebase
+// when that is not -1.
+func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc *viewScratch, c *viewCounts, rebase int64) (out []byte, kept int32, err error) {
 	var bh kmsg.RecordBatch
 	if err := bh.ReadFrom(b); err != nil {
-		return dst, fmt.Errorf("record batch: %w", err)
+		return dst, 0, fmt.Errorf("record batch: %w", err)
 	}
 	if bh.NumRecords < 0 {
-		return dst, fmt.Errorf("record batch claims %d records", bh.NumRecords)
+		return dst, 0, fmt.Errorf("record batch claims %d records", bh.NumRecords)
 	}
 	if err := m.charge(int64(bh.NumRecords)*recordCost, int64(bh.NumRecords)); err != nil {
-		return dst, err
+		return dst, 0, err
+	}
+	outBase := bh.FirstOffset
+	if rebase >= 0 {
+		outBase = rebase
 	}
 	data := bh.Records
 	codec := bh.Attributes & 0x07
@@ -147,16 +250,16 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 		dec, err := m.decompress(data, codec)
 		if err != nil {
 			if errors.Is(err, ErrDecodeLimit) || errors.Is(err, errLeaseShort) {
-				return dst, err
+				return dst, 0, err
 			}
-			return dst, fmt.Errorf("decompress: %w", err)
+			return dst, 0, fmt.Errorf("decompress: %w", err)
 		}
 		defer m.bufs.give(dec)
 		xerial = codec == 2 && len(data) > 16 && string(data[:len(xerialPrefix)]) == string(xerialPrefix)
 		data = dec
 	}
 	if int64(bh.NumRecords) > int64(len(data)) {
-		return dst, fmt.Errorf("record batch claims %d records in %d bytes", bh.NumRecords, len(data))
+		return dst, 0, fmt.Errorf("record batch claims %d records in %d bytes", bh.NumRecords, len(data))
 	}
 	recs := sc.recs[:0]
 	hdrs := sc.hdrs[:0]
@@ -165,7 +268,7 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 		var od int32
 		var n int
 		if r, od, hdrs, n, err = parseRecord(data, hdrs); err != nil {
-			return dst, err
+			return dst, 0, err
 		}
 		data = data[n:]
 		r.Partition = partition
@@ -174,11 +277,10 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 		recs = append(recs, r)
 	}
 	if len(data) != 0 {
-		return dst, fmt.Errorf("record batch: %d bytes after its %d records", len(data), bh.NumRecords)
+		return dst, 0, fmt.Errorf("record batch: %d bytes after its %d records", len(data), bh.NumRecords)
 	}
 	sc.recs, sc.hdrs = recs, hdrs // headers alias hdrs: reuse only after encoding
 	raw := sc.raw[:0]
-	kept := int32(0)
 	for i := range recs {
 		r := &recs[i]
 		orig := *r
@@ -194,23 +296,25 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 			c.kept++
 		}
 		// Offsets and timestamps are the stored ones, whatever the view did.
-		raw = appendRecord(raw, r, orig.Timestamp-bh.FirstTimestamp, int32(orig.Offset-bh.FirstOffset))
+		raw = appendRecord(raw, r, orig.Timestamp-bh.FirstTimestamp, int32(orig.Offset-outBase))
 		kept++
 	}
 	sc.raw = raw
+	if kept == 0 {
+		return dst, 0, nil
+	}
 	start := len(dst)
 	dst = append(dst, b[:batchHeaderLen]...)
-	if kept == 0 {
-		codec = 0 // an empty batch is written uncompressed, as the log cleaner does
-	}
 	if codec == 0 {
 		dst = append(dst, raw...)
 	} else if dst, err = sc.comp.compress(dst, raw, codec, xerial); err != nil {
-		return dst[:start], err
+		return dst[:start], 0, err
 	}
-	binary.BigEndian.PutUint16(dst[start+21:], uint16(bh.Attributes&^0x07|codec))
-	binary.BigEndian.PutUint32(dst[start+57:], uint32(kept))
-	return finishBatch(dst, start), nil
+	h := dst[start:]
+	binary.BigEndian.PutUint64(h[0:8], uint64(outBase))
+	binary.BigEndian.PutUint32(h[23:27], uint32(bh.FirstOffset+int64(bh.LastOffsetDelta)-outBase))
+	binary.BigEndian.PutUint32(h[57:61], uint32(kept))
+	return finishBatch(dst, start), kept, nil
 }
 
 // applyView runs v on r; a panic in the view is an error of that record.

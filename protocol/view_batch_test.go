@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -171,42 +172,172 @@ func FuzzViewBatch(f *testing.F) {
 			}
 			return
 		}
-		if len(got) != len(want) {
-			t.Fatalf("%d batches out of %d", len(got), len(want))
+		checkViewOutput(t, want, got)
+	})
+}
+
+// checkViewOutput checks the batches oddView wrote (got) for the input
+// batches (want): the records are those the view makes of the input's,
+// in order, each inside its batch's offsets; every input batch's offsets
+// are inside one output batch (filtered ones folded into a neighbour);
+// control batches pass as they are; a client's next offset after the
+// output is the input's; only a run of filtered batches that nothing can
+// absorb is an empty batch, uncompressed.
+func checkViewOutput(t *testing.T, want, got []refBatch) {
+	t.Helper()
+	var exp, out []refRecord
+	for _, w := range want {
+		if w.attrs&0x20 != 0 {
+			continue
 		}
-		for i, w := range want {
-			g := got[i]
-			if g.base != w.base || g.lastDelta != w.lastDelta || g.producer != w.producer || g.attrs&0x30 != w.attrs&0x30 {
-				t.Fatalf("batch %d: %+v, want %+v", i, g, w)
+		for _, r := range w.recs {
+			switch {
+			case bytes.HasPrefix(r.value, []byte("!")):
+				exp = append(exp, refRecord{offset: r.offset, key: r.key, headers: []kmsg.Header{{Key: ViewErrorHeader, Value: []byte("bang")}}})
+			case len(r.value)%2 != 0:
+			default:
+				v := r.value
+				if v != nil {
+					v = bytes.ToUpper(v)
+				}
+				exp = append(exp, refRecord{offset: r.offset, key: r.key, value: v, headers: append(slices.Clone(r.headers), kmsg.Header{Key: "seen", Value: []byte("1")})})
 			}
-			if w.attrs&0x20 != 0 {
-				continue
+		}
+	}
+	// Offsets are checked for inputs a broker could send: batches in
+	// order, each after the one before, records inside their batch.
+	ordered := true
+	for i, w := range want {
+		ordered = ordered && w.lastDelta >= 0 && w.base >= 0 && w.base < math.MaxInt64-math.MaxInt32 &&
+			(i == 0 || w.base > want[i-1].base+int64(want[i-1].lastDelta))
+		for _, r := range w.recs {
+			ordered = ordered && r.offset >= w.base && r.offset <= w.base+int64(w.lastDelta)
+		}
+	}
+	var controls []refBatch
+	for i, g := range got {
+		end := g.base + int64(g.lastDelta)
+		if !ordered {
+			if g.attrs&0x20 != 0 {
+				controls = append(controls, g)
+			} else {
+				out = append(out, g.recs...)
 			}
-			var exp []refRecord
-			for _, r := range w.recs {
-				switch {
-				case bytes.HasPrefix(r.value, []byte("!")):
-					exp = append(exp, refRecord{offset: r.offset, key: r.key, headers: []kmsg.Header{{Key: ViewErrorHeader, Value: []byte("bang")}}})
-				case len(r.value)%2 != 0:
-				default:
-					v := r.value
-					if v != nil {
-						v = bytes.ToUpper(v)
-					}
-					exp = append(exp, refRecord{offset: r.offset, key: r.key, value: v, headers: append(slices.Clone(r.headers), kmsg.Header{Key: "seen", Value: []byte("1")})})
+			continue
+		}
+		if i > 0 && g.base <= got[i-1].base+int64(got[i-1].lastDelta) {
+			t.Fatalf("batch %d starts at %d, inside the batch before", i, g.base)
+		}
+		if g.attrs&0x20 != 0 {
+			controls = append(controls, g)
+			continue
+		}
+		if len(g.recs) == 0 && g.attrs&7 != 0 {
+			t.Fatalf("batch %d: an empty batch is compressed", i)
+		}
+		for _, r := range g.recs {
+			if r.offset < g.base || r.offset > end {
+				t.Fatalf("batch %d [%d, %d] holds a record at %d", i, g.base, end, r.offset)
+			}
+		}
+		out = append(out, g.recs...)
+	}
+	if fmt.Sprint(out) != fmt.Sprint(exp) {
+		t.Fatalf("records:\n got %v\nwant %v", out, exp)
+	}
+	var wantControls []refBatch
+	for _, w := range want {
+		if w.attrs&0x20 != 0 {
+			wantControls = append(wantControls, w)
+		}
+		if !ordered {
+			continue
+		}
+		covered := false
+		for _, g := range got {
+			covered = covered || (g.base <= w.base && w.base+int64(w.lastDelta) <= g.base+int64(g.lastDelta))
+		}
+		if !covered && w.lastDelta >= 0 {
+			t.Fatalf("input batch [%d, +%d] is not inside an output batch: %+v", w.base, w.lastDelta, got)
+		}
+	}
+	if fmt.Sprint(controls) != fmt.Sprint(wantControls) {
+		t.Fatalf("control batches %v, want %v", controls, wantControls)
+	}
+	if len(want) > 0 && ordered {
+		lw, lg := want[len(want)-1], got[len(got)-1]
+		if lw.base+int64(lw.lastDelta) != lg.base+int64(lg.lastDelta) {
+			t.Fatalf("the output ends at %d, the input at %d", lg.base+int64(lg.lastDelta), lw.base+int64(lw.lastDelta))
+		}
+	}
+}
+
+// Batches whose records are all filtered out are folded into the batch
+// before (or, at the start, the one after) rather than sent empty; only
+// a partition with nothing kept gets an empty batch; a control batch
+// stops the folding.
+func TestViewFilteredBatchesFolded(t *testing.T) {
+	none := kgo.NoCompression()
+	keep, drop := "ab", "abc" // oddView keeps even lengths
+	for _, tc := range []struct {
+		name    string
+		in      [][]byte
+		batches int // in the output
+		empty   int // of them with no record
+	}{
+		{"after a kept one", [][]byte{viewBatchSeed(t, 0, none, keep), viewBatchSeed(t, 2, kgo.ZstdCompression(), drop, drop)}, 1, 0},
+		{"before a kept one", [][]byte{viewBatchSeed(t, 0, none, drop), viewBatchSeed(t, 2, none, drop), viewBatchSeed(t, 4, kgo.GzipCompression(), keep, drop)}, 1, 0},
+		{"nothing kept", [][]byte{viewBatchSeed(t, 0, kgo.ZstdCompression(), drop), viewBatchSeed(t, 2, none, drop)}, 1, 1},
+		{"around a control batch", [][]byte{viewBatchSeed(t, 0, none, drop), controlBatch(t, 2), viewBatchSeed(t, 3, none, keep)}, 3, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := bytes.Join(tc.in, nil)
+			// A client that cannot read an empty batch gets none: the
+			// run is left out instead.
+			sc := &viewScratch{noEmpty: true}
+			out, err := viewPartition(nil, oddView{}, 0, in, testMeter(1<<20, 1000), sc, &viewCounts{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lean, _ := refDecode(out)
+			for _, g := range lean {
+				if len(g.recs) == 0 && g.attrs&0x20 == 0 {
+					t.Errorf("an empty batch for a client that cannot read one: %+v", lean)
 				}
 			}
-			if len(exp) == 0 && g.attrs&7 != 0 {
-				t.Fatalf("batch %d: an empty batch is compressed", i)
+			if len(lean) != tc.batches-tc.empty || sc.dropped != tc.empty {
+				t.Errorf("without empty batches: %d batches, %d runs left out; want %d, %d", len(lean), sc.dropped, tc.batches-tc.empty, tc.empty)
 			}
-			if len(exp) > 0 && g.attrs&7 != w.attrs&7 {
-				t.Fatalf("batch %d: codec %d, want %d", i, g.attrs&7, w.attrs&7)
+
+			out, err = viewPartition(nil, oddView{}, 0, in, testMeter(1<<20, 1000), &viewScratch{}, &viewCounts{})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if fmt.Sprint(g.recs) != fmt.Sprint(exp) {
-				t.Fatalf("batch %d:\n got %v\nwant %v", i, g.recs, exp)
+			got, ok := refDecode(out)
+			want, _ := refDecode(in)
+			if !ok {
+				t.Fatalf("output does not decode")
 			}
-		}
-	})
+			checkViewOutput(t, want, got)
+			empty := 0
+			for _, g := range got {
+				if len(g.recs) == 0 && g.attrs&0x20 == 0 {
+					empty++
+				}
+			}
+			if len(got) != tc.batches || empty != tc.empty {
+				t.Errorf("%d batches, %d empty; want %d, %d: %+v", len(got), empty, tc.batches, tc.empty, got)
+			}
+		})
+	}
+}
+
+// controlBatch is a commit marker at offset.
+func controlBatch(tb testing.TB, offset int64) []byte {
+	r := kmsg.Record{Key: []byte{0, 0, 0, 1}, Value: []byte{0, 0, 0, 0, 0, 0}}
+	r.Length = int32(len(r.AppendTo(nil)) - 1)
+	rb := kmsg.RecordBatch{FirstOffset: offset, Magic: 2, Attributes: 0x30, NumRecords: 1, ProducerID: 7, ProducerEpoch: 0, FirstSequence: -1, Records: r.AppendTo(nil)}
+	return fixBatch(rb.AppendTo(nil))
 }
 
 // A batch that does not decode (bad CRC, unknown codec, over the decode

@@ -11,6 +11,7 @@ package protocol
 
 import (
 	"sync"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -189,6 +190,8 @@ func (pr *pair) viewFetchRequest(vr *viewReq, st *viewConn, r *kmsg.FetchRequest
 	if len(st.sess) == 0 {
 		st.sess = nil
 	}
+	vr.maxWait = time.Duration(r.MaxWaitMillis) * time.Millisecond
+	vr.emptyOK = st.software != ""
 	if m := pr.p.cfg.MaxHeldBytes; m > 0 {
 		capBytes := int32(min(max(m/4, 64<<10), 1<<30))
 		r.MaxBytes = min(r.MaxBytes, capBytes)
@@ -211,6 +214,8 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 	byID := resp.Version >= 13
 	sc := viewScratches.Get().(*viewScratch)
 	defer viewScratches.Put(sc)
+	sc.noEmpty, sc.dropped = !vr.emptyOK, 0
+	defer func() { vr.delay = vr.delayIfEmpty(resp, sc.dropped) }()
 	for ti := range resp.Topics {
 		t := &resp.Topics[ti]
 		real := t.Topic
@@ -249,3 +254,26 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 	}
 	return nil, nil
 }
+
+// delayIfEmpty is how long to hold a fetch response whose partitions hold
+// no record at all because the runs of filtered batches at their ends
+// were left out (a client that cannot read an empty batch): the client
+// would fetch the same offsets again at once, and the broker answer at
+// once, a loop as fast as the network; held for the fetch's max wait (at
+// most maxEmptyDelay), the client polls as it does at the end of a log.
+func (vr *viewReq) delayIfEmpty(resp *kmsg.FetchResponse, dropped int) time.Duration {
+	if dropped == 0 {
+		return 0
+	}
+	for _, t := range resp.Topics {
+		for _, p := range t.Partitions {
+			if len(p.RecordBatches) > 0 {
+				return 0
+			}
+		}
+	}
+	return min(vr.maxWait, maxEmptyDelay)
+}
+
+// maxEmptyDelay bounds delayIfEmpty.
+const maxEmptyDelay = 500 * time.Millisecond

@@ -615,3 +615,40 @@ func TestSASLUsername(t *testing.T) {
 		}
 	}
 }
+
+// A fetch through a view reads its response whole, within
+// proxy.max_held_bytes: the request asks the broker for at most a
+// quarter of it, and the response and its rewrite are reserved together.
+func TestViewFetchWithinMaxHeldBytes(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	const maxHeld = 1 << 20
+	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = maxHeld })
+	tp.SetViews(testViews{{name: "pay.analytics", topic: "pay"}})
+	cl, err := kgo.NewClient(kgo.SeedBrokers(upstream...), kgo.ProducerLinger(5*time.Millisecond),
+		kgo.ProducerBatchMaxBytes(64<<10), kgo.ProducerBatchCompression(kgo.NoCompression()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	pad := strings.Repeat("p", 900)
+	const n = 6000 // ~6 MiB
+	for i := range n {
+		v := fmt.Sprintf(`{"n":%d,"status":"ok","card":"4111-1111-1111-%04d","pad":%q}`, i, i, pad)
+		cl.Produce(context.Background(), &kgo.Record{Topic: "pay", Value: []byte(v)}, nil)
+	}
+	if err := cl.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got := consumeView(t, tp.Addr(), "c", "gh", "pay.analytics", n)
+	if len(got) != n {
+		t.Fatalf("got %d records, want %d", len(got), n)
+	}
+	for i, r := range got {
+		if !strings.Contains(string(r.Value), `"card":"****`) || r.Offset != int64(i) {
+			t.Fatalf("record %d at %d: %.60s", i, r.Offset, r.Value)
+		}
+	}
+	if peak := tp.held.peakBytes(); peak > maxHeld || peak == 0 {
+		t.Errorf("held peak %d bytes, bound %d (0: the responses were not counted)", peak, maxHeld)
+	}
+}

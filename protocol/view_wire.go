@@ -39,6 +39,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -95,6 +96,12 @@ type viewConn struct {
 	sess map[string]string
 	// saslMech is the mechanism of the last SaslHandshake.
 	saslMech string
+	// software is the client software name ApiVersions v3+ declared
+	// (KIP-511). Clients that send one (franz-go, librdkafka, the Java
+	// client, sarama) read batches of no records; those that do not
+	// include kafka-python 2.0.2 and segmentio/kafka-go, which fail on
+	// them (view_batch.go).
+	software string
 }
 
 // viewClient returns who is fetching, refreshing the caches when the
@@ -133,6 +140,11 @@ type viewReq struct {
 	byRealID map[[16]byte]string
 	// meta is set for Metadata.
 	meta *metaView
+	// Fetch: emptyOK when the client can read a batch of no records;
+	// maxWait is the request's; delay holds the response (delayIfEmpty).
+	emptyOK bool
+	maxWait time.Duration
+	delay   time.Duration
 }
 
 func newViewReq(vs Views, c ViewClient) *viewReq {
@@ -398,9 +410,10 @@ func viewRefusal(topic string, id [16]byte, partition int32) refusedPart {
 		message: fmt.Sprintf("rtproxy: %q is a view (a read-only virtual topic); produce to the topic it reads", topic)}
 }
 
-// noteSASL reads the mechanism of a SaslHandshake and the username a
-// SaslAuthenticate claims (see the package comment above); the latter is
-// adopted when the broker accepts the round (adoptPrincipal).
+// noteSASL reads the mechanism of a SaslHandshake, the client software
+// name of an ApiVersions v3+, and the username a SaslAuthenticate claims
+// (see the package comment above); the latter is adopted when the broker
+// accepts the round (adoptPrincipal).
 func (pr *pair) noteSASL(h RequestHeader, frame []byte, rest int) string {
 	if rest > 0 {
 		return ""
@@ -412,6 +425,14 @@ func (pr *pair) noteSASL(h RequestHeader, frame []byte, rest int) string {
 		r.SetVersion(h.APIVersion)
 		if r.ReadFrom(body) == nil {
 			pr.vs.saslMech = r.Mechanism
+		}
+	case int16(kmsg.ApiVersions):
+		if h.APIVersion >= 3 {
+			r := kmsg.NewPtrApiVersionsRequest()
+			r.SetVersion(h.APIVersion)
+			if r.ReadFrom(body) == nil {
+				pr.vs.software = r.ClientSoftwareName
+			}
 		}
 	case int16(kmsg.SASLAuthenticate):
 		r := kmsg.NewPtrSASLAuthenticateRequest()

@@ -78,10 +78,32 @@ type viewPOff struct {
 // itself, zstd-compressed, batched; it returns each one's index by
 // partition and offset and how many a view client gets.
 func produceViewInput(t *testing.T, brokers []string, from, n int, codec ...kgo.CompressionCodec) (map[viewPOff]int, int) {
+	return produceViewInputWith(t, brokers, from, n, false, codec...)
+}
+
+// produceViewInputWith is produceViewInput; with single, every record
+// is its own batch (produced one at a time), so the view leaves empty
+// batches (all their records filtered out) between kept ones.
+func produceViewInputWith(t *testing.T, brokers []string, from, n int, single bool, codec ...kgo.CompressionCodec) (map[viewPOff]int, int) {
 	t.Helper()
 	cl := NewClient(t, brokers, kgo.ProducerLinger(20*time.Millisecond), kgo.ProducerBatchCompression(append(codec, kgo.ZstdCompression())...),
 		kgo.RecordPartitioner(kgo.RoundRobinPartitioner()))
 	defer cl.Close()
+	if single {
+		at := map[viewPOff]int{}
+		kept := 0
+		for i := from; i < from+n; i++ {
+			r := &kgo.Record{Topic: "vpay", Partition: 0, Key: []byte(strconv.Itoa(i)), Value: []byte(viewInputValue(i))}
+			if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+				t.Fatalf("produce %d: %v", i, err)
+			}
+			at[viewPOff{r.Partition, r.Offset}] = i
+			if viewKept(i) {
+				kept++
+			}
+		}
+		return at, kept
+	}
 	at := map[viewPOff]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -307,12 +329,12 @@ func scriptViewConsumer(name string, args ...string) viewConsumer {
 	}
 }
 
-// kcatViewConsumer runs kcat's balanced consumer to the end of every
-// partition; librdkafka commits on close.
+// kcatViewConsumer runs kcat's balanced consumer until it has want
+// records; librdkafka commits on close.
 func kcatViewConsumer(t *testing.T, bootstrap, topic, group string, want int) []viewRec {
 	// -o would start every run there; auto.offset.reset applies only
 	// to a group without committed offsets.
-	out := runClient(t, "", 60*time.Second, "kcat", "-b", bootstrap, "-G", group, "-X", "auto.offset.reset=earliest", "-e", "-q",
+	out := runClient(t, "", 60*time.Second, "kcat", "-b", bootstrap, "-G", group, "-X", "auto.offset.reset=earliest", "-c", strconv.Itoa(want), "-q",
 		"-X", "client.id=rtproxy-it-views-kcat", "-f", "%p\t%o\t%k\t%S\t%h\t%s\n", topic)
 	var recs []viewRec
 	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
@@ -385,10 +407,33 @@ func TestViewsClientMatrix(t *testing.T) {
 				}
 			}
 			checkView(t, c.name, c.run(t, p.Addr, "vpay.analytics", group, want), all, want, true)
-			// The group committed: a second run resumes after it.
-			at2, want2 := produceViewInput(t, k.Addrs, 1000*ci+500, 30, c.codec...)
+			// The group committed: a second run resumes after it. Its
+			// records are one per batch, so the view leaves empty batches
+			// (as compaction does) that the client must move past.
+			at2, want2 := produceViewInputWith(t, k.Addrs, 1000*ci+500, 30, true, c.codec...)
 			addAll(at2)
 			checkView(t, c.name+" (resumed)", c.run(t, p.Addr, "vpay.analytics", group, want2), at2, want2, true)
+			// Filtered records at the end of the log: the client's fetch
+			// gets only them — an empty batch for a client that declares
+			// its software name (KIP-511), nothing for the others
+			// (kafka-python 2.0.2 and kafka-go fail on an empty batch) —
+			// and it must go on to the kept record produced after.
+			filtered, keptOne := 0, 0
+			for i := 1000*ci + 600; filtered < 3; i++ {
+				if !viewKept(i) {
+					at, _ := produceViewInputWith(t, k.Addrs, i, 1, true, c.codec...)
+					addAll(at)
+					filtered++
+				} else if keptOne == 0 && i%10 != 7 {
+					keptOne = i
+				}
+			}
+			done := make(chan []viewRec, 1)
+			go func() { done <- c.run(t, p.Addr, "vpay.analytics", group, 1) }()
+			time.Sleep(3 * time.Second)
+			at3, _ := produceViewInputWith(t, k.Addrs, keptOne, 1, true, c.codec...)
+			addAll(at3)
+			checkView(t, c.name+" (after an empty batch)", <-done, at3, 1, true)
 		})
 	}
 	// The in-place view: the client it names gets the view's records
