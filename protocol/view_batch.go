@@ -220,9 +220,9 @@ type viewScratch struct {
 	noEmpty bool
 	dropped int
 	raw     []byte // the kept records, encoded, before compression
-	recs []ViewRecord
-	hdrs []kmsg.Header
-	comp compressors
+	recs    []ViewRecord
+	hdrs    []kmsg.Header
+	comp    compressors
 }
 
 // viewRecords decodes batch b, runs v on its records and appends the
