@@ -11,7 +11,7 @@ QUICKSTART_CONFIG := examples/quickstart/rtproxy.yaml
 FUZZTIME ?= 10s
 FUZZPKGS ?= ./...
 
-.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-scale bench-footprint soak fuzz fuzz-shapes clean
+.PHONY: build run test deps vet unit helm-check image-check bench-proxy bench-guard bench-tap bench-pipeline bench-eo bench-reload bench-switch bench-scale bench-footprint soak fuzz fuzz-shapes clean
 
 ## build: the static, version-stamped binary in bin/rtproxy
 build:
@@ -57,7 +57,7 @@ image-check:
 	deploy/scripts/image-check.sh
 
 bench-proxy:
-	$(GO) run ./test/bench/proxy
+	$(GO) run ./test/bench/proxy $(ARGS)
 
 ## bench-guard: produce throughput through the proxy with a guard against without (docs/BENCHMARKS.md)
 bench-guard:
@@ -73,6 +73,13 @@ bench-pipeline:
 ## bench-eo: exactly_once against at_least_once routes: latency, CPU per record, drain (docs/BENCHMARKS.md)
 bench-eo:
 	$(GO) run ./test/bench/exactlyonce
+
+## bench-switch: a route ending in a switch to 3 sinks against the same route with one sink, ten alternated rounds (docs/BENCHMARKS.md)
+bench-switch:
+	$(GO) test -c -o $${TMPDIR:-/tmp}/rtproxy-pipeline.test ./pipeline
+	cd pipeline && for i in 1 2 3 4 5 6 7 8 9 10; do for c in single-sink switch-3-sinks; do \
+		$${TMPDIR:-/tmp}/rtproxy-pipeline.test -test.run '^$$' -test.bench "BenchmarkSwitchSinks/$$c\$$" -test.benchmem -test.benchtime 100000x -test.cpu 1 | grep Benchmark; \
+	done; done
 
 bench-reload:
 	$(GO) run ./test/bench/reload
@@ -104,7 +111,7 @@ fuzz:
 SHAPES_DURATION ?= 3m
 fuzz-shapes:
 	SHAPES_SEED=$${SHAPES_SEED:-$$(date +%s)}; echo "+ first seed $$SHAPES_SEED"; \
-	SHAPES_SEED=$$SHAPES_SEED SHAPES_DURATION=$(SHAPES_DURATION) $(GO) test -count=1 -v -timeout 0 -run '^TestShapesDriver$$' ./test/shapes/
+	SHAPES_SEED=$$SHAPES_SEED SHAPES_DURATION=$(SHAPES_DURATION) $(GO) test -count=1 -v -timeout 0 -run '^(TestShapesDriver|TestShapesSessionsDriver)$$' ./test/shapes/
 
 clean:
 	rm -rf bin dist

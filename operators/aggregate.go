@@ -111,6 +111,14 @@ type aggregator interface {
 	value(c *acc) any
 	encode(b []byte, c *acc) ([]byte, error)
 	decode(d *snapDec, c *acc)
+	// mixKind is what must agree between accumulators merged into one
+	// (session windows): 0 when anything merges, else a kind every
+	// non-zero mixKind of the merged accumulators must equal (min and max:
+	// numbers or strings).
+	mixKind(c *acc) uint8
+	// merge folds src into dst, as if dst had been given src's records
+	// too (session windows merging). src is left unusable.
+	merge(dst, src *acc)
 }
 
 // acc is the accumulator of one aggregate in one window; which fields it
@@ -163,6 +171,8 @@ func (countAgg) encode(b []byte, c *acc) ([]byte, error) {
 	return binary.AppendUvarint(b, uint64(c.n)), nil
 }
 func (countAgg) decode(d *snapDec, c *acc) { c.n = int64(d.uvarint()) }
+func (countAgg) mixKind(*acc) uint8        { return 0 }
+func (countAgg) merge(dst, src *acc)       { dst.n += src.n }
 
 // sumAgg is sum(x): the sum of the numbers, float64, 0 for none.
 // Snapshot: 8 bytes float64 bits.
@@ -174,6 +184,8 @@ func (sumAgg) encode(b []byte, c *acc) ([]byte, error) {
 	return binary.BigEndian.AppendUint64(b, math.Float64bits(c.f)), nil
 }
 func (sumAgg) decode(d *snapDec, c *acc) { c.f = d.float() }
+func (sumAgg) mixKind(*acc) uint8        { return 0 }
+func (sumAgg) merge(dst, src *acc)       { dst.f += src.f }
 
 // avgAgg is avg(x): the mean of the numbers, float64, null for none.
 // Snapshot: 8 bytes float64 bits (the sum), uvarint n.
@@ -199,6 +211,12 @@ func (avgAgg) encode(b []byte, c *acc) ([]byte, error) {
 func (avgAgg) decode(d *snapDec, c *acc) {
 	c.f = d.float()
 	c.n = int64(d.uvarint())
+}
+
+func (avgAgg) mixKind(*acc) uint8 { return 0 }
+func (avgAgg) merge(dst, src *acc) {
+	dst.f += src.f
+	dst.n += src.n
 }
 
 // extremumAgg is min(x) (max false) and max(x) (max true): of numbers or
@@ -269,6 +287,17 @@ func (extremumAgg) encode(b []byte, c *acc) ([]byte, error) {
 	return b, nil
 }
 
+func (extremumAgg) mixKind(c *acc) uint8 { return c.kind }
+
+func (e extremumAgg) merge(dst, src *acc) {
+	switch src.kind {
+	case kindNumber:
+		e.add(dst, src.f, 0)
+	case kindString:
+		e.add(dst, src.s, 0)
+	}
+}
+
 func (extremumAgg) decode(d *snapDec, c *acc) {
 	c.kind = d.byte()
 	switch c.kind {
@@ -297,7 +326,17 @@ func (fl firstLastAgg) add(c *acc, v any, t int64) {
 	}
 }
 
-func (firstLastAgg) value(c *acc) any { return c.v }
+func (firstLastAgg) value(c *acc) any   { return c.v }
+func (firstLastAgg) mixKind(*acc) uint8 { return 0 }
+
+// merge keeps the value of the smaller (first) or larger (last) time; on
+// a tie first keeps dst's and last takes src's, as add does for a record
+// processed after dst's.
+func (fl firstLastAgg) merge(dst, src *acc) {
+	if src.kind != kindNone {
+		fl.add(dst, src.v, src.t)
+	}
+}
 
 func (firstLastAgg) encode(b []byte, c *acc) ([]byte, error) {
 	b = append(b, c.kind)
@@ -342,6 +381,20 @@ func (countDistinctAgg) arity() int                            { return 1 }
 func (countDistinctAgg) check(_ Aggregate, v any) (any, error) { return distinctKey(v) }
 func (countDistinctAgg) fits(Aggregate, *acc, any) error       { return nil }
 func (countDistinctAgg) value(c *acc) any                      { return int64(len(c.set)) }
+func (countDistinctAgg) mixKind(*acc) uint8                    { return 0 }
+
+// merge unions the sets, moving the smaller into the larger.
+func (countDistinctAgg) merge(dst, src *acc) {
+	if len(src.set) > len(dst.set) {
+		dst.set, src.set = src.set, dst.set
+	}
+	if dst.set == nil {
+		dst.set = make(map[string]struct{}, len(src.set))
+	}
+	for m := range src.set {
+		dst.set[m] = struct{}{}
+	}
+}
 
 func (countDistinctAgg) add(c *acc, v any, _ int64) {
 	if c.set == nil {
@@ -411,3 +464,5 @@ func (u unknownAgg) encode([]byte, *acc) ([]byte, error) {
 	return nil, fmt.Errorf("unknown aggregate %q", u.fn)
 }
 func (unknownAgg) decode(*snapDec, *acc) {}
+func (unknownAgg) mixKind(*acc) uint8    { return 0 }
+func (unknownAgg) merge(*acc, *acc)      {}

@@ -30,6 +30,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/google/btree"
 
@@ -789,4 +790,95 @@ func TestPaymentIs1KiB(t *testing.T) {
 			t.Fatalf("stamped txn_id = %v", got)
 		}
 	}
+}
+
+// BenchmarkWindowSession100kSessions is a session window (gap 200s,
+// max_duration 1000s, the four aggregates of BenchmarkWindowTumbling10kKeys)
+// holding 100k open sessions: 100k users, one record each per 100 s of
+// event time (1000 records per second), so every record extends its user's
+// open session; each session reaches max_duration after 10 records and
+// closes as the watermark (every 10k records, 1 s behind) passes, while
+// the user's next record opens the next. The state is filled before the
+// clock starts. It reports B/session, the heap the 100k sessions hold
+// (sessions, map, heap, keys, accumulators) per session, and
+// B/session-state, the same without the accumulators (4 × 72 B here).
+func BenchmarkWindowSession100kSessions(b *testing.B) {
+	const users = 100_000
+	spec := WindowSpec{
+		Kind: "session", Gap: 200 * time.Second, MaxDuration: 1000 * time.Second, Key: mustExpr(b, "value.user_id"),
+		Aggregates: []Aggregate{
+			{Name: "n", Func: AggCount},
+			{Name: "total", Func: AggSum, Arg: mustExpr(b, "value.amount")},
+			{Name: "top", Func: AggMax, Arg: mustExpr(b, "value.amount")},
+			{Name: "mean", Func: AggAvg, Arg: mustExpr(b, "value.amount")},
+		},
+	}
+	members := readsOf(spec.Key, spec.Aggregates[1].Arg)
+	run := func(b *testing.B, decode bool) {
+		in := benchkit.Inputs(4096)
+		tmpl, _ := jsoncodec.Decode(benchkit.Payment(0))
+		ids := make([]string, users)
+		for k := range ids {
+			ids[k] = fmt.Sprintf("user-%05d", k)
+		}
+		sink := &encodeSink{}
+		runtime.GC()
+		heap0 := liveHeap()
+		w := NewWindow(spec)
+		sw := w.(*sessionWindow)
+		// Fill: one record per user, then the measured records go on
+		// from there.
+		i := 0
+		step := func() {
+			k := i % users
+			t := int64(i)
+			var v any
+			if decode {
+				raw := in[i%len(in)]
+				stamp(raw, userAt, 5, k)
+				var err error
+				if v, _, err = jsoncodec.DecodeMembers(raw, members); err != nil {
+					b.Fatal(err)
+				}
+			} else {
+				tmpl.(map[string]any)["user_id"] = ids[k]
+				v = tmpl
+			}
+			r := &Record{Value: v, EventTime: t}
+			if _, err := w.ShuffleKey(r); err != nil {
+				b.Fatal(err)
+			}
+			w.Process(r, sink)
+			if i%10000 == 9999 {
+				w.(Timed).Advance(t-1000, sink)
+			}
+			i++
+		}
+		for range users {
+			step()
+		}
+		runtime.GC()
+		held := float64(liveHeap()-heap0) / float64(sw.open)
+		if sw.open != users {
+			b.Fatalf("%d sessions open after the fill, want %d", sw.open, users)
+		}
+		accs := float64(len(spec.Aggregates) * int(unsafe.Sizeof(acc{})))
+		b.SetBytes(1024)
+		b.ReportAllocs()
+		b.ResetTimer()
+		cpu0 := benchkit.CPUNow()
+		for b.Loop() {
+			step()
+		}
+		benchkit.RecPerSec(b, cpu0)
+		b.ReportMetric(held, "B/session")
+		b.ReportMetric(held-accs, "B/session-state")
+		b.ReportMetric(float64(sw.open), "open-sessions")
+		if sink.dead != 0 {
+			b.Fatalf("dead %d", sink.dead)
+		}
+		runtime.KeepAlive(ids)
+	}
+	b.Run("json-members", func(b *testing.B) { run(b, true) })
+	b.Run("op", func(b *testing.B) { run(b, false) })
 }

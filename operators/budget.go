@@ -123,7 +123,21 @@ type budgetError struct {
 	msg    string
 }
 
-func (e *budgetError) Error() string        { return e.msg }
+func (e *budgetError) Error() string { return e.msg }
+
+// BudgetOf names the budget err (or an error it wraps) tripped: one of
+// BudgetNames, BudgetExprMemory for expr's own memory budget, "" when err
+// is not a budget's.
+func BudgetOf(err error) string {
+	var b *budgetError
+	if errors.As(err, &b) {
+		return b.budget
+	}
+	if IsBudget(err) {
+		return BudgetExprMemory
+	}
+	return ""
+}
 func (e *budgetError) Is(target error) bool { return target == ErrBudget }
 
 func tripped(budget, format string, args ...any) error {

@@ -15,6 +15,7 @@ package operators
 // Set -rewrite to regenerate expected output after a deliberate change.
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"path/filepath"
@@ -226,6 +227,21 @@ func (s *snapWriter) Put(k, v []byte) error {
 	return nil
 }
 
+// sort orders the entries by key, as a store would hold them (a step may
+// Put them in any order).
+func (s *snapWriter) sort() {
+	idx := make([]int, len(s.keys))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return bytes.Compare(s.keys[a], s.keys[b]) })
+	keys, vals := make([][]byte, len(idx)), make([][]byte, len(idx))
+	for i, j := range idx {
+		keys[i], vals[i] = s.keys[j], s.vals[j]
+	}
+	s.keys, s.vals = keys, vals
+}
+
 func (s *snapWriter) Each(fn func(k, v []byte) error) error {
 	for i := range s.keys {
 		if err := fn(s.keys[i], s.vals[i]); err != nil {
@@ -338,6 +354,7 @@ func TestGolden(t *testing.T) {
 				if err := step.(Stateful).Snapshot(&sw); err != nil {
 					return "error: " + err.Error() + "\n"
 				}
+				sw.sort()
 				var b strings.Builder
 				for i := range sw.keys {
 					fmt.Fprintf(&b, "%q -> %x\n", sw.keys[i], sw.vals[i])
@@ -357,6 +374,8 @@ func TestGolden(t *testing.T) {
 				}
 				var again snapWriter
 				_ = fresh.(Stateful).Snapshot(&again)
+				sw.sort()
+				again.sort()
 				if !slices.EqualFunc(sw.keys, again.keys, slices.Equal) || !slices.EqualFunc(sw.vals, again.vals, slices.Equal) {
 					return "snapshot after restore differs\n"
 				}

@@ -40,6 +40,10 @@ type Record struct {
 	// Window is set on rows emitted by a window step.
 	Window *WindowRef
 
+	// Branch is the switch branch whose sink takes the record (the index
+	// among the branches; 0 for a route without a switch, whose one sink
+	// is branch 0). Only the switch step, the last, sets it.
+	Branch int
 	// HashKey is the salt hash() keys its HMAC with (a view's
 	// hash_salt_file, viewfuncs.go); nil: hash() fails.
 	HashKey []byte

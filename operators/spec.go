@@ -57,13 +57,14 @@ const (
 	TypeTable                         // the name of a table under `tables:`
 	TypeFields                        // a mapping of field names to expressions
 	TypeAggregates                    // a mapping of names to aggregate calls
+	TypeBranches                      // a list of `{ when: CONDITION, sink: {...} }` (switch)
 	TypeFieldNames                    // a list of field names of the value
 )
 
 var keyTypeNames = map[KeyType]string{
 	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
 	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
-	TypeFieldNames: "field names",
+	TypeFieldNames: "field names", TypeBranches: "branches",
 }
 
 func (t KeyType) String() string { return keyTypeNames[t] }
@@ -85,6 +86,10 @@ type Key struct {
 	// Needs completes "<kind> needs `<key>`: ..." when a required key is
 	// missing: what it is, with an example.
 	Needs string
+	// FingerprintOmitsAbsent leaves the key out of the step's fingerprint
+	// when the rule file does not write it: a key added to a kind whose
+	// fingerprints have shipped keeps theirs (and so their state).
+	FingerprintOmitsAbsent bool
 }
 
 // Args are the values of one step as the rule file gave them, defaults
@@ -128,6 +133,9 @@ func (a *Args) Names(key string) []string { n, _ := a.vals[key].([]string); retu
 
 // Aggregates is a TypeAggregates key.
 func (a *Args) Aggregates(key string) []Aggregate { g, _ := a.vals[key].([]Aggregate); return g }
+
+// Branches is a TypeBranches key.
+func (a *Args) Branches(key string) []Branch { b, _ := a.vals[key].([]Branch); return b }
 
 // Plan is a compiled step: how to build it, and what the steps after it
 // see.

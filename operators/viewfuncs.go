@@ -142,14 +142,17 @@ func mask(m *meter, v, keep any) (any, error) {
 	if chars <= n {
 		hide = chars // a value no longer than what is kept is hidden whole
 	}
+	// Characters as range reads them (an invalid byte is one); what is
+	// kept is copied as it was, bytes and all, so the result is never
+	// longer than s.
 	out := make([]byte, 0, len(s))
 	i := int64(0)
-	for _, r := range s {
-		if i < hide {
-			out = append(out, '*')
-		} else {
-			out = utf8.AppendRune(out, r)
+	for at := range s {
+		if i == hide {
+			out = append(out, s[at:]...)
+			break
 		}
+		out = append(out, '*')
 		i++
 	}
 	return string(out), nil

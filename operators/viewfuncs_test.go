@@ -5,22 +5,28 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
 )
 
-// maskReference is mask written the obvious way, over a slice of runes.
+// maskReference is mask written the obvious way: the characters as range
+// reads them (an invalid byte is one), each hidden one a '*', the kept
+// ones as their bytes were.
 func maskReference(s string, keep int) string {
-	rs := []rune(s)
-	hide := len(rs) - keep
-	if len(rs) <= keep {
-		hide = len(rs)
+	var starts []int
+	for i := range s {
+		starts = append(starts, i)
 	}
-	for i := 0; i < hide; i++ {
-		rs[i] = '*'
+	hide := len(starts) - keep
+	if len(starts) <= keep {
+		hide = len(starts)
 	}
-	return string(rs)
+	if hide == len(starts) {
+		return strings.Repeat("*", hide)
+	}
+	return strings.Repeat("*", hide) + s[starts[hide]:]
 }
 
 func evalOn(t *testing.T, src string, value any, key []byte) (any, error) {
@@ -139,7 +145,7 @@ func FuzzMask(f *testing.F) {
 			t.Fatalf("mask(%q, %d) = %q, want %q", s, keep, got, want)
 		}
 		g := got.(string)
-		if len(g) > len(s) || (utf8.ValidString(s) && utf8.RuneCountInString(g) != utf8.RuneCountInString(s)) {
+		if len(g) > len(s) || utf8.RuneCountInString(g) != utf8.RuneCountInString(s) || !strings.HasSuffix(s, strings.TrimLeft(g, "*")) {
 			t.Fatalf("mask(%q, %d) = %q: longer, or not one character per character", s, keep, g)
 		}
 		// Nothing but the kept tail is shown.
@@ -147,4 +153,13 @@ func FuzzMask(f *testing.F) {
 			t.Fatalf("mask(%q, %d) = %q shows a value no longer than what is kept", s, keep, g)
 		}
 	})
+}
+
+func TestBudgetOf(t *testing.T) {
+	if got := BudgetOf(fmt.Errorf("wrapped: %w", &budgetError{budget: BudgetExprSteps})); got != BudgetExprSteps {
+		t.Fatalf("BudgetOf = %q", got)
+	}
+	if got := BudgetOf(errors.New("plain")); got != "" {
+		t.Fatalf("BudgetOf(plain) = %q", got)
+	}
 }

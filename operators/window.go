@@ -42,15 +42,20 @@ func init() {
 	register(&Spec{
 		Kind:    "window",
 		Order:   60,
-		Summary: "Groups records by key and event time into tumbling or sliding windows and emits one row of aggregates per key and window; later steps see the rows.",
+		Summary: "Groups records by key and event time into tumbling, sliding or session windows and emits one row of aggregates per key and window; later steps see the rows.",
 		Keys: []Key{
 			{Name: "kind", Type: TypeEnum, Required: true, Choices: WindowKinds,
-				Doc:   "`tumbling`: windows `[k·size, (k+1)·size)`, each record in one. `sliding`: windows start every `slide`.",
-				Needs: "tumbling or sliding"},
-			{Name: "size", Type: TypeDuration, Required: true, Doc: "How long each window is; aligned to the epoch.",
+				Doc:   "`tumbling`: windows `[k·size, (k+1)·size)`, each record in one. `sliding`: windows start every `slide`. `session`: a key's records less than `gap` apart, merged as they come (see Session windows).",
+				Needs: "tumbling, sliding or session"},
+			{Name: "size", Type: TypeDuration, Absent: "tumbling, sliding: required", Doc: "Tumbling and sliding windows: how long each window is; aligned to the epoch.",
 				Needs: "how long each window is, e.g. `size: 5m`"},
 			{Name: "slide", Type: TypeDuration, Absent: "sliding: required",
 				Doc: "Sliding windows only: how far apart windows start, at most `size`, and at most 10,000 windows per record."},
+			{Name: "gap", Type: TypeDuration, Absent: "session: required", FingerprintOmitsAbsent: true,
+				Doc:   "Session windows only: a session ends after `gap` of event time without a record of its key; a record less than `gap` from a session joins it.",
+				Needs: "the pause that ends a session, e.g. `gap: 30m`"},
+			{Name: "max_duration", Type: TypeDuration, Absent: "no limit", FingerprintOmitsAbsent: true,
+				Doc: "Session windows only: the longest a session may span, at least `gap`; a session that reaches it ends at `window_start + max_duration` and the key's next record starts a new one."},
 			{Name: "key", Type: TypeExpr, Absent: "one window for the whole stream", Doc: "What groups records into windows."},
 			{Name: "emit", Type: TypeEnum, Default: "on_close", Choices: []string{"on_close", "on_update"},
 				Doc: "`on_close`: a row once, when the watermark passes the window's end. `on_update`: the current row on every change."},
@@ -77,20 +82,47 @@ var windowRowFields = []string{"key", "window_start", "window_end"}
 func compileWindow(a *Args) (*Plan, error) {
 	ws := WindowSpec{
 		Kind: a.String("kind"), Size: a.Duration("size"), Slide: a.Duration("slide"),
+		Gap: a.Duration("gap"), MaxDuration: a.Duration("max_duration"),
 		Key: a.Expr("key"), Aggregates: a.Aggregates("aggregate"),
 		EmitOnUpdate: a.String("emit") == "on_update",
 	}
 	var errs KeyErrors
-	var problems WindowErrors
-	errors.As(ws.Validate(), &problems)
-	for _, p := range problems {
-		errs = append(errs, &KeyError{Key: p.Key, Msg: p.Rule})
+	// A key the kind needs and the file lacks is reported as a missing
+	// required key is; the problems of the values follow.
+	session := ws.Kind == "session"
+	need := map[string]string{"size": "how long each window is, e.g. `size: 5m`"}
+	if session {
+		need = map[string]string{"gap": "the pause that ends a session, e.g. `gap: 30m`"}
+	}
+	for _, k := range []string{"size", "gap"} {
+		if msg, ok := need[k]; ok && !a.Written(k) {
+			errs = append(errs, &KeyError{Key: k, Msg: fmt.Sprintf("window needs `%s`: %s", k, msg)})
+		}
+	}
+	if len(errs) == 0 {
+		var problems WindowErrors
+		errors.As(ws.Validate(), &problems)
+		for _, p := range problems {
+			errs = append(errs, &KeyError{Key: p.Key, Msg: p.Rule})
+		}
 	}
 	// Which keys a kind takes is the rule file's business: the step
 	// ignores a tumbling window's slide, a rule file may not write one.
 	if len(errs) == 0 && ws.Kind == "tumbling" && a.Written("slide") {
 		errs = append(errs, &KeyError{Key: "slide", AtName: true,
 			Msg: "`slide` only applies to sliding windows; remove it or use `kind: sliding`"})
+	}
+	if len(errs) == 0 {
+		for _, k := range []string{"size", "slide", "gap", "max_duration"} {
+			mine := k == "gap" || k == "max_duration"
+			if a.Written(k) && mine != session {
+				msg := fmt.Sprintf("`%s` only applies to session windows; remove it or use `kind: session`", k)
+				if session {
+					msg = fmt.Sprintf("`%s` does not apply to session windows, which end after `gap` without records; remove it", k)
+				}
+				errs = append(errs, &KeyError{Key: k, AtName: true, Msg: msg})
+			}
+		}
 	}
 	fields := slices.Clone(windowRowFields)
 	for _, g := range ws.Aggregates {
@@ -122,15 +154,30 @@ func compileWindow(a *Args) (*Plan, error) {
 				Msg: fmt.Sprintf("every record updates %d windows (size / slide), and the open windows per key are as many: a larger slide costs less", n)})
 		}
 	}
-	if ws.Size >= warnDistinctWindow {
+	if session && ws.MaxDuration == 0 {
+		plan.Warnings = append(plan.Warnings, &KeyError{Key: "gap",
+			Msg: "a session window without `max_duration` never closes while its key keeps sending records less than `gap` apart: its row waits, and its state stays; give it a `max_duration` (e.g. `max_duration: 4h`)"})
+	}
+	if ws.Size >= warnDistinctWindow || (session && (ws.MaxDuration == 0 || ws.MaxDuration >= warnDistinctWindow)) {
 		for _, g := range ws.Aggregates {
 			if g.Func == AggCountDistinct {
 				plan.Warnings = append(plan.Warnings, &KeyError{Key: "aggregate", Entry: g.Name,
-					Msg: fmt.Sprintf("count_distinct is exact: it keeps every distinct value of an open window, for %s here; a value with many distinct values grows the state with them", ws.Size)})
+					Msg: fmt.Sprintf("count_distinct is exact: it keeps every distinct value of an open window, for %s here; a value with many distinct values grows the state with them", windowSpan(ws))})
 			}
 		}
 	}
 	return plan, nil
+}
+
+// windowSpan says how long a window of ws may last, for messages.
+func windowSpan(ws WindowSpec) string {
+	switch {
+	case ws.Kind != "session":
+		return ws.Size.String()
+	case ws.MaxDuration > 0:
+		return "up to " + ws.MaxDuration.String()
+	}
+	return "as long as its session lasts"
 }
 
 // The analyzer warns above these: a sliding window updating more windows
@@ -150,11 +197,13 @@ type Aggregate struct {
 
 // WindowSpec is a compiled `window:` step.
 type WindowSpec struct {
-	Kind         string // "tumbling" or "sliding"
-	Size, Slide  time.Duration
-	Key          *Expr // nil: one window for all records (key "")
-	Aggregates   []Aggregate
-	EmitOnUpdate bool
+	Kind        string // "tumbling", "sliding" or "session"
+	Size, Slide time.Duration
+	// Gap and MaxDuration are a session window's (0: no max_duration).
+	Gap, MaxDuration time.Duration
+	Key              *Expr // nil: one window for all records (key "")
+	Aggregates       []Aggregate
+	EmitOnUpdate     bool
 }
 
 // window is the tumbling and sliding window step.
@@ -217,7 +266,7 @@ type winState struct {
 }
 
 // WindowKinds are the kinds of window, as a rule file writes them.
-var WindowKinds = []string{"tumbling", "sliding"}
+var WindowKinds = []string{"tumbling", "sliding", "session"}
 
 // MaxWindowsPerRecord bounds how many sliding windows one record may fall
 // in (size / slide in whole milliseconds, rounded up): each is updated per
@@ -287,7 +336,7 @@ func ValidateWindow(kind string, size, slide time.Duration) error {
 			Rule: "`window.size` must be at least 1ms: windows are aligned to epoch milliseconds",
 			msg:  fmt.Sprintf("window size %v must be at least 1ms", size)})
 	}
-	if !slices.Contains(WindowKinds, kind) {
+	if !slices.Contains(WindowKinds, kind) || kind == "session" {
 		errs = append(errs, &WindowError{Key: "kind",
 			Rule: "`window.kind` must be one of " + strings.Join(WindowKinds, ", "),
 			msg:  fmt.Sprintf("window kind %q must be tumbling or sliding", kind)})
@@ -326,15 +375,24 @@ func ValidateWindow(kind string, size, slide time.Duration) error {
 	return nil
 }
 
-// Validate is ValidateWindow of the spec's kind, size and slide.
+// Validate is ValidateSession of a session window's gap and max_duration,
+// else ValidateWindow of the spec's kind, size and slide.
 func (s WindowSpec) Validate() error {
+	if s.Kind == "session" {
+		return ValidateSession(s.Gap, s.MaxDuration)
+	}
 	return ValidateWindow(s.Kind, s.Size, s.Slide)
 }
 
 // NewWindow returns the `window:` step. It runs ValidateWindow, the
 // analyzer's own check of the spec; a step built from an invalid spec
 // never hangs or panics, it dead-letters every record with the reason.
+//
+// A session window (Kind "session") is a step of its own (session.go).
 func NewWindow(spec WindowSpec) Keyed {
+	if spec.Kind == "session" {
+		return newSessionWindow(spec)
+	}
 	w := &window{
 		spec:  spec,
 		size:  spec.Size.Milliseconds(),
@@ -613,16 +671,7 @@ func (w *window) Resume(watermark int64, applied map[int32]int64) {
 
 // Snapshot implements Stateful; the layout is at the top of this file.
 func (w *window) Snapshot(sw Writer) error {
-	meta := []byte{1, 0}
-	if w.hasWM {
-		meta[1] = 1
-	}
-	meta = putTime(meta, w.watermark)
-	meta = binary.AppendUvarint(meta, uint64(len(w.spec.Aggregates)))
-	for _, a := range w.spec.Aggregates {
-		meta = binary.AppendUvarint(meta, uint64(len(a.Func)))
-		meta = append(meta, a.Func...)
-	}
+	meta := windowMeta(w.hasWM, w.watermark, w.spec.Aggregates)
 	if err := sw.Put([]byte{'m'}, meta); err != nil {
 		return fmt.Errorf("window snapshot: %w", err)
 	}
@@ -702,33 +751,11 @@ func (w *window) Restore(sr Reader) error {
 }
 
 func (w *window) restoreMeta(v []byte) error {
-	d := snapDec{b: v}
-	ver := d.byte()
-	has := d.byte()
-	wm := d.time()
-	n := d.uvarint()
-	if d.err != nil {
-		return fmt.Errorf("%w: meta: %v", errSnapshot, d.err)
+	has, wm, err := readWindowMeta(v, w.spec.Aggregates)
+	if err != nil {
+		return err
 	}
-	if ver != 1 {
-		return fmt.Errorf("%w: meta: version %d, this build reads 1", errSnapshot, ver)
-	}
-	if n != uint64(len(w.spec.Aggregates)) {
-		return fmt.Errorf("window snapshot has %d aggregates, the step has %d", n, len(w.spec.Aggregates))
-	}
-	for _, a := range w.spec.Aggregates {
-		fn := d.bytes()
-		if d.err != nil {
-			return fmt.Errorf("%w: meta: %v", errSnapshot, d.err)
-		}
-		if AggFunc(fn) != a.Func {
-			return fmt.Errorf("window snapshot aggregate %q is %s, the step has %s", a.Name, fn, a.Func)
-		}
-	}
-	if len(d.b) != 0 {
-		return fmt.Errorf("%w: meta: %d trailing bytes", errSnapshot, len(d.b))
-	}
-	w.watermark, w.hasWM = wm, has == 1
+	w.watermark, w.hasWM = wm, has
 	return nil
 }
 

@@ -32,8 +32,16 @@ func checkDefinition(d *rules.Route) error {
 	if s.Watermark < 0 {
 		bad("source.watermark %v must not be negative", s.Watermark)
 	}
-	if d.Sink.Target() == "" {
+	if d.Switch == nil && d.Sink.Target() == "" {
 		bad("sink has no target (sink.topic is empty)")
+	}
+	for i, b := range d.Switch {
+		if b.Sink.Target() == "" {
+			bad("switch branch %d's sink has no target", i+1)
+		}
+		if b.When == nil && i != len(d.Switch)-1 {
+			bad("switch branch %d has no condition and is not the last", i+1)
+		}
 	}
 	if d.Sink.Delivery != rules.DeliveryAtLeastOnce && d.Sink.Delivery != rules.DeliveryExactlyOnce {
 		bad("sink.delivery %q is neither %s nor %s", d.Sink.Delivery, rules.DeliveryAtLeastOnce, rules.DeliveryExactlyOnce)

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"time"
 
@@ -78,6 +79,7 @@ type Driver struct {
 	keyed map[string]map[int32]*task // keyed tasks by topic and partition
 	src   []*task
 	out   []DriverOutput
+	sinks *sinkSet // the route's sinks, in memory
 	// lastIn is the clock when the last record was sent (or the start).
 	lastIn time.Time
 }
@@ -96,6 +98,10 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 		// are not part of it.
 		cp := *def
 		cp.Source.Format, cp.Source.DecodeMembers, cp.Sink.Format = rules.FormatJSON, false, rules.FormatJSON
+		cp.Switch = slices.Clone(def.Switch)
+		for i := range cp.Switch {
+			cp.Switch[i].Sink.Format = rules.FormatJSON
+		}
 		def = &cp
 	}
 	if cfg.Partitions <= 0 {
@@ -132,7 +138,14 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.plan.clock = func() time.Time { return d.now }
 	r.wr = d
-	r.snk = topicSink{w: d, topic: def.Sink.Target()} // every kind of sink is memory here
+	// Every kind of sink is memory here, named by its target.
+	set, err := r.newSinkSet(func(spec *rules.Sink) sink { return topicSink{w: d, topic: spec.Target()} })
+	if err != nil {
+		db.Close()
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	r.snk, d.sinks = set, set
 	d.r = r
 
 	r.plan.tableOf = map[string]operators.Table{}
@@ -310,7 +323,7 @@ func (d *Driver) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
 		cb(kr, nil)
 		return
 	}
-	if kr.Topic == d.r.snk.target() || kr.Topic == deadLetterTopic(d.r.def) {
+	if d.sinks.isOutputTopic(kr.Topic) || kr.Topic == deadLetterTopic(d.r.def) {
 		o := DriverOutput{Topic: kr.Topic, DeadLetter: kr.Topic == deadLetterTopic(d.r.def),
 			Key: kr.Key, Value: kr.Value, Timestamp: kr.Timestamp}
 		if o.Timestamp.IsZero() {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -30,8 +31,10 @@ const reasonEncode operators.Reason = "encode"
 // codec is a route's reader and writer of registry formats.
 type codec struct {
 	dec *serde.Decoder // source.format avro | protobuf
-	enc *serde.Encoder // sink.format avro | protobuf
-	err error          // no usable registry: records wait, the route says why
+	// encs are the encoders of the route's sinks, by sink (rules.Route.Sinks,
+	// a switch's branches): nil for a sink that writes JSON.
+	encs []*serde.Encoder
+	err  error // no usable registry: records wait, the route says why
 }
 
 // registryConfig is the registry a route uses: its rule file's, else the
@@ -45,7 +48,7 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 	}
 	rc := registryConfig(cfg, d)
 	if !rc.Set() {
-		return &codec{err: fmt.Errorf("source.format %s / sink.format %s need a schema registry: set schema_registry.url in the proxy config or `schema_registry:` in %s", d.Source.Format, d.Sink.Format, d.File)}
+		return &codec{err: fmt.Errorf("source.format %s / sink.format %s need a schema registry: set schema_registry.url in the proxy config or `schema_registry:` in %s", d.Source.Format, sinkFormats(d), d.File)}
 	}
 	reg, err := serde.NewRegistry(rc, os.LookupEnv)
 	if err != nil {
@@ -58,13 +61,34 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 			c.dec.WithIndexes(x)
 		}
 	}
-	if f := d.Sink.Format; f.Registry() {
-		c.enc = serde.NewEncoder(reg, f.Serde(), d.Sink.Subject, d.Sink.Schema, d.Sink.Message)
-		if x, err := serde.ParseIndexEncoding(d.Sink.MessageIndexes); err == nil {
-			c.enc.WithIndexes(x)
+	for _, s := range d.Sinks() {
+		var enc *serde.Encoder
+		if f := s.Format; f.Registry() {
+			enc = serde.NewEncoder(reg, f.Serde(), s.Subject, s.Schema, s.Message)
+			if x, err := serde.ParseIndexEncoding(s.MessageIndexes); err == nil {
+				enc.WithIndexes(x)
+			}
 		}
+		c.encs = append(c.encs, enc)
 	}
 	return c
+}
+
+// sinkFormats names the formats of d's sinks, for messages.
+func sinkFormats(d *rules.Route) string {
+	var fs []string
+	for _, s := range d.Sinks() {
+		fs = append(fs, string(s.Format))
+	}
+	return strings.Join(fs, ", ")
+}
+
+// enc is the encoder of sink i, nil for one that writes JSON.
+func (c *codec) enc(i int) *serde.Encoder {
+	if c == nil || i >= len(c.encs) {
+		return nil
+	}
+	return c.encs[i]
 }
 
 // ready reports whether kr can be processed without a registry request.
@@ -72,8 +96,10 @@ func (c *codec) ready(kr *kgo.Record, source bool) bool {
 	if c.err != nil {
 		return false
 	}
-	if c.enc != nil && !c.enc.Ready() {
-		return false
+	for _, e := range c.encs {
+		if e != nil && !e.Ready() {
+			return false
+		}
 	}
 	if source && c.dec != nil {
 		_, ok := c.dec.Ready(kr.Value)
@@ -87,9 +113,11 @@ func (c *codec) fetch(ctx context.Context, kr *kgo.Record, source bool) error {
 	if c.err != nil {
 		return c.err
 	}
-	if c.enc != nil {
-		if err := c.enc.Resolve(ctx); err != nil {
-			return err
+	for _, e := range c.encs {
+		if e != nil {
+			if err := e.Resolve(ctx); err != nil {
+				return err
+			}
 		}
 	}
 	if source && c.dec != nil {
@@ -169,24 +197,25 @@ func (r *route) decodeValue(rec *operators.Record, kr *kgo.Record, tk *ticket) b
 	}
 }
 
-// sinkValue is the sink value of rec: encoded with the sink's schema for
-// sink.format avro | protobuf, else as encodeValue writes it.
-func (r *route) sinkValue(rec *operators.Record) ([]byte, error) {
-	c := r.plan.codec
-	if c == nil || c.enc == nil {
+// sinkValue is the value of rec for the route's sink i: encoded with the
+// sink's schema for sink.format avro | protobuf, else as encodeValue
+// writes it.
+func (r *route) sinkValue(rec *operators.Record, i int) ([]byte, error) {
+	enc := r.plan.codec.enc(i)
+	if enc == nil {
 		return r.encodeValue(rec)
 	}
-	if !c.enc.Ready() {
+	if !enc.Ready() {
 		// Only a window closed by the idle watermark before any record of
 		// this run passed awaitSchema gets here.
 		ctx, cancel := context.WithTimeout(r.ctx, schemaRetryMax)
-		err := c.enc.Resolve(ctx)
+		err := enc.Resolve(ctx)
 		cancel()
 		if err != nil {
 			return nil, &serde.EncodeError{Err: err}
 		}
 	}
-	return c.enc.Encode(rec.Value)
+	return enc.Encode(rec.Value)
 }
 
 // outputReason is the dead-letter reason of a value sinkValue refused.

@@ -34,6 +34,9 @@ type metrics struct {
 	tapped          *prometheus.CounterVec   // route
 	tapDropped      *prometheus.CounterVec   // route
 	txnAborts       *prometheus.CounterVec   // route
+	// sinkOut and sinkWriteErrors are per sink of a route (sinkset.go).
+	sinkOut         *prometheus.CounterVec // route, sink
+	sinkWriteErrors *prometheus.CounterVec // route, sink
 	stateFailed     prometheus.Gauge
 	retentionSweeps prometheus.Counter
 }
@@ -76,6 +79,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		watermark: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rtproxy_pipeline_watermark_seconds", Help: "A route's event-time watermark, epoch seconds.",
 		}, []string{"route"}),
+		sinkOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_pipeline_sink_records_out_total", Help: "Outputs a sink of a route acknowledged, per sink (its topic, or http / http-<branch>).",
+		}, []string{"route", "sink"}),
+		sinkWriteErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_pipeline_sink_output_errors_total", Help: "Outputs that failed on a sink of a route, per sink: a write the sink failed (retried, or refused and dead-lettered) or a value its format could not encode.",
+		}, []string{"route", "sink"}),
 		sinkErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_pipeline_sink_errors_total", Help: "Failed writes to a route's sink or dead-letter topic (retried).",
 		}, []string{"route"}),
@@ -129,7 +138,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.staleFetches, m.processing,
-		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast} {
+		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.sinkOut, m.sinkWriteErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
 		}
@@ -143,7 +152,7 @@ func (m *metrics) forgetRoute(route string) {
 	only := prometheus.Labels{"route": route}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.staleFetches, m.processing, m.endToEnd, m.lag, m.watermark,
-		m.sinkErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.partitionsOwned,
+		m.sinkErrors, m.sinkOut, m.sinkWriteErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.partitionsOwned,
 		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped,
 	} {
 		v.DeletePartialMatch(only)

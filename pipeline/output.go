@@ -31,20 +31,29 @@ const (
 	HeaderTarget = "rtproxy-target"
 )
 
-// output writes a record that left task t's last step to the sink.
+// output writes a record that left task t's last step to its sink: the
+// route's, or the one of the branch its switch chose (sinkset.go), with
+// that sink's key and format.
 func (t *task) output(rec *operators.Record, tk *ticket) {
 	r := t.r
+	to := r.outletOf(rec.Branch)
+	if to == nil {
+		r.deadLetter(rec, operators.ReasonError, fmt.Errorf("no sink for switch branch %d", rec.Branch), "sink", tk)
+		return
+	}
 	key := rec.Key
-	if k := r.def.Sink.Key; k != nil {
+	if k := to.spec.Key; k != nil {
 		v, err := k.Eval(rec)
 		if err != nil {
+			to.failed()
 			r.deadLetter(rec, operators.ReasonError, err, "sink", tk)
 			return
 		}
 		key = keyBytes(v)
 	}
-	val, err := r.sinkValue(rec) // format.go
+	val, err := r.sinkValue(rec, to.idx) // format.go
 	if err != nil {
+		to.failed()
 		r.deadLetter(rec, outputReason(err), err, "sink", tk)
 		return
 	}
@@ -63,13 +72,13 @@ func (t *task) output(rec *operators.Record, tk *ticket) {
 	}
 	// The source record's timestamp (a window row's is window_end − 1):
 	// consumers and time-based retention see event time, not our write.
-	o.kr = kgo.Record{Topic: r.snk.target(), Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
+	o.kr = kgo.Record{Topic: to.snk.target(), Key: key, Value: val, Headers: hs, Timestamp: time.UnixMilli(rec.Timestamp)}
 	// Where it comes from: the task, the offset of the record it was
 	// processing and its place among that record's outputs (a sink that
 	// is not a topic names an output by them: outputID).
 	o.t, o.off, o.idx = t, t.curOff, t.seq
 	t.seq++
-	o.w = write{via: r.snk, tk: tk, isOutput: true, srcMillis: rec.Timestamp}
+	o.w = write{via: to.snk, tk: tk, isOutput: true, srcMillis: rec.Timestamp, to: to}
 	r.writeOutput(o)
 }
 

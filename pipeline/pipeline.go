@@ -368,8 +368,9 @@ type RouteStatus struct {
 	Name           string            `json:"name"`
 	File           string            `json:"file"`
 	Source         string            `json:"source"`
-	Sink           string            `json:"sink"`
-	State          string            `json:"state"` // starting, waiting, running, stopped, error
+	Sink           string            `json:"sink"`            // every sink's target, comma separated
+	Sinks          []SinkStatus      `json:"sinks,omitempty"` // one, or a switch's branches, with counts
+	State          string            `json:"state"`           // starting, waiting, running, stopped, error
 	Partitions     []PartitionStatus `json:"partitions"`
 	Watermark      *time.Time        `json:"watermark,omitempty"`
 	LastCheckpoint *time.Time        `json:"last_checkpoint,omitempty"`
@@ -481,7 +482,7 @@ func (m *Manager) Routes() []RouteStatus {
 	var out []RouteStatus
 	seenFile := map[string]bool{}
 	for _, d := range m.mu.stopped {
-		out = append(out, RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: d.Sink.Target(),
+		out = append(out, RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: sinkText(d),
 			State: "stopped", Partitions: []PartitionStatus{}})
 	}
 	ruleErrs := m.mu.ruleErrs

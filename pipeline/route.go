@@ -88,6 +88,9 @@ type routeWrites struct {
 	out *outbox
 	wr  writer
 	snk sink
+	// outs are the route's sinks (sinkset.go), made with the route; the
+	// switch's branch of an output (operators.Record.Branch) indexes it.
+	outs []*outlet
 }
 
 // routeLife is how far a route's life has gone.
@@ -190,6 +193,7 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.mx.e2e = m.met.endToEnd.WithLabelValues(d.Name)
 	r.mx.proc = m.met.processing.WithLabelValues(d.Name)
 	r.mx.tapped = m.met.tapped.WithLabelValues(d.Name)
+	r.outs = r.newOutlets()
 	r.idleWake = make(chan struct{}, 1)
 	r.st.state = "starting"
 	r.plan.clock = time.Now

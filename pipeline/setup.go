@@ -427,9 +427,7 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, map[string]bool, error) {
 	dlq := deadLetterTopic(d)
 	want := []string{dlq}
-	if d.Sink.Topic != "" {
-		want = append(want, d.Sink.Topic) // a sink of another kind has no topic
-	}
+	want = append(want, d.SinkTopics()...) // a sink of another kind has no topic
 	compact := map[string]bool{}
 	for i := range d.Steps {
 		if s := &d.Steps[i]; isBoundary(s) {

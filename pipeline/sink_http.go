@@ -84,8 +84,8 @@ type httpLane struct {
 	q []*outRecord
 }
 
-func newHTTPSink(r *route) (sink, bool, error) {
-	spec := r.def.Sink.HTTP
+func newHTTPSink(r *route, snk *rules.Sink) (sink, bool, error) {
+	spec := snk.HTTP
 	if spec == nil {
 		return nil, false, nil
 	}
@@ -219,6 +219,9 @@ func (s *httpSink) deliver(o *outRecord) {
 			err = fmt.Errorf("HTTP %d %s", status, http.StatusText(status))
 		}
 		failed = true
+		if o.w.to != nil {
+			o.w.to.failed() // retried here, not through the write's callback
+		}
 		s.r.sinkError(fmt.Errorf("sink %s: %w; retrying, offsets hold", redactURL(s.spec.URL), err))
 	}
 }

@@ -44,7 +44,7 @@ func (r *route) noteError(err error) {
 
 func (r *route) status() RouteStatus {
 	d := r.def
-	s := RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: d.Sink.Target(), Partitions: []PartitionStatus{}}
+	s := RouteStatus{Name: d.Name, File: d.File, Source: d.Source.Topic, Sink: sinkText(d), Sinks: r.sinkStatus(), Partitions: []PartitionStatus{}}
 	r.st.Lock()
 	s.State = r.st.state
 	if r.st.sinkDown && s.State == "running" {

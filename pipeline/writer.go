@@ -11,9 +11,10 @@ package pipeline
 //     open transaction; a failed one fails the transaction, which aborts.
 //   - the Driver (driver.go): `rtproxy test`, in memory, acknowledged at once.
 //
-// Outputs go through the route's sink (sink), which for a topic sink is
-// the writer itself and for another kind of sink (an HTTP endpoint) is an
-// implementation of its own. Whatever carries a write, its outcome comes
+// Outputs go through the route's sink (sink): the set of its sinks
+// (sinkset.go: one, or one per branch of a switch), each of which for a
+// topic is the writer itself and for another kind of sink (an HTTP
+// endpoint) an implementation of its own. Whatever carries a write, its outcome comes
 // back through one callback (write.done), which is where the checkpoint's
 // accounting lives (outbox): a write is counted in the epoch it was made
 // in until its callback ran, and a cut commits only once its epoch and the
@@ -28,6 +29,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/rules"
 )
 
 // transport carries writes: the route's writer, or its sink.
@@ -87,19 +90,18 @@ type deadLetterHeaders interface {
 }
 
 // sinkKinds build the sinks that are not a topic; the first that takes
-// the route's sink spec builds it. A kind registers itself (init), so a
+// a sink spec of the route builds it. A kind registers itself (init), so a
 // new kind of sink is a file of its own.
-var sinkKinds []func(r *route) (sink, bool, error)
+var sinkKinds []func(r *route, spec *rules.Sink) (sink, bool, error)
 
-// newSink is the route's sink: a kind of its own, else its sink topic,
-// written through the route's writer.
+// newSink is the route's sink: the set of its sinks (sinkset.go), each a
+// kind of its own, else its topic, written through the route's writer.
 func (r *route) newSink() (sink, error) {
-	for _, k := range sinkKinds {
-		if s, ok, err := k(r); ok {
-			return s, err
-		}
+	s, err := r.newSinkSet(nil)
+	if err != nil {
+		return nil, err
 	}
-	return topicSink{w: r.wr, topic: r.def.Sink.Topic}, nil
+	return s, nil
 }
 
 // topicSink is a Kafka topic: outputs go through the route's writer, so in
@@ -128,6 +130,7 @@ type write struct {
 	isOutput  bool
 	srcMillis int64
 	acked     func(*kgo.Record)
+	to        *outlet // an output's sink; nil for other writes
 	attempt   int
 	diverted  int // 1: written as a dead letter; 2: as a dead letter without its value
 	cb        func(*kgo.Record, error)
@@ -192,6 +195,9 @@ func (w *write) done(got *kgo.Record, err error) {
 			r.out.add(-1, w.ep)
 			return
 		}
+		if w.to != nil && w.diverted == 0 {
+			w.to.failed()
+		}
 		if poisonErr(err) && w.diverted < 2 {
 			if got.Topic == deadLetterTopic(r.def) {
 				w.diverted = 2 // a dead letter already: keep its reason, drop its value
@@ -216,6 +222,9 @@ func (w *write) done(got *kgo.Record, err error) {
 		r.sinkRecovered()
 	}
 	if w.isOutput && w.diverted == 0 {
+		if w.to != nil {
+			w.to.acked()
+		}
 		r.mx.out.Inc()
 		r.mx.e2e.Observe(time.Since(time.UnixMilli(w.srcMillis)).Seconds())
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -51,8 +52,12 @@ type pair struct {
 	// upstream is dialed at the client's first request (connectUpstream),
 	// not at accept: an idle client holds one descriptor, not two. Set
 	// once by clientLoop, under upMu, which close also takes.
-	upstream   net.Conn
-	upMu       sync.Mutex
+	upstream net.Conn
+	upMu     sync.Mutex
+	// clientR and upR read client and upstream (connread.go), each
+	// used by one loop only: clientLoop and brokerLoop.
+	clientR    *connReader
+	upR        *connReader
 	node       int32           // the broker this listener stands for; -1: bootstrap
 	loops      *sync.WaitGroup // brokerLoop, once started
 	clientAddr string
@@ -108,6 +113,7 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 		node:       node,
 		clientAddr: addr,
 		tlsSubject: tlsSubject,
+		clientR:    newConnReader(c),
 		queue:      make(chan inflight, maxInFlight),
 		done:       make(chan struct{}),
 		reqsDone:   make(chan struct{}),
@@ -149,6 +155,7 @@ func (pr *pair) connectUpstream() bool {
 	default:
 	}
 	pr.upstream = up
+	pr.upR = newConnReader(up)
 	pr.upMu.Unlock()
 	pr.loops.Add(1)
 	go func() { defer pr.loops.Done(); pr.survive("broker", pr.brokerLoop) }()
@@ -313,6 +320,9 @@ func (pr *pair) finishIfIdle() {
 	}
 }
 
+// errDrainedAhead is a drain's timeout for a request already read ahead.
+var errDrainedAhead net.Error = &net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}
+
 func isClosedErr(err error) bool {
 	return errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed)
 }
@@ -331,10 +341,20 @@ func (pr *pair) clientLoop() {
 		if held != nil {
 			held.release()
 		}
+		pr.clientR.release()
 	}()
 	for {
 		pr.armRead(0) // between requests: idleLoop watches
-		frame, rest, err := readFrameHead(pr.client, &size, p.cfg.MaxFrameBytes, first)
+		var frame []byte
+		var rest int
+		var err error
+		if pr.clientR.buffered() > 0 && pr.draining.Load() {
+			// A request read ahead is not served once draining, as
+			// the socket's read would have timed out (drain).
+			err = errDrainedAhead
+		} else {
+			frame, rest, err = readFrameHead(pr.clientR, &size, p.cfg.MaxFrameBytes, first)
+		}
 		if err != nil {
 			var ne net.Error
 			if pr.draining.Load() && errors.As(err, &ne) && ne.Timeout() {
@@ -365,7 +385,7 @@ func (pr *pair) clientLoop() {
 		if err != nil && rest > 0 {
 			// The header may just be longer than the head: read more, but
 			// never more than a header can be (maxHeaderBytes).
-			if frame, rest, err = extendFrame(pr.client, frame, rest, maxHeaderBytes-len(frame)); err != nil {
+			if frame, rest, err = extendFrame(pr.clientR, frame, rest, maxHeaderBytes-len(frame)); err != nil {
 				if reason := frameReason(err); reason != "" {
 					p.m.frameErrors.WithLabelValues(reason).Inc()
 				}
@@ -494,7 +514,7 @@ func (pr *pair) clientLoop() {
 			held.release()
 		}
 		if err == nil && rest > 0 {
-			err = copyBody(pr.upstream, pr.client, rest)
+			err = copyBody(pr.upstream, pr.clientR, rest)
 		}
 		if err != nil {
 			if !expectResponse {
@@ -517,8 +537,9 @@ func (pr *pair) clientLoop() {
 func (pr *pair) brokerLoop() {
 	p := pr.p
 	var size [4]byte
+	defer pr.upR.release()
 	for {
-		frame, rest, err := readFrameHead(pr.upstream, &size, p.cfg.MaxFrameBytes, false)
+		frame, rest, err := readFrameHead(pr.upR, &size, p.cfg.MaxFrameBytes, false)
 		if err != nil {
 			select {
 			case <-pr.done:
@@ -556,7 +577,7 @@ func (pr *pair) brokerLoop() {
 			// Streamed, its endpoints rewritten at the same length
 			// (stream.go): no frame is held whole.
 			p.m.bytesB2C.Add(float64(len(frame) + rest))
-			padded, err := streamFetch(pr.client, pr.upstream, frame, rest, p)
+			padded, err := streamFetchTo(pr.client, pr.clientR.raw, pr.upR, frame, rest, p)
 			p.m.endpointsPadded.Add(float64(padded))
 			ReleaseFrame(frame)
 			if err != nil {
@@ -583,7 +604,7 @@ func (pr *pair) brokerLoop() {
 				ReleaseFrame(frame)
 				return
 			}
-			if frame, err = completeFrame(pr.upstream, frame, rest); err != nil {
+			if frame, err = completeFrame(pr.upR, frame, rest); err != nil {
 				p.held.release(held)
 				am.errors.Inc()
 				pr.report("closing client connection: upstream connection failed",
@@ -659,7 +680,7 @@ func (pr *pair) brokerLoop() {
 		ReleaseFrame(out)
 		p.held.release(held)
 		if err == nil && rest > 0 {
-			err = copyBody(pr.client, pr.upstream, rest)
+			err = copyBody(pr.client, pr.upR, rest)
 		}
 		if err != nil {
 			pr.close()

@@ -19,11 +19,18 @@ func cork(c net.Conn, on bool) {
 	if err != nil {
 		return
 	}
-	v := 0
-	if on {
-		v = 1
-	}
-	rc.Control(func(fd uintptr) {
-		syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CORK, v)
-	})
+	corkRaw(rc, on)
 }
+
+// corkRaw is cork on a socket's RawConn, which a pair keeps (connReader):
+// no RawConn and no closure are made per response.
+func corkRaw(rc syscall.RawConn, on bool) {
+	if on {
+		rc.Control(corkOn)
+	} else {
+		rc.Control(corkOff)
+	}
+}
+
+func corkOn(fd uintptr)  { syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CORK, 1) }
+func corkOff(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CORK, 0) }

@@ -2,7 +2,12 @@
 
 package protocol
 
-import "net"
+import (
+	"net"
+	"syscall"
+)
 
 // cork does nothing where TCP_CORK does not exist.
 func cork(net.Conn, bool) {}
+
+func corkRaw(syscall.RawConn, bool) {}

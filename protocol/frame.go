@@ -150,6 +150,13 @@ const (
 // more than streamAbove payload bytes comes back with only its first
 // headBytes payload bytes, and rest says how many are still unread on r.
 func readFrameHead(r io.Reader, sizeBuf *[4]byte, maxBytes int32, first bool) (buf []byte, rest int, err error) {
+	if cr, ok := r.(*connReader); ok {
+		// The size and what has arrived of the frame in one read
+		// (connread.go); what follows is served from it.
+		if err := cr.fill(); err != nil {
+			return nil, 0, err
+		}
+	}
 	if _, err := io.ReadFull(r, sizeBuf[:]); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil, 0, ErrFrameTruncated
@@ -251,10 +258,30 @@ type writerOnly struct{ io.Writer }
 // copyBody copies exactly n bytes of a frame body from src to dst.
 func copyBody(dst io.Writer, src io.Reader, n int) error {
 	_, dstTCP := dst.(*net.TCPConn)
-	_, srcTCP := src.(*net.TCPConn)
-	if dstTCP && srcTCP {
+	tcp, cr := tcpSource(src)
+	if dstTCP && tcp != nil {
+		if cr != nil && cr.buffered() > 0 {
+			// What was read ahead goes first, from the buffer.
+			k := min(cr.buffered(), n)
+			if _, err := dst.Write(cr.pend[:k]); err != nil {
+				return err
+			}
+			cr.consume(k)
+			n -= k
+		}
 		// TCPConn.ReadFrom with a LimitedReader over a TCPConn splices.
-		w, err := io.CopyN(dst, src, int64(n))
+		var w int64
+		var err error
+		if cr != nil { // io.CopyN, with the reader's LimitedReader
+			cr.lim = io.LimitedReader{R: tcp, N: int64(n)}
+			w, err = io.Copy(dst, &cr.lim)
+			cr.lim.R = nil
+			if w < int64(n) && err == nil {
+				err = io.EOF
+			}
+		} else {
+			w, err = io.CopyN(dst, tcp, int64(n))
+		}
 		if err != nil && w < int64(n) && errors.Is(err, io.EOF) {
 			return ErrFrameTruncated
 		}

@@ -143,7 +143,7 @@ type refusedPart struct {
 func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, frame []byte, rest int, held *hold) (out []byte, refused []refusedPart, taps []tapPart, keep []byte, err error) {
 	full := frame
 	if rest > 0 {
-		if full, err = readHeld(pr.client, frame, rest, held, pr.done); err != nil {
+		if full, err = readHeld(pr.clientR, frame, rest, held, pr.done); err != nil {
 			return nil, nil, nil, nil, err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 )
 
 // Streaming a large Fetch response (v16+, KIP-951).
@@ -111,10 +112,36 @@ func (p *Proxy) streamable() bool {
 	return true
 }
 
-var (
-	streamReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
-	streamWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 64<<10) }}
-)
+// streamState is what one streamed response needs besides its bytes,
+// pooled whole: a response costs no allocation of its own (the readers,
+// the tee and its buffers are reused), whatever its partitions.
+type streamState struct {
+	br   *bufio.Reader // 32 KiB
+	bw   *bufio.Writer // 64 KiB
+	hr   sliceReader
+	lr   io.LimitedReader
+	in   headThenRest
+	t    tee
+	tail [256]byte // the top-level tags, when they fit (they usually are 1 byte)
+}
+
+var streamStates = sync.Pool{New: func() any {
+	return &streamState{br: bufio.NewReaderSize(nil, 32<<10), bw: bufio.NewWriterSize(nil, 64<<10)}
+}}
+
+// headThenRest reads the head already read, then the rest from the socket
+// (io.MultiReader without its allocations).
+type headThenRest struct {
+	head *sliceReader
+	rest *io.LimitedReader
+}
+
+func (h *headThenRest) Read(p []byte) (int, error) {
+	if len(h.head.b) > 0 {
+		return h.head.Read(p)
+	}
+	return h.rest.Read(p)
+}
 
 // streamFetch copies one Fetch response (v16+) from src to dst as it
 // arrives: head is what was read of the frame (its size prefix included),
@@ -122,24 +149,34 @@ var (
 // endpoints are rewritten through m in place. padded is how many of them
 // were padded (rtproxy_proxy_endpoints_padded_total).
 func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) (padded int, err error) {
-	hr := &sliceReader{b: head[4:]}
-	lr := &io.LimitedReader{R: src, N: int64(rest)}
-	br := streamReaders.Get().(*bufio.Reader)
-	br.Reset(io.MultiReader(hr, lr))
-	bw := streamWriters.Get().(*bufio.Writer)
+	var raw syscall.RawConn
+	if tc, ok := dst.(*net.TCPConn); ok && corkStreamed {
+		raw, _ = tc.SyscallConn()
+	}
+	return streamFetchTo(dst, raw, src, head, rest, m)
+}
+
+// streamFetchTo is streamFetch with dst's RawConn for corking given (nil:
+// no cork), as the pair keeps it.
+func streamFetchTo(dst io.Writer, dstRaw syscall.RawConn, src io.Reader, head []byte, rest int, m Mapper) (padded int, err error) {
+	st := streamStates.Get().(*streamState)
+	st.hr = sliceReader{b: head[4:]}
+	st.lr = io.LimitedReader{R: src, N: int64(rest)}
+	st.in = headThenRest{head: &st.hr, rest: &st.lr}
+	br, bw := st.br, st.bw
+	br.Reset(&st.in)
 	bw.Reset(dst)
+	st.t = tee{r: br, w: bw, left: int64(len(head)-4) + int64(rest), head: &st.hr, lr: &st.lr, dst: dst, src: src}
+	w := &st.t
 	defer func() {
 		br.Reset(nil)
 		bw.Reset(nil)
-		streamReaders.Put(br)
-		streamWriters.Put(bw)
+		st.hr, st.lr, st.in, st.t = sliceReader{}, io.LimitedReader{}, headThenRest{}, tee{}
+		streamStates.Put(st)
 	}()
-	w := &tee{r: br, w: bw, left: int64(len(head)-4) + int64(rest), head: hr, lr: lr, dst: dst, src: src}
-	if corkStreamed {
-		if c, ok := dst.(net.Conn); ok {
-			cork(c, true)
-			defer cork(c, false)
-		}
+	if dstRaw != nil && corkStreamed {
+		corkRaw(dstRaw, true)
+		defer corkRaw(dstRaw, false)
 	}
 	if _, err := bw.Write(head[:4]); err != nil {
 		return 0, err
@@ -171,7 +208,12 @@ func streamFetch(dst io.Writer, src io.Reader, head []byte, rest int, m Mapper) 
 	if w.left > 1<<20 {
 		return 0, fmt.Errorf("%w: %d bytes after the topics", errStreamShape, w.left)
 	}
-	tail := make([]byte, w.left)
+	var tail []byte
+	if w.left <= int64(len(st.tail)) {
+		tail = st.tail[:w.left]
+	} else {
+		tail = make([]byte, w.left)
+	}
 	if _, err := io.ReadFull(br, tail); err != nil {
 		return 0, fmt.Errorf("%w: %v", errStreamShape, err)
 	}
@@ -262,15 +304,15 @@ func (t *tee) copy(n int64) {
 	}
 	t.left -= n
 	_, dstTCP := t.dst.(*net.TCPConn)
-	_, srcTCP := t.src.(*net.TCPConn)
-	if n < spliceAbove || !dstTCP || !srcTCP || len(t.head.b) > 0 || !spliceRecords {
-		if _, err := io.CopyN(t.w, t.r, n); err != nil {
+	srcTCP, _ := tcpSource(t.src)
+	if n < spliceAbove || !dstTCP || srcTCP == nil || len(t.head.b) > 0 || !spliceRecords {
+		if err := t.pass(n); err != nil {
 			t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
 		}
 		return
 	}
 	buffered := min(int64(t.r.Buffered()), n)
-	if _, err := io.CopyN(t.w, t.r, buffered); err != nil {
+	if err := t.pass(buffered); err != nil {
 		t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
 		return
 	}
@@ -287,6 +329,29 @@ func (t *tee) copy(n int64) {
 	if err := copyBody(t.dst, t.src, int(direct)); err != nil {
 		t.fail(fmt.Errorf("%w: %v", errStreamShape, err))
 	}
+}
+
+// pass copies n bytes from r to w through r's buffer (io.CopyN without
+// its LimitedReader, and never through a socket's ReadFrom: w's buffer
+// is written out as it fills).
+func (t *tee) pass(n int64) error {
+	for n > 0 {
+		if t.r.Buffered() == 0 {
+			if _, err := t.r.Peek(1); err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return err
+			}
+		}
+		b, _ := t.r.Peek(int(min(int64(t.r.Buffered()), n)))
+		if _, err := t.w.Write(b); err != nil {
+			return err
+		}
+		t.r.Discard(len(b))
+		n -= int64(len(b))
+	}
+	return nil
 }
 
 func (t *tee) uvarint() uint64 {

@@ -46,40 +46,48 @@ func (r *Route) UsesRegistry() bool {
 	if r.Guard != nil {
 		return r.Guard.Format.Registry()
 	}
-	return r.Source.Format.Registry() || r.Sink.Format.Registry()
+	if r.Source.Format.Registry() {
+		return true
+	}
+	for _, s := range r.Sinks() {
+		if s.Format.Registry() {
+			return true
+		}
+	}
+	return false
 }
 
 // sinkFormat reads sink.format, sink.subject, sink.schema and
-// sink.message.
-func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
-	r.Sink.Format = FormatJSON
+// sink.message of s (the route's sink, or a switch branch's).
+func (l *loader) sinkFormat(f map[string]*keyVal, s *Sink) {
+	s.Format = FormatJSON
 	if x := f["format"]; x != nil {
-		if s, ok := l.readFormat(x, "sink.format", FormatJSON, FormatAvro, FormatProtobuf); ok {
-			r.Sink.Format = s
+		if v, ok := l.readFormat(x, "sink.format", FormatJSON, FormatAvro, FormatProtobuf); ok {
+			s.Format = v
 		}
 	}
-	registry := r.Sink.Format.Registry()
+	registry := s.Format.Registry()
 	for _, k := range []string{"subject", "schema", "message"} {
 		if x := f[k]; x != nil && !registry {
 			l.errAt(x.key, k, "`sink.%s` is for `sink.format: avro` or `protobuf`; the sink writes JSON", k)
 		}
 	}
-	if x := f["message"]; x != nil && r.Sink.Format == FormatAvro {
+	if x := f["message"]; x != nil && s.Format == FormatAvro {
 		l.errAt(x.key, "message", "`sink.message` names a Protobuf message; the sink writes Avro")
 	}
-	r.Sink.MessageIndexes = l.messageIndexes(f["message_indexes"], "sink", r.Sink.Format)
+	s.MessageIndexes = l.messageIndexes(f["message_indexes"], "sink", s.Format)
 	if !registry {
 		return
 	}
-	r.Sink.Subject = r.Sink.Topic + "-value"
+	s.Subject = s.Topic + "-value"
 	if x := f["subject"]; x != nil {
-		if s, ok := l.scalar(x, "sink.subject"); ok {
-			r.Sink.Subject = s
+		if v, ok := l.scalar(x, "sink.subject"); ok {
+			s.Subject = v
 		}
 	}
 	if x := f["message"]; x != nil {
-		if s, ok := l.scalar(x, "sink.message"); ok {
-			r.Sink.Message = s
+		if v, ok := l.scalar(x, "sink.message"); ok {
+			s.Message = v
 		}
 	}
 	x := f["schema"]
@@ -102,11 +110,11 @@ func (l *loader) sinkFormat(f map[string]*keyVal, r *Route) {
 		l.errAt(x.val, x.val.Value, "sink.schema cannot be read: %v", unwrapPathError(err))
 		return
 	}
-	if err := serde.CheckSchema(r.Sink.Format.Serde(), string(b), r.Sink.Message); err != nil {
+	if err := serde.CheckSchema(s.Format.Serde(), string(b), s.Message); err != nil {
 		l.errAt(x.val, x.val.Value, "sink.schema %s: %v", filepath.Base(p), err)
 		return
 	}
-	r.Sink.SchemaFile, r.Sink.Schema = p, string(b)
+	s.SchemaFile, s.Schema = p, string(b)
 	l.res.tableFiles = append(l.res.tableFiles, p) // watched and hashed like a table file
 }
 
@@ -132,19 +140,33 @@ func (l *loader) messageIndexes(x *keyVal, block string, format Format) string {
 }
 
 // checkSinkSchema refuses, when the fields the last step writes are known
-// (a map, a window row) and the output schema is given, fields that do not
-// fit it.
+// (a map, a window row) and an output schema is given, fields that do not
+// fit it: the route's sink's, or each switch branch's.
 func (l *loader) checkSinkSchema(r *Route, sc *scope) {
-	if r.Sink.Schema == "" || !sc.shape.known {
+	if !sc.shape.known {
 		return
 	}
-	problems, err := serde.CheckFields(r.Sink.Format.Serde(), r.Sink.Schema, r.Sink.Message, sc.shape.fields)
-	if err != nil || len(problems) == 0 {
-		return // a schema that does not parse was refused already
+	check := func(s *Sink, f map[string]*keyVal) {
+		if s.Schema == "" || f["schema"] == nil {
+			return
+		}
+		problems, err := serde.CheckFields(s.Format.Serde(), s.Schema, s.Message, sc.shape.fields)
+		if err != nil || len(problems) == 0 {
+			return // a schema that does not parse was refused already
+		}
+		x := f["schema"]
+		l.errAt(x.val, x.val.Value, "the output does not fit sink.schema %s: %s (the fields come from %s)",
+			filepath.Base(s.SchemaFile), strings.Join(problems, "; "), sc.shape.origin)
 	}
-	x := l.sinkFields["schema"]
-	l.errAt(x.val, x.val.Value, "the output does not fit sink.schema %s: %s (the fields come from %s)",
-		filepath.Base(r.Sink.SchemaFile), strings.Join(problems, "; "), sc.shape.origin)
+	if r.Switch == nil {
+		check(&r.Sink, l.sinkFields)
+		return
+	}
+	for i := range r.Switch {
+		if i < len(l.branchFields) {
+			check(&r.Switch[i].Sink, l.branchFields[i])
+		}
+	}
 }
 
 // SchemaRegistry is a rule file's `schema_registry:` block: how to reach

@@ -25,6 +25,13 @@ func FuzzLoad(f *testing.F) {
 	// and variables through, so the fuzzer reaches past the allow-list.
 	f.Add([]byte("route: h\nsource: { topic: a }\nsink:\n  http:\n    url: http://fuzz.example/x\n    method: PUT\n    timeout: 2s\n    max_in_flight: 3\n    headers: { X-A: b, Authorization: { env: FUZZ_TOKEN, prefix: \"Bearer \" } }\n"))
 	f.Add([]byte("route: h\nsource: { topic: a }\nsink: { http: { url: http://fuzz.example/x, headers: { Cookie: c } }, delivery: exactly_once }\n"))
+	// Switch steps (switch.go): branches with topics, an HTTP sink, keys.
+	f.Add([]byte("route: s\nsource: { topic: a }\nsteps:\n  - switch:\n      - when: value.x > 1\n        sink: { topic: b, key: value.k }\n      - when: value.y == \"z\"\n        sink: { http: { url: http://fuzz.example/y } }\n      - sink: { topic: c }\n"))
+	f.Add([]byte("route: s\nsource: { topic: a }\nsink: { delivery: exactly_once }\nsteps:\n  - filter: value.x > 0\n  - switch: [ { when: value.x > 1, sink: { topic: b } }, { sink: { topic: c } } ]\n"))
+	// Session windows (operators/session.go): their keys and the keys of
+	// the other kinds they refuse.
+	f.Add([]byte("route: s\nsource: { topic: a, event_time: value.ts }\nsink: { topic: b }\nsteps:\n  - window: { kind: session, gap: 30m, max_duration: 4h, key: value.u, emit: on_update, aggregate: { n: count(), p: count_distinct(value.p) } }\n"))
+	f.Add([]byte("route: s\nsource: { topic: a }\nsink: { topic: b }\nsteps:\n  - window: { kind: session, gap: 1m, size: 1m, max_duration: 30s, aggregate: { n: count() } }\n"))
 	dir := f.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "t.jsonl"), []byte(`{"id":"a","x":1}`+"\n"), 0o644); err != nil {
 		f.Fatal(err)
@@ -53,9 +60,10 @@ func FuzzLoad(f *testing.F) {
 			if h := r.Sink.HTTP; h != nil && (r.Sink.Topic != "" || h.URL == "" || h.Method == "" || h.Timeout <= 0 || h.MaxInFlight < 1 || r.Sink.ExactlyOnce()) {
 				t.Fatalf("incomplete HTTP sink: %+v %+v", r.Sink, h)
 			}
-			if r.Name == "" || r.Source.Topic == "" || r.Sink.Target() == "" || r.Sink.Topic == r.Source.Topic || !hex64.MatchString(r.Hash) {
+			if r.Name == "" || r.Source.Topic == "" || (r.Switch == nil && r.Sink.Target() == "") || r.Sink.Topic == r.Source.Topic || !hex64.MatchString(r.Hash) {
 				t.Fatalf("incomplete route: %+v", r)
 			}
+			checkFuzzedSwitch(t, r)
 			// Defaults are filled in here, never left to the pipeline.
 			if r.Source.IdleTimeout <= 0 || r.CheckpointInterval <= 0 || r.Source.Format == "" || r.Source.Start == "" || r.DeadLetter == "" {
 				t.Fatalf("route without its defaults: %+v", r)
@@ -106,5 +114,27 @@ func checkFuzzedGuard(t *testing.T, r *Route) {
 		if !ok && (check == "" || msg == "" || strings.Contains(msg, "internal error")) {
 			t.Fatalf("check of %q: (%q, %q)", v, check, msg)
 		}
+	}
+}
+
+// checkFuzzedSwitch: a route with a switch has it last, a sink per branch
+// (none of them the source, the dead-letter topic or another branch's
+// topic), a default only last, no top-level sink target, and no HTTP
+// branch when exactly once.
+func checkFuzzedSwitch(t *testing.T, r *Route) {
+	if r.Switch == nil {
+		return
+	}
+	if n := len(r.Steps); n == 0 || r.Steps[n-1].Kind != "switch" || r.Sink.Target() != "" {
+		t.Fatalf("switch route: last step %v, top-level sink %+v", r.Steps, r.Sink)
+	}
+	seen := map[string]bool{}
+	for i, b := range r.Switch {
+		s := b.Sink
+		if s.Target() == "" || s.Name == "" || s.Topic == r.Source.Topic || (s.Topic != "" && (seen[s.Topic] || s.Topic == r.DeadLetter)) ||
+			(b.When == nil && i != len(r.Switch)-1) || (s.HTTP != nil && r.Sink.ExactlyOnce()) || s.Delivery != r.Sink.Delivery {
+			t.Fatalf("switch branch %d: %+v", i+1, b)
+		}
+		seen[s.Topic] = true
 	}
 }

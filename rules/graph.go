@@ -35,10 +35,13 @@ type graph struct {
 	// views are the accepted views with a virtual name, by that name
 	// (view.go; graph_view.go).
 	views map[string]*Route
+	// guards are the accepted guards that copy refused records to a
+	// dead-letter topic, by that topic (a topic the rules write).
+	guards map[string]*Route
 }
 
 func newGraph() *graph {
-	return &graph{groups: map[string]*Route{}, readers: map[string][]*Route{}, views: map[string]*Route{}}
+	return &graph{groups: map[string]*Route{}, readers: map[string][]*Route{}, views: map[string]*Route{}, guards: map[string]*Route{}}
 }
 
 // internalTopicRe is the shape of a route's internal topics after its
@@ -75,7 +78,15 @@ func (r *Route) errAt(key, text, format string, args ...any) *Error {
 // outputs are the topics r writes that another route could read: its sink
 // and its dead letters, with the key each is written under.
 func (r *Route) outputs() []struct{ key, topic string } {
-	out := []struct{ key, topic string }{{"sink.topic", r.Sink.Topic}}
+	var out []struct{ key, topic string }
+	if r.Switch == nil {
+		out = append(out, struct{ key, topic string }{"sink.topic", r.Sink.Topic})
+	}
+	for i, b := range r.Switch {
+		if b.Sink.Topic != "" {
+			out = append(out, struct{ key, topic string }{switchTopicKey(i), b.Sink.Topic})
+		}
+	}
 	if r.DeadLetter != "" && r.DeadLetter != r.Sink.Topic {
 		out = append(out, struct{ key, topic string }{"dead_letter", r.DeadLetter})
 	}
@@ -85,8 +96,11 @@ func (r *Route) outputs() []struct{ key, topic string } {
 // check returns why r cannot join the graph, nil when it can. Guards are
 // not routes: they read no topic as a group and write none.
 func (g *graph) check(r *Route) []*Error {
-	if r == nil || r.Guard != nil {
+	if r == nil {
 		return nil
+	}
+	if r.Guard != nil {
+		return g.guardVsViews(r)
 	}
 	if r.View != nil {
 		return g.checkView(r)
@@ -200,16 +214,24 @@ func (g *graph) cycleError(r *Route, path func(func(topic string, via *Route, ke
 	if dead {
 		msg += " (dead letters count: a record that fails at each route would go round too)"
 	}
-	topic := r.Sink.Topic
-	if first == "dead_letter" {
-		topic = r.DeadLetter
+	topic := ""
+	for _, o := range r.outputs() {
+		if o.key == first {
+			topic = o.topic
+		}
 	}
 	return r.errAt(first, topic, "%s", msg)
 }
 
 // add accepts r into the graph (after check found nothing).
 func (g *graph) add(r *Route) {
-	if r == nil || r.Guard != nil {
+	if r == nil {
+		return
+	}
+	if r.Guard != nil {
+		if r.Guard.DeadLetter != "" {
+			g.guards[r.Guard.DeadLetter] = r
+		}
 		return
 	}
 	if r.View != nil {

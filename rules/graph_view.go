@@ -39,6 +39,18 @@ func (g *graph) checkView(r *Route) []*Error {
 			}
 		}
 	}
+	for _, o := range g.routes {
+		if internalTopicOf(o.Name, r.Name) {
+			errs = append(errs, r.errAt("view", r.Name,
+				"view name `%s` is an internal topic of route `%s` (%s; its repartition or changelog topic); give the view another name",
+				r.Name, o.Name, o.where("route")))
+		}
+	}
+	if o := g.guards[r.Name]; o != nil {
+		errs = append(errs, r.errAt("view", r.Name,
+			"view name `%s` is the dead-letter topic guard `%s` (%s) writes; give the view another name",
+			r.Name, o.Name, o.File))
+	}
 	for name, o := range g.views {
 		if o.View.Topic == r.Name {
 			errs = append(errs, r.errAt("view", r.Name,
@@ -61,4 +73,16 @@ func (g *graph) routeVsViews(r *Route) []*Error {
 		}
 	}
 	return errs
+}
+
+// guardVsViews returns why the guard r's dead-letter topic collides with
+// an accepted view's virtual name.
+func (g *graph) guardVsViews(r *Route) []*Error {
+	o := g.views[r.Guard.DeadLetter]
+	if o == nil {
+		return nil
+	}
+	return []*Error{r.errAt("dead_letter", r.Guard.DeadLetter,
+		"dead_letter `%s` is the virtual name of view `%s` (%s): the proxy's clients fetch that name through the view. Choose another dead-letter topic, or rename the view",
+		r.Guard.DeadLetter, o.Name, o.where("view"))}
 }

@@ -224,12 +224,17 @@ func (l *loader) loadGuard(root *yaml.Node) *Route {
 	}
 	g := &Guard{Format: DefaultFormat, OnReject: GuardReject}
 	r.Guard = g
+	r.at = map[string]position{} // for the route graph's errors (graph_view.go)
+	if kv := f["dead_letter"]; kv != nil {
+		r.at["dead_letter"] = position{kv.val.Line, kv.val.Column}
+	}
 
 	nameOK := false
 	if kv := f["guard"]; kv == nil {
 		l.errAt(root, "", "missing `guard`: name the guard (letters, digits, `.`, `_`, `-`), e.g. `guard: payments-shape`")
 	} else if name, ok := l.scalar(kv, "guard"); ok {
 		l.res.name, l.res.nameNode = name, position{kv.val.Line, kv.val.Column}
+		r.at["route"] = l.res.nameNode
 		if routeNameRe.MatchString(name) {
 			nameOK = true
 		} else {

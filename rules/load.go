@@ -130,6 +130,9 @@ type loader struct {
 	opts  Options
 
 	sinkFields map[string]*keyVal // sink.key compiles after the steps
+	// branchFields are the `sink:` entries of each switch branch, in
+	// branch order (switch.go), for checks after the steps.
+	branchFields []map[string]*keyVal
 	// srcReads is what expressions read of a value that still has the
 	// source's shape (noteReads).
 	srcReads struct {
@@ -286,7 +289,7 @@ func (l *loader) load() *Route {
 	}
 
 	l.source(top["source"], root, r)
-	l.sink(top["sink"], root, r)
+	l.sink(top["sink"], root, r, hasSwitch(top["steps"]))
 	l.schemaRegistry(top["schema_registry"], r)
 
 	// dead_letter
@@ -320,6 +323,7 @@ func (l *loader) load() *Route {
 
 	l.tables(top["tables"], r)
 	l.steps(top["steps"], r)
+	l.checkSwitchTopics(r)
 
 	if len(l.errs) > 0 {
 		return nil
@@ -348,8 +352,10 @@ func (l *loader) hash(r *Route) string {
 			h.Write(b)
 		}
 	}
-	if r.Sink.Schema != "" {
-		fmt.Fprintf(h, "\x00sink.schema\x00%s", r.Sink.Schema)
+	for _, s := range r.Sinks() {
+		if s.Schema != "" {
+			fmt.Fprintf(h, "\x00sink.schema\x00%s", s.Schema)
+		}
 	}
 	if r.View != nil && r.View.SaltFile != "" {
 		// The salt itself is hashed in: a new salt reloads the view.
@@ -564,7 +570,12 @@ func (l *loader) checkEventTimeType(kv *keyVal, src string) {
 	l.errAt(kv.val, src, "source.event_time gives %s; it must give epoch milliseconds (a number), an RFC 3339 string or a time, e.g. `value.ts`", m[1])
 }
 
-func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
+func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route, hasSwitch bool) {
+	r.Sink.Delivery = DeliveryAtLeastOnce
+	if hasSwitch {
+		l.switchRouteSink(kv, r)
+		return
+	}
 	if kv == nil {
 		l.errAt(root, "", "missing `sink`: name the topic results go to, e.g. `sink: { topic: payments.risk }`")
 		return
@@ -574,30 +585,40 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 	}
 	f := l.fields(kv.val, sinkKeys, "sink")
 	l.sinkFields = f
-	if hx := f["http"]; hx != nil {
-		if t := f["topic"]; t != nil {
-			l.errAt(t.key, "topic", "sink has `topic` and `http`; a route writes to one sink")
-		}
-		l.httpSink(hx, r)
-	} else if t := f["topic"]; t == nil {
-		l.errAt(kv.key, "sink", "missing `sink.topic`: the topic results go to (or `sink.http`: an HTTP endpoint)")
-	} else if name, ok := l.topicName(t, "sink.topic"); ok {
-		r.Sink.Topic = name
-		r.at["sink.topic"] = position{t.val.Line, t.val.Column}
-		if name == r.Source.Topic {
-			l.errAt(t.val, name, "sink topic is the source topic; the route would read its own output forever. Write results to another topic, e.g. `%s.out`", name)
-		}
-	}
-	r.Sink.Delivery = DeliveryAtLeastOnce
 	if d := f["delivery"]; d != nil {
 		if v, ok := l.oneOf(d, "sink.delivery", DeliveryAtLeastOnce, DeliveryExactlyOnce); ok {
 			r.Sink.Delivery = v
 		}
 	}
-	if r.Sink.HTTP != nil {
-		if d := f["delivery"]; d != nil && r.Sink.ExactlyOnce() {
-			l.errAt(d.val, d.val.Value, "%v", errHTTPExactlyOnce)
+	l.sinkSpec(kv, f, &r.Sink, r, "sink.topic")
+	if r.Sink.HTTP != nil && r.Sink.ExactlyOnce() {
+		d := f["delivery"]
+		l.errAt(d.val, d.val.Value, "%v", errHTTPExactlyOnce)
+	}
+	// sink.key is compiled after the steps: it sees what the last step emits.
+}
+
+// sinkSpec reads where a sink writes and how (topic or http, format,
+// subject, schema, message, message_indexes) into s: the route's sink, or
+// a switch branch's. at is the key under which the topic's position is
+// kept for the route graph checks (graph.go).
+func (l *loader) sinkSpec(kv *keyVal, f map[string]*keyVal, s *Sink, r *Route, at string) {
+	if hx := f["http"]; hx != nil {
+		if t := f["topic"]; t != nil {
+			l.errAt(t.key, "topic", "sink has `topic` and `http`; a sink writes to one of them")
 		}
+		l.httpSink(hx, s)
+		s.Name = "http"
+	} else if t := f["topic"]; t == nil {
+		l.errAt(kv.key, kv.key.Value, "missing `sink.topic`: the topic results go to (or `sink.http`: an HTTP endpoint)")
+	} else if name, ok := l.topicName(t, "sink.topic"); ok {
+		s.Topic, s.Name = name, name
+		r.at[at] = position{t.val.Line, t.val.Column}
+		if name == r.Source.Topic {
+			l.errAt(t.val, name, "sink topic is the source topic; the route would read its own output forever. Write results to another topic, e.g. `%s.out`", name)
+		}
+	}
+	if s.HTTP != nil {
 		for _, k := range []string{"format", "subject", "schema", "message"} {
 			if x := f[k]; x != nil {
 				l.errAt(x.key, k, "`sink.%s` is for a topic sink; an HTTP sink sends each output's value as JSON", k)
@@ -605,8 +626,46 @@ func (l *loader) sink(kv *keyVal, root *yaml.Node, r *Route) {
 			}
 		}
 	}
-	l.sinkFormat(f, r)
-	// sink.key is compiled after the steps: it sees what the last step emits.
+	l.sinkFormat(f, s)
+}
+
+// switchRouteSink reads the top-level `sink:` of a route whose steps end
+// with a switch: the branches name the sinks, so it may only say the
+// route's delivery, which covers every branch's sink.
+func (l *loader) switchRouteSink(kv *keyVal, r *Route) {
+	if kv == nil {
+		return
+	}
+	if !l.mapping(kv, "sink", "`sink: { delivery: exactly_once }`") {
+		return
+	}
+	f := l.fields(kv.val, sinkKeys, "sink")
+	for _, k := range sinkKeys {
+		if x := f[k]; x != nil && k != "delivery" {
+			l.errAt(x.key, k, "this route ends with a `switch`, whose branches name the sinks; `sink.%s` belongs in a branch's `sink:`. The top-level `sink:` of a route with a switch holds only `delivery`, the route's delivery to every branch", k)
+		}
+	}
+	if d := f["delivery"]; d != nil {
+		if v, ok := l.oneOf(d, "sink.delivery", DeliveryAtLeastOnce, DeliveryExactlyOnce); ok {
+			r.Sink.Delivery = v
+		}
+	}
+}
+
+// hasSwitch reports whether the steps of a rule file include a `switch`
+// step (looked for before the sink is read: such a route's sinks are its
+// branches').
+func hasSwitch(steps *keyVal) bool {
+	if steps == nil || steps.val.Kind != yaml.SequenceNode {
+		return false
+	}
+	for _, item := range steps.val.Content {
+		item = resolve(item)
+		if item.Kind == yaml.MappingNode && len(item.Content) > 0 && resolve(item.Content[0]).Value == "switch" {
+			return true
+		}
+	}
+	return false
 }
 
 func (l *loader) tables(kv *keyVal, r *Route) {

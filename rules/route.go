@@ -29,8 +29,14 @@ type Route struct {
 	// Source.Format the view's topic and format, Sink empty.
 	View *View
 
-	Source             Source
-	Sink               Sink
+	Source Source
+	// Sink is the `sink:` block. For a route with a switch step (Switch
+	// set) only Sink.Delivery is set: the branches name the sinks.
+	Sink Sink
+	// Switch is the branches of the route's `switch` step (its last),
+	// nil without one: each output goes to the sink of the branch the
+	// step chose (operators.Record.Branch).
+	Switch             []Branch
 	DeadLetter         string // defaults to "<source topic>.dlq"
 	CheckpointInterval time.Duration
 	Tables             map[string]TableSpec
@@ -75,8 +81,45 @@ func (r *Route) GroupID() string {
 	return "rtproxy." + r.Name
 }
 
-// Sink is the `sink:` block.
+// Branch is one branch of a `switch` step: its condition (nil: the
+// default branch, the last) and its sink, whose Delivery is the route's.
+type Branch struct {
+	When *operators.Expr
+	Sink Sink
+	Line int // where the branch is written
+}
+
+// Sinks are where the route writes outputs: each switch branch's sink in
+// branch order (Record.Branch indexes it), or the route's one sink.
+func (r *Route) Sinks() []Sink {
+	if r.Switch == nil {
+		return []Sink{r.Sink}
+	}
+	out := make([]Sink, len(r.Switch))
+	for i, b := range r.Switch {
+		out[i] = b.Sink
+	}
+	return out
+}
+
+// SinkTopics are the topics the route's sinks write (an HTTP sink has
+// none).
+func (r *Route) SinkTopics() []string {
+	var out []string
+	for _, s := range r.Sinks() {
+		if s.Topic != "" {
+			out = append(out, s.Topic)
+		}
+	}
+	return out
+}
+
+// Sink is the `sink:` block, or the `sink:` of a switch branch.
 type Sink struct {
+	// Name labels the sink in metrics and on /routes: its topic, or
+	// "http" for an HTTP sink ("http-<branch>" in a switch, branches
+	// counted from 1), so no URL lands in a label.
+	Name  string
 	Topic string
 	HTTP  *HTTPSink       // sink.http (sink_http.go); Topic is empty then
 	Key   *operators.Expr // nil: the source key (window rows: the window key)
@@ -105,7 +148,7 @@ const (
 )
 
 // Target names where the sink writes: its topic, or what a sink of
-// another kind writes to.
+// another kind writes to. A switch route's top-level Sink has none.
 func (s Sink) Target() string {
 	if s.HTTP != nil {
 		return s.HTTP.URL

@@ -60,13 +60,13 @@ var secretHeaderRe = regexp.MustCompile(`(?i)auth|token|secret|passw|cookie|api[
 // reservedHTTPHeaders are set by the sink itself.
 var reservedHTTPHeaders = []string{"Idempotency-Key", "Content-Length", "Host", "Transfer-Encoding", "Connection"}
 
-func (l *loader) httpSink(kv *keyVal, r *Route) {
+func (l *loader) httpSink(kv *keyVal, s *Sink) {
 	if !l.mapping(kv, "sink.http", "`http: { url: https://api.example.com/events }`") {
 		return
 	}
 	f := l.fields(kv.val, httpSinkKeys, "sink.http")
 	h := &HTTPSink{Method: DefaultHTTPMethod, Timeout: DefaultHTTPTimeout, MaxInFlight: DefaultHTTPMaxInFlight}
-	r.Sink.HTTP = h
+	s.HTTP = h
 	allow := l.opts.Allow.In(l.dir)
 	if x := f["url"]; x == nil {
 		l.errAt(kv.key, "http", "missing `sink.http.url`, e.g. `url: https://api.example.com/events`")

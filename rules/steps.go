@@ -397,11 +397,16 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 			}
 		}
 	}
+	l.checkSwitch(kv)
 	fanOutAfter(r, sc)
 	l.sinkKey(r, sc)
 	// A sink that encodes Avro or Protobuf builds its output from the
 	// whole value, so such a route decodes its source whole.
-	if r.Source.Format == FormatJSON && !l.srcReads.whole && (r.Sink.Format == "" || r.Sink.Format == FormatJSON) {
+	jsonSinks := true
+	for _, s := range r.Sinks() {
+		jsonSinks = jsonSinks && (s.Format == "" || s.Format == FormatJSON)
+	}
+	if r.Source.Format == FormatJSON && !l.srcReads.whole && jsonSinks {
 		r.Source.Members = slices.Sorted(maps.Keys(l.srcReads.members))
 		r.Source.DecodeMembers = true
 	}
@@ -612,6 +617,12 @@ func (p *stepParse) read(key *operators.Key, x *keyVal, what string) bool {
 			return false
 		}
 		v = aggs
+	case operators.TypeBranches:
+		bs, ok := p.branches(x, what)
+		if !ok {
+			return false
+		}
+		v = bs
 	default:
 		panic(fmt.Sprintf("rules: step %s key %s: type %d has no parser", p.spec.Kind, key.Name, key.Type))
 	}
@@ -877,6 +888,9 @@ func (p *stepParse) def() string {
 			}
 			continue
 		}
+		if key.FingerprintOmitsAbsent && p.given[key.Name] == nil {
+			continue
+		}
 		if d.Len() > 0 {
 			d.WriteByte(' ')
 		}
@@ -907,6 +921,8 @@ func (p *stepParse) value(key *operators.Key) string {
 			fmt.Fprintf(&d, "%s=%s\x00", f.Name, canonical(f.Expr.Source))
 		}
 		return d.String()
+	case operators.TypeBranches:
+		return p.branchesDef()
 	case operators.TypeFieldNames:
 		return strings.Join(p.args.Names(key.Name), "\x00")
 	}

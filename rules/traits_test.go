@@ -19,6 +19,7 @@ var traitVariants = map[string][]string{
 	"window": {
 		"steps:\n  - window: { kind: tumbling, size: 1m, aggregate: { n: count() } }\n",
 		"steps:\n  - window: { kind: sliding, size: 2m, slide: 1m, key: value.k, emit: on_update, aggregate: { n: count() } }\n",
+		"steps:\n  - window: { kind: session, gap: 30m, max_duration: 4h, key: value.k, aggregate: { n: count() } }\n",
 	},
 	"map":     {"steps:\n  - map: { a: value.x }\n"},
 	"set":     {"steps:\n  - set: { a: value.x }\n"},
@@ -26,6 +27,8 @@ var traitVariants = map[string][]string{
 	"explode": {"steps:\n  - explode: { each: value.xs, as: x }\n"},
 	"drop":    {"steps:\n  - drop: [a, b]\n", "steps:\n  - drop: a\n"},
 	"join":    {"tables:\n  t: { topic: t }\nsteps:\n  - join: { table: t, on: key, missing: dead_letter }\n"},
+	// A variant that starts with its own `sink:` replaces the default one.
+	"switch": {"sink: { delivery: exactly_once }\nsteps:\n  - switch: [ { when: value.x > 1, sink: { topic: a } }, { sink: { topic: b } } ]\n"},
 }
 
 // TestTraitsMatchTheBuiltSteps: for every declared step kind, the traits
@@ -39,7 +42,11 @@ func TestTraitsMatchTheBuiltSteps(t *testing.T) {
 	for _, s := range operators.Specs() {
 		files := []string{s.Example}
 		for _, v := range traitVariants[s.Kind] {
-			files = append(files, "route: variant\nsource: { topic: in, event_time: value.ts }\nsink: { topic: out }\n"+v)
+			sink := "sink: { topic: out }\n"
+			if strings.HasPrefix(v, "sink:") {
+				sink = ""
+			}
+			files = append(files, "route: variant\nsource: { topic: in, event_time: value.ts }\n"+sink+v)
 		}
 		if len(traitVariants[s.Kind]) == 0 {
 			t.Errorf("%s: no trait variants: add the rule files whose keys change what the step is", s.Kind)

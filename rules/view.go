@@ -70,7 +70,7 @@ type ViewClients struct {
 
 // Values and bounds of a view file.
 const (
-	// ViewFilterKinds are the step kinds a view may use: they work on one
+	// viewStepKinds are the step kinds a view may use: they work on one
 	// record at a time and keep no state.
 	viewStepKinds = "filter, set, map, drop"
 	// MinSaltBytes and MaxSaltBytes bound a hash_salt_file's content.
@@ -455,7 +455,7 @@ func (v *View) Run(r *ViewRecord, dst []byte) (out []byte, keep bool, err error)
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			out, keep, err = nil, false, fmt.Errorf("internal error in the view: %v", p)
+			out, keep, err = nil, false, &ViewError{Msg: "an internal error in the view", Detail: fmt.Sprint(p)}
 		}
 	}()
 	raw := r.Raw
@@ -469,20 +469,20 @@ func (v *View) Run(r *ViewRecord, dst []byte) (out []byte, keep bool, err error)
 		r.Value = string(raw)
 	case v.Members != nil:
 		if err := r.SetJSONMembers(raw, v.Members); err != nil {
-			return nil, false, errors.New(notJSON(err))
+			return nil, false, &ViewError{Msg: "the value is not valid JSON", Detail: notJSON(err)}
 		}
 	default:
 		if err := r.SetJSON(raw); err != nil {
-			return nil, false, errors.New(notJSON(err))
+			return nil, false, &ViewError{Msg: "the value is not valid JSON", Detail: notJSON(err)}
 		}
 	}
 	var em viewEmitter
-	for _, st := range v.steps {
+	for i, st := range v.steps {
 		em = viewEmitter{}
 		st.Process(r, &em)
 		switch {
 		case em.err != nil:
-			return nil, false, em.err
+			return nil, false, stepError(i, st.Kind(), em.reason, em.err)
 		case em.out == nil:
 			return nil, false, nil
 		}
@@ -502,7 +502,7 @@ func (v *View) Run(r *ViewRecord, dst []byte) (out []byte, keep bool, err error)
 		out, err = r.EncodeValue(dst)
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("encoding the value: %v", err)
+		return nil, false, &ViewError{Msg: "the value the steps made cannot be encoded as JSON", Detail: err.Error()}
 	}
 	return out, true, nil
 }
@@ -510,14 +510,58 @@ func (v *View) Run(r *ViewRecord, dst []byte) (out []byte, keep bool, err error)
 // viewEmitter takes what one step of a view makes of a record: at most
 // one record (the kinds views allow never make more), or an error.
 type viewEmitter struct {
-	out *operators.Record
-	err error
+	out    *operators.Record
+	err    error
+	reason operators.Reason
 }
 
 func (e *viewEmitter) Emit(r *operators.Record) { e.out = r }
 
 func (e *viewEmitter) DeadLetter(_ *operators.Record, reason operators.Reason, err error) {
-	e.err = fmt.Errorf("%s (%s)", firstLine(err.Error()), reason)
+	e.err, e.reason = err, reason
+}
+
+// ViewError is why a view could not process a record. Its Error is what
+// the record's client is told (the placeholder's rtproxy-view-error
+// header): what failed and where, never a value of the record, because
+// that client is the one the view hides the values from; an expression's
+// own message renders the values it failed on (`int(4111-…)`), so it is
+// withheld. Detail is the full text, for the rule's author (`rtproxy
+// test`); it may hold record values.
+type ViewError struct {
+	Msg    string
+	Detail string
+}
+
+func (e *ViewError) Error() string { return e.Msg }
+
+// stepError is the ViewError of step i (from 0) failing with reason.
+func stepError(i int, kind string, reason operators.Reason, err error) *ViewError {
+	what := "an expression failed on this record"
+	switch {
+	case reason == operators.ReasonBudget || operators.IsBudget(err):
+		what = "over a per-record budget (" + budgetKey(operators.BudgetOf(err)) + ")"
+	case strings.Contains(err.Error(), "internal error"):
+		what = "an internal error"
+	case (kind == "set" || kind == "drop") && strings.HasPrefix(err.Error(), kind+": value is ") && strings.HasSuffix(err.Error(), "not an object"):
+		what = "the value is not an object"
+	}
+	return &ViewError{Msg: fmt.Sprintf("step %d (%s) failed: %s", i+1, kind, what), Detail: err.Error()}
+}
+
+// budgetKey is the config key of a budget.
+func budgetKey(name string) string {
+	switch name {
+	case operators.BudgetExprSteps:
+		return "limits.expr_steps"
+	case operators.BudgetExprTime:
+		return "limits.expr_time"
+	case operators.BudgetFanOut:
+		return "limits.max_fanout"
+	case operators.BudgetOpenWindows:
+		return "limits.max_open_windows"
+	}
+	return "limits.expr_memory_bytes"
 }
 
 // guessView reads, from the lines of a file whose YAML does not parse,
@@ -595,3 +639,9 @@ func plural(n int, one, many string) string {
 	}
 	return many
 }
+
+// ViewErrorHeader is the one header of the placeholder a client gets for a
+// record its view could not process (the value is null; the header says
+// why). protocol.ViewErrorHeader on the fetch path is the same name;
+// `rtproxy test` shows view tests the same placeholder.
+const ViewErrorHeader = "rtproxy-view-error"

@@ -3,10 +3,13 @@ package rules
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/rtproxy/rtproxy/operators"
@@ -102,8 +105,10 @@ func TestViewExample(t *testing.T) {
 		t.Fatalf("bad JSON: %q keep %v err %v", out, keep, err)
 	}
 	// set on a value that is not an object: an error too.
-	if _, _, err := runView(t, v, `{"status":"ok","card":{"n":1}}`, false); err == nil || !strings.Contains(err.Error(), "mask: argument is an object") {
-		t.Fatalf("a string value: err %v", err)
+	_, _, err = runView(t, v, `{"status":"ok","card":{"n":1}}`, false)
+	var ve *ViewError
+	if !errors.As(err, &ve) || ve.Error() != "step 2 (set) failed: an expression failed on this record" || !strings.Contains(ve.Detail, "mask: argument is an object") {
+		t.Fatalf("a card that is an object: err %v", err)
 	}
 	// A tombstone passes the filter and stays null.
 	if _, keep, err := runView(t, v, "", true); !keep || err != nil {
@@ -299,6 +304,18 @@ func TestViewGraph(t *testing.T) {
 			"a.yaml": "view: q.v\ntopic: p\n",
 			"b.yaml": "view: p\ntopic: x\n",
 		}, "b.yaml:1:7: view name `p` is the topic view `q.v`"},
+		{"a virtual name is a route's internal topic", map[string]string{
+			"a.yaml": "route: r\nsource: { topic: in }\nsink: { topic: out }\nsteps:\n  - drop_duplicates: { key: value.id, ttl: 1h }\n",
+			"b.yaml": "view: r.00-drop_duplicates.changelog\ntopic: in\n",
+		}, "b.yaml:1:7: view name `r.00-drop_duplicates.changelog` is an internal topic of route `r`"},
+		{"a virtual name is a guard's dead letters", map[string]string{
+			"a.yaml": "guard: g\ntopic: in\non_reject: dead_letter\nchecks: [valid_json]\n",
+			"b.yaml": "view: g.rejected\ntopic: in\n",
+		}, "b.yaml:1:7: view name `g.rejected` is the dead-letter topic guard `g`"},
+		{"a guard's dead letters are a virtual name", map[string]string{
+			"a.yaml": "view: shadow\ntopic: in\n",
+			"b.yaml": "guard: g\ntopic: in\non_reject: dead_letter\ndead_letter: shadow\nchecks: [valid_json]\n",
+		}, "b.yaml:4:14: dead_letter `shadow` is the virtual name of view `shadow`"},
 		{"a route and a view may share a name", map[string]string{
 			"a.yaml": "route: payments\nsource: { topic: in }\nsink: { topic: out }\n",
 			"b.yaml": "view: payments\ntopic: payments\nclients: { client_id: [a] }\nsteps: [ { filter: true } ]\n",
@@ -454,4 +471,144 @@ func FuzzViewFile(f *testing.F) {
 			t.Fatalf("an error with a value: %q", out)
 		}
 	})
+}
+
+// BenchmarkViewRun: the issue's view shape (a filter and one masked field)
+// on the 1 KiB payment, as the fetch path runs it per record.
+func BenchmarkViewRun(b *testing.B) {
+	dir := b.TempDir()
+	p := filepath.Join(dir, "v.yaml")
+	if err := os.WriteFile(p, []byte("view: payments.v\ntopic: payments\nsteps:\n  - filter: value.status != \"test\"\n  - set:\n      user_id: mask(value.user_id, 2)\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	r, err := LoadFile(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	value := benchValue(1024)
+	b.SetBytes(int64(len(value)))
+	b.ReportAllocs()
+	var dst []byte
+	for i := 0; i < b.N; i++ {
+		rec := ViewRecord{Topic: "payments", Partition: 1, Offset: int64(i), Key: []byte("k"), Raw: value, Timestamp: 1700000000000}
+		out, keep, err := r.View.Run(&rec, dst[:0])
+		if err != nil || !keep {
+			b.Fatal(err)
+		}
+		dst = out
+	}
+}
+
+// TestViewRunConcurrent: one view serves many fetches at once (each with
+// its own record); every goroutine gets what a lone run gives. Meaningful
+// under -race.
+func TestViewRunConcurrent(t *testing.T) {
+	r := loadViewText(t, exampleView)
+	values := make([]string, 64)
+	want := make([]string, len(values))
+	for i := range values {
+		values[i] = fmt.Sprintf(`{"status":%q,"card":"4111%012d","email":"u%d@example.com","n":%d}`, []string{"ok", "test"}[i%2], i, i, i)
+		out, _, _ := runView(t, r.View, values[i], false)
+		want[i] = out
+	}
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rep := 0; rep < 20; rep++ {
+				for i, v := range values {
+					rec := &ViewRecord{Topic: "payments", Raw: []byte(v)}
+					out, _, err := r.View.Run(rec, nil)
+					if err != nil || string(out) != want[i] {
+						t.Errorf("record %d: %q %v, want %q", i, out, err, want[i])
+						return
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// TestWatchViewSaltRotates: writing a new salt reloads the view that names
+// it, with no edit of the view file.
+func TestWatchViewSaltRotates(t *testing.T) {
+	dir := viewDir(t, map[string]string{"v.yaml": exampleView})
+	h := startWatch(t, dir)
+	first := h.next()
+	if len(first.routes) != 1 || len(first.errs) != 0 {
+		t.Fatalf("initial: %d routes, errors %v", len(first.routes), first.errs)
+	}
+	before, _, _ := runView(t, first.routes[0].View, `{"status":"ok","card":"1","email":"a@b"}`, false)
+	write(t, filepath.Join(dir, "salt"), "a-new-salt-of-enough-bytes\n")
+	second := h.next()
+	if len(second.routes) != 1 || second.routes[0].Hash == first.routes[0].Hash {
+		t.Fatal("the new salt did not reload the view")
+	}
+	after, _, _ := runView(t, second.routes[0].View, `{"status":"ok","card":"1","email":"a@b"}`, false)
+	if before == after || !strings.Contains(after, operators.HashString([]byte("a-new-salt-of-enough-bytes"), "a@b")) {
+		t.Fatalf("after rotation %s (before %s)", after, before)
+	}
+}
+
+// TestViewErrorsHoldNoValues: the error of a record a view cannot process
+// goes to the very client that must not see the record's values (the
+// placeholder's rtproxy-view-error header), so it says what failed and
+// where, never what the record holds.
+func TestViewErrorsHoldNoValues(t *testing.T) {
+	secret := "4111-1111-1111-1234"
+	for _, c := range []struct {
+		name, view, value, want string
+	}{
+		{"an expression fails on the value", "view: p.v\ntopic: p\nsteps:\n  - set:\n      n: int(value.card)\n", `{"card":"` + secret + `"}`,
+			"step 1 (set) failed: an expression failed on this record"},
+		{"a filter fails", "view: p.v\ntopic: p\nsteps:\n  - filter: value.card + 1 > 2\n", `{"card":"` + secret + `"}`,
+			"step 1 (filter) failed: an expression failed on this record"},
+		{"the value is not JSON", "view: p.v\ntopic: p\nsteps:\n  - drop: [x]\n", `{"card":` + secret + `}`,
+			"the value is not valid JSON"},
+		{"mask of an object", "view: p.v\ntopic: p\nsteps:\n  - set:\n      card: mask(value.card, 4)\n", `{"card":{"n":"` + secret + `"}}`,
+			"step 1 (set) failed: an expression failed on this record"},
+		{"a budget", "view: p.v\ntopic: p\nsteps:\n  - set:\n      s: repeat(value.card, 100000000)\n", `{"card":"` + secret + `"}`,
+			"step 1 (set) failed: over a per-record budget (limits.expr_memory_bytes)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := loadViewText(t, c.view)
+			_, _, err := runView(t, r.View, c.value, false)
+			if err == nil {
+				t.Fatal("no error")
+			}
+			if strings.Contains(err.Error(), "4111") || strings.Contains(err.Error(), "1234") {
+				t.Fatalf("the error shows the record: %v", err)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q, want it to say %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestViewClientListBounds: a client list is bounded in entries and in the
+// length of each.
+func TestViewClientListBounds(t *testing.T) {
+	many := make([]string, maxViewClients+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("c%d", i)
+	}
+	for _, c := range []struct{ list, want string }{
+		{"[" + strings.Join(many, ", ") + "]", fmt.Sprintf("lists %d entries, more than %d", maxViewClients+1, maxViewClients)},
+		{"[" + strings.Repeat("x", maxClientEntry+1) + "]", fmt.Sprintf("one line of at most %d bytes", maxClientEntry)},
+		{"[a, a]", "`a` is listed twice"},
+	} {
+		dir := viewDir(t, map[string]string{"v.yaml": "view: p\ntopic: p\nclients: { client_id: " + c.list + " }\nsteps: [ { drop: [x] } ]\n"})
+		_, err := LoadFile(filepath.Join(dir, "v.yaml"))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("err %v, want %q", err, c.want)
+		}
+	}
+	many[maxViewClients] = ""
+	dir := viewDir(t, map[string]string{"v.yaml": "view: p\ntopic: p\nclients: { client_id: [" + strings.Join(many[:maxViewClients], ", ") + "] }\nsteps: [ { drop: [x] } ]\n"})
+	if _, err := LoadFile(filepath.Join(dir, "v.yaml")); err != nil {
+		t.Fatalf("%d entries refused: %v", maxViewClients, err)
+	}
 }

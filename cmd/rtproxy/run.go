@@ -270,6 +270,9 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		if why := gd.notReady(); why != "" {
 			return false, why // a guard fails closed (guards.go)
 		}
+		if why := vw.notReady(); why != "" {
+			return false, why // a view fails closed (views.go)
+		}
 		return true, ""
 	})
 	adm.setRoutes(routes.Status)

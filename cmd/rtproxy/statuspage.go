@@ -90,6 +90,9 @@ type routeView struct {
 	Partitions                                                             []partView
 	AssignmentError                                                        string
 	StateKeys, DeadLetters                                                 []namedValue
+	// Sinks are the route's sinks (one, or a switch's branches) with their
+	// counts since the route started.
+	Sinks []sinkView
 	// Trends are the route's sparklines (records in and out per second,
 	// lag, processing p99); none before its first sample.
 	Trends []trendView
@@ -157,6 +160,9 @@ type namedValue struct {
 }
 
 type guardView struct{ Guard, Check, Value string }
+
+// sinkView is one sink of a route on its page.
+type sinkView struct{ Name, Target, Format, Out, Errors string }
 
 func (s *statusPage) serve(w http.ResponseWriter, r *http.Request, ready func() (bool, string), routes func() any, views func() []viewStatus) {
 	if r.URL.Path != "/" {
@@ -287,6 +293,10 @@ func routeViewOf(rs pipeline.RouteStatus, m metricIndex, now time.Time) routeVie
 		if smp.labels["route"] == rs.Name {
 			rv.StateKeys = append(rv.StateKeys, namedValue{smp.labels["step"], count(smp.value)})
 		}
+	}
+	for _, s := range rs.Sinks {
+		rv.Sinks = append(rv.Sinks, sinkView{Name: s.Name, Target: s.Target, Format: s.Format,
+			Out: count(float64(s.Out)), Errors: count(float64(s.Errors))})
 	}
 	for _, smp := range m["rtproxy_pipeline_dead_letters_total"] {
 		if smp.labels["route"] == rs.Name && smp.value > 0 {

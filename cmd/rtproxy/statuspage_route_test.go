@@ -39,6 +39,7 @@ func TestRoutePage(t *testing.T) {
 	a.setRoutes(func() any {
 		return []pipeline.RouteStatus{
 			{Name: "risk", File: file, Source: "pay", Sink: "pay.risk", State: "running",
+				Sinks:     []pipeline.SinkStatus{{Name: "pay.risk", Target: "pay.risk", Format: "avro", Out: 1234, Errors: 5}},
 				RuleError: file + ":5:27: filter does not compile: unexpected token (near `>>> 100`)\n" + file + ":9:1: past the end",
 				Owned:     []pipeline.OwnedPartition{{Topic: "pay", Partition: 1, DoneOffset: 42, Lag: 3}}},
 			{File: never, State: "error", RuleError: never + ":1:8: did not find expected node content"},
@@ -74,6 +75,8 @@ func TestRoutePage(t *testing.T) {
 	}
 	for _, want := range []string{
 		"<h1>route risk</h1>", `http-equiv="refresh"`, `class="state-running"`, "pay → pay.risk", ">42<", ">3<",
+		// its sinks, with their counts
+		`<tr><td>pay.risk</td><td>pay.risk</td><td>avro</td><td class="num">1234</td><td class="num">5</td></tr>`,
 		// the error's place, marked: line 5, column 27 is the second '>'
 		`<span class="line errline" id="L5"><span class="ln">5</span>  - filter: value.amount &gt;<mark>&gt;</mark>&gt; 100 # &lt;b&gt;</span>`,
 		`↑ filter does not compile: unexpected token (near `, `href="#L5"`, "line 5:27",

@@ -124,6 +124,26 @@ func (v *views) apply(files []*rules.Route) {
 	v.set(s)
 }
 
+// notReady says why the proxy is not ready because of views: one fails
+// closed (its file does not load), so its clients get placeholders only.
+// "" when none does.
+func (v *views) notReady() string {
+	s := v.cur.Load()
+	if s == nil {
+		return ""
+	}
+	var closed []string
+	for _, o := range s.all {
+		if o.v.Closed != "" {
+			closed = append(closed, o.route.Name)
+		}
+	}
+	if len(closed) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("view %s does not load (no valid version to keep): its records are withheld from every client until its file is fixed; see /routes", strings.Join(closed, ", "))
+}
+
 // viewStatus is one view as /routes and the status page show it.
 type viewStatus struct {
 	Kind     string `json:"kind"` // "view", to tell views from routes in /routes

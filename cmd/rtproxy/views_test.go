@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/rtproxy/rtproxy/internal/benchkit"
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/protocol"
@@ -221,6 +223,73 @@ func TestRoutesAndStatusPageListViews(t *testing.T) {
 	for _, want := range []string{"<h2>Views</h2>", "<td>payments.for-analytics</td>", "<td>payments (in place)</td>", "client_id bi-*; principal User:auditor"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("status page lacks %q", want)
+		}
+	}
+}
+
+// TestViewsClosedNotReady: a view standing in closed (its file does not
+// load) makes the proxy not ready, as a closed guard does, and every record
+// it serves is an error.
+func TestViewsClosedNotReady(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "v.yaml"), []byte("view: payments\ntopic: payments\nsteps: [\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	applied := make(chan []*rules.Route, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w, err := rules.WatchWith(ctx, dir, rules.Options{}, slog.New(slog.DiscardHandler), newRegistry(), func(rs []*rules.Route, _ []error) { applied <- rs })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	rs := <-applied
+	vw, err := newViews(slog.New(slog.DiscardHandler), newRegistry(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vw.notReady() != "" {
+		t.Fatal("not ready before any view")
+	}
+	vw.apply(rs)
+	if why := vw.notReady(); !strings.Contains(why, "view payments does not load") {
+		t.Fatalf("notReady = %q", why)
+	}
+	st := vw.Status()
+	if len(st) != 1 || st[0].State != "closed" || st[0].Clients != "every client" {
+		t.Fatalf("status %+v", st)
+	}
+	o := vw.cur.Load().byName["payments"]
+	if keep, err := o.Apply(&protocol.ViewRecord{Value: []byte(`{"card":"4111"}`)}); keep || err == nil {
+		t.Fatalf("a closed view served a record: %v %v", keep, err)
+	}
+}
+
+// BenchmarkViewApply: the adapter on the 1 KiB payment through the issue's
+// view shape (a filter and one masked field), as the fetch path calls it.
+func BenchmarkViewApply(b *testing.B) {
+	dir := b.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "v.yaml"), []byte("view: payments.v\ntopic: payments\nsteps:\n  - filter: value.status != \"test\"\n  - set:\n      user_id: mask(value.user_id, 2)\n"), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	rs, errs := rules.LoadDir(dir)
+	if len(errs) > 0 {
+		b.Fatal(errs)
+	}
+	vw, err := newViews(slog.New(slog.DiscardHandler), newRegistry(), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	vw.apply(rs)
+	v := vw.cur.Load().byName["payments.v"]
+	value := benchkit.Payment(1)
+	hs := []kmsg.Header{{Key: "trace", Value: []byte("abc")}}
+	b.SetBytes(int64(len(value)))
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		rec := protocol.ViewRecord{Partition: 1, Offset: int64(i), Key: []byte("k"), Value: value, Headers: hs, Timestamp: 1700000000000}
+		if keep, err := v.Apply(&rec); !keep || err != nil {
+			b.Fatal(keep, err)
 		}
 	}
 }

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -15,9 +14,20 @@ import (
 // dead letter must equal the brute-force reference's (what the flush
 // records cause left out), each once.
 func TestShapesThreeInstances(t *testing.T) {
-	for _, seed := range []uint64{4, 82} {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			s := shapes.Generate(seed, true, 3)
+	type run struct {
+		name string
+		gen  func() *shapes.Shape
+	}
+	runs := []run{
+		{"4", func() *shapes.Shape { return shapes.Generate(4, true, 3) }},
+		{"82", func() *shapes.Shape { return shapes.Generate(82, true, 3) }},
+		// Two chained session windows and a drop_duplicates, 4 partitions:
+		// sessions merged from records of every partition.
+		{"sessions-113", func() *shapes.Shape { return shapes.GenerateSessions(113, true, 3) }},
+	}
+	for _, rn := range runs {
+		t.Run(rn.name, func(t *testing.T) {
+			s := rn.gen()
 			k := StartKfake(t, KfakeOpts{Topics: map[string]int{s.Topic: s.Partitions, s.Sink: 2, s.DLQ: 1}})
 			rules := t.TempDir()
 			WriteRuleFile(t, rules, s.Name+".yaml", s.YAML())

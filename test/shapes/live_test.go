@@ -25,13 +25,35 @@ func TestMain(m *testing.M) {
 // test/integration/shapes_test.go).
 var liveSeeds = []uint64{4, 82}
 
+// LiveSessionSeeds are the fixed seeds of GenerateSessions' live variants:
+// 104 (one session window over 3 partitions, 8 merges) and 113 (two
+// chained session windows and a drop_duplicates over 4 partitions).
+var LiveSessionSeeds = []uint64{104, 113}
+
 // TestShapesLive: live shapes through one in-process instance against
 // kfake, every output and dead letter equal to the reference's (what the
 // flush records cause left out).
 func TestShapesLive(t *testing.T) {
+	type run struct {
+		seed     uint64
+		sessions bool
+	}
+	var runs []run
 	for _, seed := range liveSeeds {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			s := Generate(seed, true, 3)
+		runs = append(runs, run{seed, false})
+	}
+	for _, seed := range LiveSessionSeeds {
+		runs = append(runs, run{seed, true})
+	}
+	for _, rn := range runs {
+		seed := rn.seed
+		name := fmt.Sprint(seed)
+		gen := Generate
+		if rn.sessions {
+			name, gen = fmt.Sprint("sessions-", seed), GenerateSessions
+		}
+		t.Run(name, func(t *testing.T) {
+			s := gen(seed, true, 3)
 			def := load(t, s)
 			addrs, _ := testkit.StartKfake(t, "-topics", fmt.Sprintf("%s:%d,%s:2,%s:1", s.Topic, s.Partitions, s.Sink, s.DLQ))
 			// The settings whose defaults live in config (pipeline.New

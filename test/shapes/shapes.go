@@ -8,6 +8,8 @@
 // or pipeline/. Tests run the same shape through pipeline.Driver, through
 // one in-process instance against kfake, and through three rtproxy
 // binaries (test/integration), and compare every output and dead letter.
+// GenerateSessions makes the same shapes with session windows (gap,
+// max_duration) in place of the tumbling and sliding ones.
 //
 // # The reference's assumptions
 //
@@ -31,7 +33,9 @@
 // by the row's key (one writer, rows in window order), a window after a
 // window by the row key, a function of it or a constant, and aggregates
 // are count and sum of integers; emit: on_update (every intermediate
-// state) only on a window of events, which arrive in the order sent. The
+// state) only on a window of events, which arrive in the order sent, and
+// so is a session's max_duration (where it binds, the session a record
+// joins depends on the order records come in). The
 // live variants (Live true) go further: each partition's event times
 // rise with less disorder than source.watermark (no record is late
 // whatever the interleaving), duplicates are exact copies,
@@ -78,6 +82,10 @@ type Shape struct {
 	// Far is where the test moves every frontier after the last record
 	// (not used by the live variants: their flush records do it).
 	Far int64
+	// Sessions: every window is a session window (GenerateSessions).
+	Sessions bool
+	merges   int // sessions merged into another, as Expected last saw
+	capped   int // records max_duration kept from merging, as Expected last saw
 }
 
 // Input is one source record.
@@ -154,6 +162,11 @@ type stepState struct {
 	wm    int64
 	// windows: end → key → accumulators
 	wins map[int64]map[string]*acc
+	// session windows: key → its open sessions, by start; merges counts
+	// the sessions that merged into another
+	sess   map[string][]*refSession
+	merges int
+	capped int // records max_duration kept from merging
 	// drop_duplicates: key → event time of the record that passed
 	seen map[string]int64
 }
@@ -194,8 +207,25 @@ func num(v any) (float64, error) {
 // can check whatever the interleaving of partitions; the source gets at
 // least minParts partitions.
 func Generate(seed uint64, live bool, minParts int) *Shape {
+	return generate(seed, live, minParts, false)
+}
+
+// GenerateSessions is Generate with every window a session window (of
+// events or of rows, emitting on close or on update, with or without
+// max_duration). Its shapes are its own: seed n here is not Generate's.
+func GenerateSessions(seed uint64, live bool, minParts int) *Shape {
+	return generate(seed, live, minParts, true)
+}
+
+func generate(seed uint64, live bool, minParts int, sessions bool) *Shape {
 	rng := rand.New(rand.NewPCG(seed, 0x5ea1))
-	s := &Shape{Seed: seed, Live: live, Name: fmt.Sprintf("shape-%d", seed), Partitions: max(1+rng.IntN(5), minParts)}
+	if sessions {
+		rng = rand.New(rand.NewPCG(seed, 0x5e55))
+	}
+	s := &Shape{Seed: seed, Live: live, Name: fmt.Sprintf("shape-%d", seed), Partitions: max(1+rng.IntN(5), minParts), Sessions: sessions}
+	if sessions {
+		s.Name = fmt.Sprintf("shape-s%d", seed)
+	}
 	s.Topic = s.Name + ".in"
 	s.Sink, s.DLQ = s.Name+".out", s.Name+".dlq"
 	s.Lateness = []int64{0, 500, 1000, 2000}[rng.IntN(4)]
@@ -286,7 +316,12 @@ func genSteps(s *Shape, rng *rand.Rand) {
 			// the window's input in one order: events come in the order
 			// sent (the Driver), rows of an earlier window from several
 			// tasks would not.
-			add(windowStep(rng, shape, choice == 1, !s.Live && shape == event && rng.IntN(4) == 0))
+			onUpdate := !s.Live && shape == event && rng.IntN(4) == 0
+			if s.Sessions {
+				add(sessionStep(rng, shape, onUpdate, !s.Live && shape == event && rng.IntN(2) == 0))
+			} else {
+				add(windowStep(rng, shape, choice == 1, onUpdate))
+			}
 			shape = row
 		}
 		stateless()
@@ -594,6 +629,181 @@ func windowStep(rng *rand.Rand, shape shapeKind, tumbling, onUpdate bool) Step {
 		}}
 }
 
+// refSession is an open session of the reference: its interval and the
+// arguments of its records (for n: count() and s: sum), recounted whole
+// for every row.
+type refSession struct {
+	start, end int64
+	vals       []float64 // a null argument counts as a record, adds 0
+}
+
+// sessionStep is a session window with the aggregates n: count() and s:
+// sum, from docs/RULES.md ("Session windows"): a key's open sessions are
+// disjoint intervals [start, end); a record at t meets those whose
+// interval meets [t, t+gap); with none it opens [t, t+gap); with some it
+// merges them all, [min start, max end), unless that spans more than
+// max_duration: then it joins the session holding t (whose end moves to
+// t+gap, at most start+max_duration and at most the next session's
+// start) or, in none, opens [t, min(t+gap, next start)). A record whose
+// session would end at or before the watermark is late. Sessions close
+// when the watermark reaches their end, in order of end, key, start.
+// capped adds max_duration (only where the order of records is the
+// order sent: events, in the Driver).
+func sessionStep(rng *rand.Rand, shape shapeKind, onUpdate, capped bool) Step {
+	var gap int64
+	if shape == event {
+		gap = []int64{300, 800, 2000}[rng.IntN(3)]
+	} else {
+		gap = []int64{3000, 6000, 12000}[rng.IntN(3)]
+	}
+	var maxDur int64
+	if capped {
+		maxDur = gap * []int64{1, 2, 4}[rng.IntN(3)]
+	}
+	var keyExpr, sumOf string
+	var key func(*rec) string
+	if shape == event {
+		sumOf = "value.a"
+		switch rng.IntN(3) {
+		case 0:
+			keyExpr, key = "value.k1", func(r *rec) string { return r.obj()["k1"].(string) }
+		case 1:
+			keyExpr, key = "value.k2", func(r *rec) string { return r.obj()["k2"].(string) }
+		default:
+			keyExpr, key = `value.k1 + "-" + value.g`, func(r *rec) string { return r.obj()["k1"].(string) + "-" + r.obj()["g"].(string) }
+		}
+	} else {
+		sumOf = "value.s"
+		if rng.IntN(2) == 0 {
+			keyExpr, key = "value.key", func(r *rec) string { return r.obj()["key"].(string) }
+		} else {
+			keyExpr, key = `'"all"'`, func(*rec) string { return "all" }
+		}
+	}
+	emit := "on_close"
+	if onUpdate {
+		emit = "on_update"
+	}
+	y := fmt.Sprintf("window: { kind: session, gap: %dms, ", gap)
+	if maxDur > 0 {
+		y += fmt.Sprintf("max_duration: %dms, ", maxDur)
+	}
+	y += fmt.Sprintf("key: %s, emit: %s, aggregate: { n: count(), s: sum(%s) } }", keyExpr, emit, sumOf)
+	field := "a"
+	if shape == row {
+		field = "s"
+	}
+	mkRow := func(k string, ss *refSession) *rec {
+		var sum float64
+		for _, v := range ss.vals {
+			sum += v
+		}
+		return &rec{key: []byte(k), ev: ss.end - 1, val: map[string]any{"key": k, "window_start": float64(ss.start),
+			"window_end": float64(ss.end), "n": float64(len(ss.vals)), "s": sum}}
+	}
+	return Step{YAML: y, Kind: "window", Keyed: true, live: maxDur == 0 && !onUpdate,
+		process: func(st *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+			k, t := key(r), r.ev
+			list := st.sess[k]
+			var meet []int // indexes into list, ascending
+			for i, ss := range list {
+				if ss.start < t+gap && t < ss.end {
+					meet = append(meet, i)
+				}
+			}
+			// What the record does: join list[into] (after merging
+			// list[into..to]), or open [start, end) at list position at.
+			into, to, at := -1, -1, 0
+			var start, end int64
+			for at < len(list) && list[at].start < t {
+				at++
+			}
+			switch {
+			case len(meet) == 0:
+				start, end = t, t+gap
+			default:
+				lo, hi := min(t, list[meet[0]].start), max(t+gap, list[meet[len(meet)-1]].end)
+				if maxDur == 0 || hi-lo <= maxDur {
+					into, to, start, end = meet[0], meet[len(meet)-1], lo, hi
+					break
+				}
+				st.capped++
+				for _, i := range meet {
+					if ss := list[i]; ss.start <= t && t < ss.end {
+						e := max(ss.end, min(t+gap, ss.start+maxDur))
+						if i+1 < len(list) {
+							e = min(e, list[i+1].start)
+						}
+						into, to, start, end = i, i, ss.start, e
+					}
+				}
+				if into < 0 {
+					start, end = t, min(t+gap, list[meet[0]].start)
+				}
+			}
+			if st.hasWM && end <= st.wm {
+				dl(r, "late")
+				return
+			}
+			v, err := num(r.obj()[field])
+			if err != nil && r.obj()[field] != nil {
+				dl(r, "error")
+				return
+			}
+			var ss *refSession
+			if into < 0 {
+				ss = &refSession{}
+				list = slices.Insert(list, at, ss)
+			} else {
+				ss = list[into]
+				for _, o := range list[into+1 : to+1] {
+					ss.vals = append(ss.vals, o.vals...)
+					st.merges++
+				}
+				list = slices.Delete(list, into+1, to+1)
+			}
+			ss.start, ss.end = start, end
+			ss.vals = append(ss.vals, v)
+			st.sess[k] = list
+			if onUpdate {
+				emit(mkRow(k, ss))
+			}
+		},
+		advance: func(st *stepState, wm int64, emit func(*rec)) {
+			type closed struct {
+				k  string
+				ss *refSession
+			}
+			var cs []closed
+			for k, list := range st.sess {
+				kept := list[:0]
+				for _, ss := range list {
+					if ss.end <= wm {
+						cs = append(cs, closed{k, ss})
+					} else {
+						kept = append(kept, ss)
+					}
+				}
+				st.sess[k] = kept
+			}
+			sort.Slice(cs, func(i, j int) bool {
+				a, b := cs[i], cs[j]
+				if a.ss.end != b.ss.end {
+					return a.ss.end < b.ss.end
+				}
+				if a.k != b.k {
+					return a.k < b.k
+				}
+				return a.ss.start < b.ss.start
+			})
+			for _, c := range cs {
+				if !onUpdate {
+					emit(mkRow(c.k, c.ss))
+				}
+			}
+		}}
+}
+
 func floorDiv(a, b int64) int64 {
 	q := a / b
 	if (a%b != 0) && ((a < 0) != (b < 0)) {
@@ -698,7 +908,7 @@ func genInputs(s *Shape, rng *rand.Rand) {
 func (s *Shape) Expected() []Output {
 	states := make([]*stepState, len(s.Steps))
 	for i := range states {
-		states[i] = &stepState{wins: map[int64]map[string]*acc{}, seen: map[string]int64{}}
+		states[i] = &stepState{wins: map[int64]map[string]*acc{}, seen: map[string]int64{}, sess: map[string][]*refSession{}}
 	}
 	var outs []Output
 	var run func(i int, r *rec)
@@ -754,6 +964,13 @@ func (s *Shape) Expected() []Output {
 			}
 		}
 	}
+	defer func() {
+		s.merges, s.capped = 0, 0
+		for _, st := range states {
+			s.merges += st.merges
+			s.capped += st.capped
+		}
+	}()
 	if !s.Live {
 		advance(s.Far)
 		return outs

@@ -116,3 +116,43 @@ func TestShapesDriver(t *testing.T) {
 	}
 	t.Logf("%d shapes run, %d outputs and dead letters compared, in %v", ran, outs, time.Since(start).Round(time.Millisecond))
 }
+
+// TestShapesSessionsDriver is TestShapesDriver for shapes whose windows are
+// session windows (GenerateSessions): merges of sessions fed from several
+// partitions (the keys are not the partition key), late records, capped
+// sessions, on_update rows, sessions of window rows. SHAPES_COUNT and
+// SHAPES_DURATION apply as there (20 shapes by default).
+func TestShapesSessionsDriver(t *testing.T) {
+	n, dur := shapeCount(t)
+	if os.Getenv("SHAPES_COUNT") == "" {
+		n = 20
+	}
+	seed := shapeSeed0(t)
+	start := time.Now()
+	ran, outs, merged, capped, late := 0, 0, 0, 0, 0
+	for i := 0; ; i++ {
+		if dur > 0 && time.Since(start) >= dur || dur == 0 && i >= n {
+			break
+		}
+		s := GenerateSessions(seed+uint64(i), false, 1)
+		want := s.Expected()
+		got := runDriver(t, s)
+		if d := Diff(want, got); d != "" {
+			t.Fatalf("shape %s\n%s\nwant %d records, got %d:\n%s", s.Name, s.Describe(), len(want), len(got), d)
+		}
+		ran++
+		outs += len(got)
+		merged += s.merges
+		capped += s.capped
+		for _, o := range want {
+			if o.Reason == "late" {
+				late++
+			}
+		}
+	}
+	if ran >= 20 && (merged == 0 || capped == 0 || late == 0) {
+		t.Errorf("%d session shapes with %d merges, %d records max_duration kept apart, %d late: the inputs do not test all three", ran, merged, capped, late)
+	}
+	t.Logf("%d shapes run, %d outputs and dead letters compared, %d session merges, %d records max_duration kept apart, %d late, in %v",
+		ran, outs, merged, capped, late, time.Since(start).Round(time.Millisecond))
+}

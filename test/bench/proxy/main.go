@@ -7,6 +7,13 @@
 // kfake (test/kfakebroker) and the proxy (./proxyproc, the protocol package
 // in a tiny main) each run as their own process, so the proxy's CPU is read
 // from its own /proc/PID/stat and shares nothing with the load client.
+//
+// With -base REV (repeatable) the proxyproc of each older revision is built
+// from `git archive REV` and measured in the same run, round by round in
+// rotating order, against the same kfake; a last table puts every proxy
+// side by side:
+//
+//	make bench-proxy ARGS='-rounds 5 -base e6708da -base 52fd4ca^'
 package main
 
 import (
@@ -37,14 +44,83 @@ type result struct {
 	lat                               []time.Duration // sorted
 }
 
+// target is one proxy under test: the working tree's, or a base
+// revision's (-base), each its own process against the same kfake.
+type target struct {
+	name        string
+	bin         string
+	proc        *exec.Cmd
+	addr        string
+	best        result
+	cpu         time.Duration
+	prod, fetch []float64 // proxy/direct ratios, one per round
+	lat         []time.Duration
+	perReq      perRequest // latency phase
+}
+
+// wakes are a process's counts of read and write system calls, context
+// switches (all threads) and CPU time so far.
+type wakes struct {
+	rw, ctx int64
+	cpu     time.Duration
+}
+
+type perRequest struct{ rw, ctx, cpuMicros float64 }
+
+func (w wakes) since(b wakes, n float64) perRequest {
+	return perRequest{float64(w.rw-b.rw) / n, float64(w.ctx-b.ctx) / n, float64((w.cpu - b.cpu).Microseconds()) / n}
+}
+
+func readWakes(pid int) wakes {
+	var w wakes
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid)); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ": "); ok && (k == "syscr" || k == "syscw") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				w.rw += n
+			}
+		}
+	}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
+	for _, f := range tasks {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue // a thread that just exited
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && (k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				w.ctx += n
+			}
+		}
+	}
+	w.cpu = benchkit.ProcCPU(pid)
+	return w
+}
+
+// revs is the repeatable -base flag (a comma list works too).
+type revs []string
+
+func (r *revs) String() string { return strings.Join(*r, ",") }
+func (r *revs) Set(s string) error {
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*r = append(*r, v)
+		}
+	}
+	return nil
+}
+
 func main() {
 	var (
 		records    = flag.Int("records", 100000, "records per throughput phase")
 		samples    = flag.Int("latency-samples", 5000, "sequential produce requests per target for latency")
 		rounds     = flag.Int("rounds", 8, "throughput rounds per target (best is reported)")
-		portFirst  = flag.Int("broker-ports", 29100, "first per-broker port of the proxy")
-		cpuProfile = flag.String("cpuprofile", "", "write the proxy process's CPU profile here")
+		portFirst  = flag.Int("broker-ports", 29100, "first per-broker port of the proxy (each further proxy 10 above)")
+		cpuProfile = flag.String("cpuprofile", "", "write the working tree proxy's CPU profile here (each -base's to FILE.baseN, N counting the -base flags from 0)")
+		bases      revs
 	)
+	flag.Var(&bases, "base", "also measure the proxy of this git `revision` (its own test/bench/proxy/proxyproc, built from git archive), side by side; repeatable")
 	flag.Parse()
 	log.SetFlags(0)
 
@@ -53,81 +129,144 @@ func main() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	kfakeBin, proxyBin := filepath.Join(dir, "kfakebroker"), filepath.Join(dir, "proxyproc")
-	for bin, pkg := range map[string]string{kfakeBin: "./test/kfakebroker", proxyBin: "./test/bench/proxy/proxyproc"} {
-		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-			log.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	root := benchkit.ModuleRoot()
+	kfakeBin := filepath.Join(dir, "kfakebroker")
+	build(root, kfakeBin, "./test/kfakebroker")
+	var targets []*target
+	for i, rev := range bases {
+		src := filepath.Join(dir, fmt.Sprintf("base-%d", i))
+		if err := os.MkdirAll(src, 0o755); err != nil {
+			log.Fatal(err)
 		}
+		cmd := exec.Command("sh", "-c", fmt.Sprintf("git archive %q | tar -x -C %q", rev, src))
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			log.Fatalf("git archive %s: %v\n%s", rev, err, out)
+		}
+		t := &target{name: rev, bin: filepath.Join(dir, fmt.Sprintf("proxyproc-base-%d", i))}
+		build(src, t.bin, "./test/bench/proxy/proxyproc")
+		targets = append(targets, t)
 	}
+	now := &target{name: "now", bin: filepath.Join(dir, "proxyproc")}
+	build(root, now.bin, "./test/bench/proxy/proxyproc")
+	targets = append(targets, now)
 
 	var topics []string
 	for r := range *rounds {
-		topics = append(topics, fmt.Sprintf("direct-%d:3", r), fmt.Sprintf("proxy-%d:3", r))
+		topics = append(topics, fmt.Sprintf("direct-%d:3", r))
+		for i := range targets {
+			topics = append(topics, fmt.Sprintf("proxy%d-%d:3", i, r))
+		}
 	}
 	topics = append(topics, "lat:1")
 	kfake, brokers := benchkit.StartProc(kfakeBin, "-brokers", "3", "-topics", strings.Join(topics, ","))
 	defer benchkit.StopProc(kfake)
-	proxyArgs := []string{"-upstream", brokers, "-broker-ports", strconv.Itoa(*portFirst)}
-	if *cpuProfile != "" {
-		abs, _ := filepath.Abs(*cpuProfile)
-		proxyArgs = append(proxyArgs, "-cpuprofile", abs)
+	for i, t := range targets {
+		args := []string{"-upstream", brokers, "-broker-ports", strconv.Itoa(*portFirst + 10*i)}
+		if *cpuProfile != "" {
+			abs, _ := filepath.Abs(*cpuProfile)
+			if t != now {
+				abs += fmt.Sprintf(".base%d", i)
+			}
+			args = append(args, "-cpuprofile", abs)
+		}
+		t.proc, t.addr = benchkit.StartProc(t.bin, args...)
+		defer benchkit.StopProc(t.proc)
 	}
-	proxy, proxyAddr := benchkit.StartProc(proxyBin, proxyArgs...)
-	defer benchkit.StopProc(proxy)
 
-	var direct, via result
-	var proxyCPU time.Duration
-	var prodRatios, fetchRatios []float64
+	var direct result
 	for r := range *rounds {
-		// Alternate which target goes first so that warm-up and
-		// background load do not always favour the same one.
-		var d, p result
-		var cpu time.Duration
-		viaProxy := func() {
-			cpu0 := benchkit.ProcCPU(proxy.Process.Pid)
-			p = throughput(proxyAddr, fmt.Sprintf("proxy-%d", r), *records)
-			cpu = benchkit.ProcCPU(proxy.Process.Pid) - cpu0
+		// Rotate which target goes first so that warm-up and background
+		// load do not always favour the same one. Index len(targets) is
+		// the direct run.
+		var d result
+		got := make([]result, len(targets))
+		cpu := make([]time.Duration, len(targets))
+		n := len(targets) + 1
+		for k := range n {
+			i := (k + r) % n
+			if i == len(targets) {
+				d = throughput(brokers, fmt.Sprintf("direct-%d", r), *records)
+				continue
+			}
+			t := targets[i]
+			cpu0 := benchkit.ProcCPU(t.proc.Process.Pid)
+			got[i] = throughput(t.addr, fmt.Sprintf("proxy%d-%d", i, r), *records)
+			cpu[i] = benchkit.ProcCPU(t.proc.Process.Pid) - cpu0
 		}
-		if r%2 == 0 {
-			d = throughput(brokers, fmt.Sprintf("direct-%d", r), *records)
-			viaProxy()
-		} else {
-			viaProxy()
-			d = throughput(brokers, fmt.Sprintf("direct-%d", r), *records)
-		}
-		log.Printf("round %d: direct produce %.0f rec/s fetch %.0f rec/s; proxy produce %.0f rec/s fetch %.0f rec/s, proxy cpu %v",
-			r, d.produceRPS, d.fetchRPS, p.produceRPS, p.fetchRPS, cpu)
+		line := fmt.Sprintf("round %d: direct produce %.0f rec/s fetch %.0f rec/s", r, d.produceRPS, d.fetchRPS)
 		direct.produceRPS, direct.produceMBps = max(direct.produceRPS, d.produceRPS), max(direct.produceMBps, d.produceMBps)
 		direct.fetchRPS = max(direct.fetchRPS, d.fetchRPS)
-		via.produceRPS, via.produceMBps = max(via.produceRPS, p.produceRPS), max(via.produceMBps, p.produceMBps)
-		via.fetchRPS = max(via.fetchRPS, p.fetchRPS)
-		prodRatios = append(prodRatios, p.produceRPS/d.produceRPS)
-		fetchRatios = append(fetchRatios, p.fetchRPS/d.fetchRPS)
-		proxyCPU += cpu
+		for i, t := range targets {
+			p := got[i]
+			line += fmt.Sprintf("; %s produce %.0f fetch %.0f cpu %v", t.name, p.produceRPS, p.fetchRPS, cpu[i])
+			t.best.produceRPS, t.best.produceMBps = max(t.best.produceRPS, p.produceRPS), max(t.best.produceMBps, p.produceMBps)
+			t.best.fetchRPS = max(t.best.fetchRPS, p.fetchRPS)
+			t.prod = append(t.prod, p.produceRPS/d.produceRPS)
+			t.fetch = append(t.fetch, p.fetchRPS/d.fetchRPS)
+			t.cpu += cpu[i]
+		}
+		log.Print(line)
 	}
 	// Every record crossed the proxy twice: produced in, fetched out.
 	gbMoved := float64(*rounds) * float64(*records) * recordSize * 2 / 1e9
-	cpuPerGB := proxyCPU.Seconds() / gbMoved
 
-	direct.lat, via.lat = latency(brokers, proxyAddr, *samples)
+	addrs := []string{brokers}
+	for _, t := range targets {
+		addrs = append(addrs, t.addr)
+	}
+	before := make([]wakes, len(targets))
+	for i, t := range targets {
+		before[i] = readWakes(t.proc.Process.Pid)
+	}
+	lats := latency(addrs, *samples)
+	direct.lat = lats[0]
+	for i, t := range targets {
+		t.lat = lats[i+1]
+		// Each proxy served its own warm-up and samples, one request
+		// at a time: what it did per request.
+		t.perReq = readWakes(t.proc.Process.Pid).since(before[i], float64(*samples+latencyWarmup))
+	}
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "measure (best of %d rounds)\tdirect\tproxy\tproxy vs direct\tmedian round ratio\ttarget\t\n", *rounds)
-	fmt.Fprintf(w, "produce records/s\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.produceRPS, via.produceRPS, via.produceRPS/direct.produceRPS, benchkit.Median(prodRatios))
-	fmt.Fprintf(w, "produce MB/s\t%.1f\t%.1f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.produceMBps, via.produceMBps, via.produceMBps/direct.produceMBps, benchkit.Median(prodRatios))
-	fmt.Fprintf(w, "fetch records/s\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.fetchRPS, via.fetchRPS, via.fetchRPS/direct.fetchRPS, benchkit.Median(fetchRatios))
+	fmt.Fprintf(w, "produce records/s\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.produceRPS, now.best.produceRPS, now.best.produceRPS/direct.produceRPS, benchkit.Median(now.prod))
+	fmt.Fprintf(w, "produce MB/s\t%.1f\t%.1f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.produceMBps, now.best.produceMBps, now.best.produceMBps/direct.produceMBps, benchkit.Median(now.prod))
+	fmt.Fprintf(w, "fetch records/s\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.95x\t\n", direct.fetchRPS, now.best.fetchRPS, now.best.fetchRPS/direct.fetchRPS, benchkit.Median(now.fetch))
 	for _, q := range []struct {
 		name   string
 		q      float64
 		target string
 	}{{"latency p50", 0.50, "<= +50µs"}, {"latency p99", 0.99, "<= +150µs"}, {"latency p999", 0.999, ""}} {
-		d, p := quantile(direct.lat, q.q), quantile(via.lat, q.q)
+		d, p := quantile(direct.lat, q.q), quantile(now.lat, q.q)
 		fmt.Fprintf(w, "%s\t%dµs\t%dµs\t%+dµs\t\t%s\t\n", q.name, d.Microseconds(), p.Microseconds(), (p - d).Microseconds(), q.target)
 	}
-	fmt.Fprintf(w, "proxy CPU-s per GB moved\t-\t%.2f\t(%.2f CPU-s / %.2f GB)\t\t<= 2\t\n", cpuPerGB, proxyCPU.Seconds(), gbMoved)
+	fmt.Fprintf(w, "proxy CPU-s per GB moved\t-\t%.2f\t(%.2f CPU-s / %.2f GB)\t\t<= 2\t\n", now.cpu.Seconds()/gbMoved, now.cpu.Seconds(), gbMoved)
 	w.Flush()
 
-	runViewPhase(kfakeBin, proxyBin, *portFirst+300)
+	// Side by side, one row per proxy (median round ratios; latency added
+	// over direct from the interleaved samples).
+	// The last three columns are per request of the latency phase (one
+	// small produce and its response): read and write system calls
+	// (/proc/PID/io syscr+syscw; splice is not among them), context
+	// switches of all the proxy's threads (its wake-ups), and its CPU.
+	fmt.Printf("\n| proxy | produce × direct | fetch × direct | added p50 | added p99 | CPU-s per GB | reads+writes / req | ctx switches / req | CPU µs / req |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, t := range targets {
+		fmt.Printf("| %s | %.2f | %.2f | %+dµs | %+dµs | %.2f | %.2f | %.2f | %.1f |\n", t.name, benchkit.Median(t.prod), benchkit.Median(t.fetch),
+			(quantile(t.lat, 0.5) - quantile(direct.lat, 0.5)).Microseconds(),
+			(quantile(t.lat, 0.99) - quantile(direct.lat, 0.99)).Microseconds(),
+			t.cpu.Seconds()/gbMoved, t.perReq.rw, t.perReq.ctx, t.perReq.cpuMicros)
+	}
+
+	runViewPhase(kfakeBin, now.bin, *portFirst+300)
+}
+
+func build(dir, out, pkg string) {
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = dir
+	if b, err := cmd.CombinedOutput(); err != nil {
+		log.Fatalf("go build %s in %s: %v\n%s", pkg, dir, err, b)
+	}
 }
 
 func newClient(seeds string, opts ...kgo.Opt) *kgo.Client {
@@ -192,15 +331,17 @@ func throughput(seeds, topic string, n int) result {
 }
 
 // latency measures sequential single-record produce round trips (acks=all,
-// one request in flight), alternating between the two targets request by
-// request so that machine noise lands on both alike.
-func latency(direct, proxied string, samples int) ([]time.Duration, []time.Duration) {
+// one request in flight) against each address, alternating between the
+// targets request by request so that machine noise lands on all alike.
+func latency(addrs []string, samples int) [][]time.Duration {
 	ctx := context.Background()
 	value := randomValue()
-	dc := newClient(direct, kgo.DefaultProduceTopic("lat"))
-	defer dc.Close()
-	pc := newClient(proxied, kgo.DefaultProduceTopic("lat"))
-	defer pc.Close()
+	var cls []*kgo.Client
+	for _, a := range addrs {
+		cl := newClient(a, kgo.DefaultProduceTopic("lat"))
+		defer cl.Close()
+		cls = append(cls, cl)
+	}
 	once := func(cl *kgo.Client) time.Duration {
 		t := time.Now()
 		if err := cl.ProduceSync(ctx, &kgo.Record{Value: value}).FirstErr(); err != nil {
@@ -208,20 +349,28 @@ func latency(direct, proxied string, samples int) ([]time.Duration, []time.Durat
 		}
 		return time.Since(t)
 	}
-	for range 200 { // warm-up
-		once(dc)
-		once(pc)
+	for range latencyWarmup {
+		for _, cl := range cls {
+			once(cl)
+		}
 	}
-	d := make([]time.Duration, 0, samples)
-	p := make([]time.Duration, 0, samples)
+	out := make([][]time.Duration, len(cls))
+	for i := range out {
+		out[i] = make([]time.Duration, 0, samples)
+	}
 	for range samples {
-		d = append(d, once(dc))
-		p = append(p, once(pc))
+		for i, cl := range cls {
+			out[i] = append(out[i], once(cl))
+		}
 	}
-	slices.Sort(d)
-	slices.Sort(p)
-	return d, p
+	for _, s := range out {
+		slices.Sort(s)
+	}
+	return out
 }
+
+// latencyWarmup is how many requests per target precede the samples.
+const latencyWarmup = 200
 
 func quantile(s []time.Duration, q float64) time.Duration {
 	if len(s) == 0 {

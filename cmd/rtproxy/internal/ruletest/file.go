@@ -33,6 +33,7 @@ const Suffix = ".test.yaml"
 type File struct {
 	Path  string
 	Route string // the route under test, when the file names it
+	View  string // the view under test, when the file names it (`view:`)
 	Tests []*Test
 }
 
@@ -44,6 +45,15 @@ type Test struct {
 	Tables     map[string]*TableRows
 	Steps      []Step // inputs and clock moves, in order
 	Expect     Expect
+	// Client is who fetches, for a view's test (`client:`); nil: a client
+	// the view applies to (its test runs the view).
+	Client *Client
+}
+
+// Client is a view test's fetching client.
+type Client struct {
+	Line                            int
+	ClientID, Principal, TLSSubject string
 }
 
 // TableRows replaces one table's rows for a test.
@@ -88,6 +98,16 @@ type Expect struct {
 	AnyOrder    bool
 	Sink        []*Record
 	DeadLetters []*Record
+	// Sinks are the records expected on each sink of a route with a
+	// switch, by the sink's name (its topic, or http-<branch>), in the
+	// order written (SinkNames); nil when the file gives no `sinks:`.
+	Sinks     map[string][]*Record
+	SinkNames []string
+	SinksLine int
+	// Records are what a client of a view fetches (view tests): the
+	// records that pass, at their offsets, and for a record the view
+	// cannot process the placeholder (a null value, `error:`).
+	Records []*Record
 }
 
 // Error is a malformed test file: its position and what is wrong.
@@ -163,12 +183,18 @@ func Parse(path string, src []byte) (*File, error) {
 		return nil, Errors{{File: path, Msg: "empty test file; want `tests:`, a list of tests"}}
 	}
 	root := doc.Content[0]
-	fields := p.fields(root, "the test file", "route", "tests")
+	fields := p.fields(root, "the test file", "route", "view", "tests")
 	if fields == nil {
 		return nil, p.errs
 	}
 	if n := fields["route"]; n != nil {
 		f.Route = p.str(n, "route")
+	}
+	if n := fields["view"]; n != nil {
+		f.View = p.str(n, "view")
+		if f.Route != "" {
+			p.errAt(n, "a test file tests a route (`route:`) or a view (`view:`), not both")
+		}
 	}
 	tests := fields["tests"]
 	switch {
@@ -247,11 +273,14 @@ func (p *parser) str(n *yaml.Node, what string) string {
 }
 
 func (p *parser) test(n *yaml.Node) *Test {
-	fs := p.fields(n, "a test", "name", "partitions", "tables", "input", "expect")
+	fs := p.fields(n, "a test", "name", "partitions", "tables", "input", "expect", "client")
 	if fs == nil {
 		return nil
 	}
 	t := &Test{Line: n.Line}
+	if cn := fs["client"]; cn != nil {
+		t.Client = p.client(cn)
+	}
 	if fs["name"] == nil {
 		p.errAt(n, "a test needs a `name`")
 	} else {
@@ -285,7 +314,7 @@ func (p *parser) test(n *yaml.Node) *Test {
 		}
 	}
 	if en := fs["expect"]; en == nil {
-		p.errAt(n, "a test needs `expect` (with `sink:` and, when any are expected, `dead_letters:`)")
+		p.errAt(n, "a test needs `expect` (with `sink:` and, when any are expected, `dead_letters:`; for a view, `records:`)")
 	} else {
 		t.Expect = p.expect(en)
 	}
@@ -297,6 +326,21 @@ func (p *parser) test(n *yaml.Node) *Test {
 		}
 	}
 	return t
+}
+
+// client reads a view test's `client:`.
+func (p *parser) client(n *yaml.Node) *Client {
+	fs := p.fields(n, "client", "client_id", "principal", "tls_subject")
+	if fs == nil {
+		return nil
+	}
+	c := &Client{Line: n.Line}
+	for name, dst := range map[string]*string{"client_id": &c.ClientID, "principal": &c.Principal, "tls_subject": &c.TLSSubject} {
+		if v := fs[name]; v != nil {
+			*dst = p.str(v, "client."+name)
+		}
+	}
+	return c
 }
 
 func (p *parser) tables(n *yaml.Node) map[string]*TableRows {
@@ -477,11 +521,14 @@ func (p *parser) time(n *yaml.Node, what string) (time.Time, bool) {
 var (
 	sinkKeys = append(slices.Clone(recordKeys[:4]), "window")
 	dlqKeys  = append(slices.Clone(recordKeys[:4]), "reason", "step", "error")
+	// viewKeys: what a view's client fetches (the offset it is at; error:
+	// the placeholder of a record the view could not process).
+	viewKeys = append(slices.Clone(recordKeys[:4]), "partition", "offset", "error")
 )
 
 func (p *parser) expect(n *yaml.Node) Expect {
 	e := Expect{Line: n.Line}
-	fs := p.fields(n, "expect", "order", "sink", "dead_letters")
+	fs := p.fields(n, "expect", "order", "sink", "sinks", "dead_letters", "records")
 	if fs == nil {
 		return e
 	}
@@ -494,7 +541,10 @@ func (p *parser) expect(n *yaml.Node) Expect {
 			p.errAt(o, "order must be `strict` (the default: in the order written) or `any` (as a set)")
 		}
 	}
-	for name, dst := range map[string]*[]*Record{"sink": &e.Sink, "dead_letters": &e.DeadLetters} {
+	if sn := fs["sinks"]; sn != nil {
+		p.expectSinks(sn, &e)
+	}
+	for name, dst := range map[string]*[]*Record{"sink": &e.Sink, "dead_letters": &e.DeadLetters, "records": &e.Records} {
 		ln := fs[name]
 		if ln == nil {
 			continue
@@ -506,8 +556,11 @@ func (p *parser) expect(n *yaml.Node) Expect {
 			continue
 		}
 		keys := sinkKeys
-		if name == "dead_letters" {
+		switch name {
+		case "dead_letters":
 			keys = dlqKeys
+		case "records":
+			keys = viewKeys
 		}
 		*dst = []*Record{}
 		for _, rn := range ln.Content {
@@ -517,6 +570,37 @@ func (p *parser) expect(n *yaml.Node) Expect {
 		}
 	}
 	return e
+}
+
+// expectSinks reads expect.sinks: a mapping from a sink's name to the
+// records it must receive (a route with a switch writes to several).
+func (p *parser) expectSinks(n *yaml.Node, e *Expect) {
+	e.SinksLine = n.Line
+	if n.Kind != yaml.MappingNode {
+		p.errAt(n, "expect.sinks must be a mapping from a sink (its topic) to a list of records, e.g. `sinks: { payments.large: [ ... ], payments.rest: [] }`")
+		return
+	}
+	e.Sinks = map[string][]*Record{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, ln := n.Content[i], n.Content[i+1]
+		name := k.Value
+		if _, dup := e.Sinks[name]; dup {
+			p.errAt(k, "sink %q given twice in expect.sinks", name)
+			continue
+		}
+		if ln.Kind != yaml.SequenceNode {
+			p.errAt(ln, "expect.sinks.%s must be a list of records ([] for none)", name)
+			continue
+		}
+		recs := []*Record{}
+		for _, rn := range ln.Content {
+			if r, ok := p.record(rn, "an expected record in expect.sinks."+name, sinkKeys); ok {
+				recs = append(recs, r)
+			}
+		}
+		e.Sinks[name] = recs
+		e.SinkNames = append(e.SinkNames, name)
+	}
 }
 
 // nodeValue turns a YAML node into the value tree JSON gives: objects,

@@ -182,6 +182,13 @@ func testFiles(rep *reporter, paths []string) ([]string, int) {
 	return out, code
 }
 
+func ruleKind(r *rules.Route) string {
+	if r.View != nil {
+		return "view"
+	}
+	return "route"
+}
+
 // runFile runs one test file's tests.
 func runFile(rep *reporter, path string) int {
 	rep.file = path
@@ -197,10 +204,13 @@ func runFile(rep *reporter, path string) int {
 	rulePath := RuleFileFor(path)
 	def, err := rules.LoadFileWith(rulePath, rep.o.Rules)
 	if err == nil && def.Guard != nil {
-		err = fmt.Errorf("%s is a guard file; rtproxy test runs routes", rulePath)
+		err = fmt.Errorf("%s is a guard file; rtproxy test runs routes and views", rulePath)
 	}
-	if err == nil && f.Route != "" && f.Route != def.Name {
-		err = fmt.Errorf("%s: the test file is for route %q, but %s holds route %q", path, f.Route, rulePath, def.Name)
+	if err == nil && f.Route != "" && (f.Route != def.Name || def.View != nil) {
+		err = fmt.Errorf("%s: the test file is for route %q, but %s holds %s %q", path, f.Route, rulePath, ruleKind(def), def.Name)
+	}
+	if err == nil && f.View != "" && (f.View != def.Name || def.View == nil) {
+		err = fmt.Errorf("%s: the test file is for view %q, but %s holds %s %q", path, f.View, rulePath, ruleKind(def), def.Name)
 	}
 	if err != nil {
 		rep.emit("output", "", fmt.Sprintf("%s: cannot load the route under test:\n%s\n", path, indent(err.Error())), nil)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,6 +34,18 @@ func Run(f *File, t *Test, def *rules.Route) (res Result) {
 		res.Failures = append(res.Failures, fmt.Sprintf("%s:%d: ", f.Path, line)+fmt.Sprintf(format, args...))
 	}
 	defer func() { res.Elapsed = time.Since(start) }()
+	if def.View != nil {
+		runView(t, def, fail)
+		return res
+	}
+	if t.Client != nil {
+		fail(t.Client.Line, "`client:` says who fetches a view; route %q is not a view", def.Name)
+		return res
+	}
+	if t.Expect.Records != nil {
+		fail(t.Expect.Line, "expect.records is what a view's client fetches; route %q writes `sink:` and `dead_letters:`", def.Name)
+		return res
+	}
 
 	parts := t.Partitions
 	if parts == 0 {
@@ -101,9 +114,43 @@ func Run(f *File, t *Test, def *rules.Route) (res Result) {
 			sink = append(sink, o)
 		}
 	}
-	compare(fail, t.Expect, "sink", t.Expect.Sink, sink, false)
+	if def.Switch != nil || t.Expect.Sinks != nil {
+		compareSinks(fail, t.Expect, def, sink)
+	} else {
+		compare(fail, t.Expect, "sink", t.Expect.Sink, sink, false)
+	}
 	compare(fail, t.Expect, "dead_letters", t.Expect.DeadLetters, dls, true)
 	return res
+}
+
+// compareSinks checks what a route wrote to each of its sinks against
+// expect.sinks, sink by sink; a sink the file does not name must receive
+// nothing.
+func compareSinks(fail func(int, string, ...any), e Expect, def *rules.Route, got []pipeline.DriverOutput) {
+	sinks := def.Sinks()
+	names := make([]string, len(sinks))
+	byTarget := map[string]string{}
+	for i, s := range sinks {
+		names[i] = s.Name
+		byTarget[s.Target()] = s.Name
+	}
+	if e.Sink != nil {
+		fail(e.Line, "route %q writes to %d sinks (its switch): give what each receives under `expect.sinks`, by sink (%s), not `expect.sink`", def.Name, len(sinks), strings.Join(names, ", "))
+		return
+	}
+	for _, n := range e.SinkNames {
+		if !slices.Contains(names, n) {
+			fail(e.SinksLine, "expect.sinks names %q, which is no sink of route %q; its sinks are %s", n, def.Name, strings.Join(names, ", "))
+		}
+	}
+	per := map[string][]pipeline.DriverOutput{}
+	for _, o := range got {
+		n := byTarget[o.Topic]
+		per[n] = append(per[n], o)
+	}
+	for _, n := range names {
+		compare(fail, e, "sinks."+n, e.Sinks[n], per[n], false)
+	}
 }
 
 func tableKey(v any) (string, bool) {
@@ -152,6 +199,12 @@ func driverInput(r *Record) (pipeline.DriverInput, error) {
 // compare checks what the route wrote to one topic against the
 // expectation: in order, or as a set with order: any.
 func compare(fail func(int, string, ...any), e Expect, what string, want []*Record, got []pipeline.DriverOutput, dlq bool) {
+	compareWith(fail, e, what, want, got, dlq, pipeline.HeaderError)
+}
+
+// compareWith is compare with the header an expected record's `error:`
+// is matched against.
+func compareWith(fail func(int, string, ...any), e Expect, what string, want []*Record, got []pipeline.DriverOutput, dlq bool, errHeader string) {
 	if want == nil && len(got) == 0 {
 		return
 	}
@@ -172,7 +225,7 @@ func compare(fail func(int, string, ...any), e Expect, what string, want []*Reco
 			case i >= len(want):
 				fail(e.Line, "%s record %d was written but not expected:\n    got:  %s", what, i+1, describe(got[i], dlq))
 			default:
-				if diffs := match(want[i], got[i]); len(diffs) > 0 {
+				if diffs := match(want[i], got[i], errHeader); len(diffs) > 0 {
 					fail(want[i].Line, "%s record %d differs:\n    %s\n    want: %s\n    got:  %s",
 						what, i+1, strings.Join(diffs, "\n    "), describeWant(want[i]), describe(got[i], dlq))
 				}
@@ -188,7 +241,7 @@ func compare(fail func(int, string, ...any), e Expect, what string, want []*Reco
 	for i, w := range want {
 		fits[i] = make([]bool, len(got))
 		for j, g := range got {
-			fits[i][j] = len(match(w, g)) == 0
+			fits[i][j] = len(match(w, g, errHeader)) == 0
 		}
 	}
 	owner := make([]int, len(got)) // got j -> the want it is matched to, or -1
@@ -225,7 +278,7 @@ func compare(fail func(int, string, ...any), e Expect, what string, want []*Reco
 			if used[j] {
 				continue
 			}
-			if d := match(w, g); near < 0 || len(d) < len(nearDiffs) {
+			if d := match(w, g, errHeader); near < 0 || len(d) < len(nearDiffs) {
 				near, nearDiffs = j, d
 			}
 		}
@@ -245,7 +298,7 @@ func compare(fail func(int, string, ...any), e Expect, what string, want []*Reco
 }
 
 // match lists how got differs from w, field by field; nil when it matches.
-func match(w *Record, got pipeline.DriverOutput) []string {
+func match(w *Record, got pipeline.DriverOutput, errHeader string) []string {
 	var diffs []string
 	switch {
 	case w.NullKey && got.Key != nil:
@@ -291,8 +344,12 @@ func match(w *Record, got pipeline.DriverOutput) []string {
 	if w.Step != "" && hs[pipeline.HeaderStep] != w.Step {
 		diffs = append(diffs, fmt.Sprintf("step: want %q, got %q", w.Step, hs[pipeline.HeaderStep]))
 	}
-	if w.Error != "" && !strings.Contains(hs[pipeline.HeaderError], w.Error) {
-		diffs = append(diffs, fmt.Sprintf("error: want it to contain %q, got %q", w.Error, hs[pipeline.HeaderError]))
+	if w.Error != "" && !strings.Contains(hs[errHeader], w.Error) {
+		g := strconv.Quote(hs[errHeader])
+		if _, ok := hs[errHeader]; !ok {
+			g = "none (not an error)"
+		}
+		diffs = append(diffs, fmt.Sprintf("error: want it to contain %q, got %s", w.Error, g))
 	}
 	return diffs
 }
@@ -436,6 +493,10 @@ func describe(o pipeline.DriverOutput, dlq bool) string {
 			b.WriteString(", window: " + fmtWindow(string(h.Value)))
 		case dlq && (h.Key == pipeline.HeaderReason || h.Key == pipeline.HeaderStep || h.Key == pipeline.HeaderError):
 			fmt.Fprintf(&b, ", %s: %q", strings.TrimPrefix(h.Key, "rtproxy-"), h.Value)
+		case dlq && h.Key == rules.ViewErrorHeader:
+			fmt.Fprintf(&b, ", error: %q", h.Value)
+		case dlq && h.Key == detailHeader:
+			fmt.Fprintf(&b, " (the client is not told: %q)", h.Value)
 		case strings.HasPrefix(h.Key, "rtproxy-"):
 		default:
 			fmt.Fprintf(&b, ", header %s: %q", h.Key, h.Value)
