@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -650,5 +651,89 @@ func TestViewFetchWithinMaxHeldBytes(t *testing.T) {
 	}
 	if peak := tp.held.peakBytes(); peak > maxHeld || peak == 0 {
 		t.Errorf("held peak %d bytes, bound %d (0: the responses were not counted)", peak, maxHeld)
+	}
+}
+
+// A Fetch v16+ through a view keeps the KIP-951 answer: CurrentLeader and
+// the node endpoints (rewritten to the proxy as without a view) survive
+// the view's rewrite, and the topic id goes back to the view's.
+func TestViewFetchKeepsNodeEndpoints(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	tp := startProxy(t, upstream, nil)
+	var realID [16]byte
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		id, ok := tp.topicID("pay")
+		if ok {
+			realID = id
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the proxy never learnt pay's topic id")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	vs := Views(testViews{{name: "pay.analytics", topic: "pay"}})
+	pr := &pair{p: tp.Proxy, done: make(chan struct{})}
+
+	req := kmsg.NewPtrFetchRequest()
+	req.Version, req.SessionEpoch, req.MaxWaitMillis = 16, -1, 100
+	rt := kmsg.NewFetchRequestTopic()
+	rt.TopicID = viewTopicID("pay.analytics")
+	rt.Partitions = append(rt.Partitions, kmsg.NewFetchRequestTopicPartition())
+	req.Topics = append(req.Topics, rt)
+	frame := rawRequest(req, 7)
+	h, err := ParseRequestHeader(frame[4:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, vr, err := pr.viewRequest(&vs, h, frame, 0)
+	if err != nil || vr == nil {
+		t.Fatalf("view request: %v %v", vr, err)
+	}
+	sent := kmsg.NewPtrFetchRequest()
+	sent.Version = 16
+	if err := sent.ReadFrom(out[4+h.BodyOffset:]); err != nil || sent.Topics[0].TopicID != realID {
+		t.Fatalf("the broker is asked for %v (%v), want the real id %v", sent.Topics[0].TopicID, err, realID)
+	}
+
+	resp := kmsg.NewPtrFetchResponse()
+	resp.Version = 16
+	rtp := kmsg.NewFetchResponseTopic()
+	rtp.TopicID = realID
+	pp := kmsg.NewFetchResponseTopicPartition()
+	pp.CurrentLeader.LeaderID, pp.CurrentLeader.LeaderEpoch = 2, 9
+	pp.RecordBatches = viewBatchSeed(t, 0, kgo.ZstdCompression(), viewInput(1), viewInput(2))
+	rtp.Partitions = append(rtp.Partitions, pp)
+	resp.Topics = append(resp.Topics, rtp)
+	resp.Brokers = append(resp.Brokers, kmsg.FetchResponseBroker{NodeID: 2, Host: "10.9.9.9", Port: 9092})
+	body := resp.AppendTo(nil)
+	rframe := binary.BigEndian.AppendUint32(make([]byte, 4), 7)
+	rframe = append(rframe, 0) // response header tags
+	rframe = append(rframe, body...)
+	binary.BigEndian.PutUint32(rframe, uint32(len(rframe)-4))
+	in := inflight{key: int16(kmsg.Fetch), version: 16, corr: 7, view: vr}
+	mapped, err := pr.rewrite(rewriteFetch, in, rframe) // as brokerLoop does first
+	if err != nil || mapped == nil {
+		t.Fatalf("endpoints not rewritten: %v", err)
+	}
+	final, err := pr.viewResponse(in, mapped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := kmsg.NewPtrFetchResponse()
+	got.Version = 16
+	if err := got.ReadFrom(final[4+5:]); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Brokers) != 1 || !tp.isProxyAddr(got.Brokers[0].Host, got.Brokers[0].Port) || got.Brokers[0].NodeID != 2 {
+		t.Errorf("node endpoints %+v, want node 2 at the proxy", got.Brokers)
+	}
+	gp := got.Topics[0].Partitions[0]
+	if got.Topics[0].TopicID != viewTopicID("pay.analytics") || gp.CurrentLeader.LeaderID != 2 || gp.CurrentLeader.LeaderEpoch != 9 {
+		t.Errorf("topic %v, current leader %+v", got.Topics[0].TopicID, gp.CurrentLeader)
+	}
+	recs, ok := refDecode(gp.RecordBatches)
+	if !ok || len(recs) != 1 || len(recs[0].recs) != 2 || !strings.Contains(string(recs[0].recs[0].value), `"card":"****0001"`) {
+		t.Errorf("records %+v", recs)
 	}
 }
