@@ -737,3 +737,67 @@ func TestViewFetchKeepsNodeEndpoints(t *testing.T) {
 		t.Errorf("records %+v", recs)
 	}
 }
+
+// Views removed while a client's fetch session (KIP-227) holds a virtual
+// topic: the session's incremental fetch names no topic, and the broker's
+// answer carries the real topic's new records; they must not reach the
+// client, in clear or at all (its partitions answer
+// UNKNOWN_TOPIC_OR_PARTITION under the view's name).
+func TestViewRemovedDuringSession(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	tp := startProxy(t, upstream, nil)
+	tp.SetViews(testViews{{name: "pay.analytics", topic: "pay"}})
+	produceDirect(t, upstream, "pay", 1, 2, kgo.NoCompression())
+	v12 := kversion.Stable()
+	v12.SetMaxKeyVersion(int16(kmsg.Fetch), 12) // by name
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("c"), kgo.MaxVersions(v12))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	md, err := kadm.NewClient(cl).Metadata(ctx, "pay.analytics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := md.Topics["pay.analytics"].Partitions[0].Leader
+	fetch := func(sessionID, epoch int32, topics ...string) *kmsg.FetchResponse {
+		req := kmsg.NewPtrFetchRequest()
+		req.Version, req.ReplicaID, req.MaxWaitMillis, req.MaxBytes = 12, -1, 100, 1<<20
+		req.SessionID, req.SessionEpoch = sessionID, epoch
+		for _, name := range topics {
+			rt := kmsg.NewFetchRequestTopic()
+			rt.Topic = name
+			rp := kmsg.NewFetchRequestTopicPartition()
+			rp.PartitionMaxBytes, rp.LogStartOffset = 1<<20, -1
+			rt.Partitions = append(rt.Partitions, rp)
+			req.Topics = append(req.Topics, rt)
+		}
+		resp, err := req.RequestWith(ctx, cl.Broker(int(leader)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	first := fetch(0, 0, "pay.analytics")
+	if first.SessionID == 0 || len(first.Topics) != 1 || first.Topics[0].Topic != "pay.analytics" {
+		t.Fatalf("first fetch: session %d, topics %+v", first.SessionID, first.Topics)
+	}
+	tp.SetViews(nil)
+	produceDirect(t, upstream, "pay", 10, 2, kgo.NoCompression())
+	next := fetch(first.SessionID, 1)
+	for _, rt := range next.Topics {
+		for _, p := range rt.Partitions {
+			if len(p.RecordBatches) > 0 {
+				t.Errorf("after the view went away the session's answer carries %d bytes of records under %q", len(p.RecordBatches), rt.Topic)
+			}
+			if rt.Topic == "pay.analytics" && p.ErrorCode != kerr.UnknownTopicOrPartition.Code {
+				t.Errorf("the view's partition answers error %d", p.ErrorCode)
+			}
+		}
+		if rt.Topic == "pay" {
+			t.Errorf("the session's answer names the real topic, which the client never asked for")
+		}
+	}
+}
