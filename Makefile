@@ -67,6 +67,11 @@ bench-guard:
 bench-tap:
 	$(GO) run ./test/bench/tap
 
+## bench-join: the stream join at 100k buffered records per side, one core (docs/BENCHMARKS.md)
+.PHONY: bench-join
+bench-join:
+	$(GO) test -run '^$$' -bench StreamJoin100kBuffered -benchmem -cpu 1 -benchtime 200000x ./operators/
+
 bench-pipeline:
 	$(GO) run ./test/bench/pipeline
 

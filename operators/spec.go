@@ -19,7 +19,12 @@ import (
 
 // Spec declares one step kind.
 type Spec struct {
-	Kind    string // the key a rule file writes: `- filter: ...`
+	Kind string // the key a rule file writes: `- filter: ...`
+	// Form names the key that selects this spec among the specs of its
+	// kind: a `join:` mapping with a `stream:` key is the stream join
+	// (Form "stream"), any other the table join (Form ""). At most one
+	// spec of a kind has no Form.
+	Form    string
 	Summary string // one sentence for the reference table
 	// Order places the kind in lists (messages, docs): the order people
 	// meet the kinds in, not the alphabet.
@@ -57,6 +62,8 @@ const (
 	TypeTable                         // the name of a table under `tables:`
 	TypeFields                        // a mapping of field names to expressions
 	TypeAggregates                    // a mapping of names to aggregate calls
+	TypeStream                        // a second input: { topic, event_time, format } (StreamInput)
+	TypeInterval                      // { before: DURATION, after: DURATION } (Interval)
 	TypeBranches                      // a list of `{ when: CONDITION, sink: {...} }` (switch)
 	TypeFieldNames                    // a list of field names of the value
 )
@@ -64,6 +71,7 @@ const (
 var keyTypeNames = map[KeyType]string{
 	TypeExpr: "expression", TypeCondition: "condition", TypeDuration: "duration", TypeEnum: "choice",
 	TypeName: "name", TypeTable: "table name", TypeFields: "fields", TypeAggregates: "aggregates",
+	TypeStream: "stream", TypeInterval: "interval",
 	TypeFieldNames: "field names", TypeBranches: "branches",
 }
 
@@ -86,6 +94,11 @@ type Key struct {
 	// Needs completes "<kind> needs `<key>`: ..." when a required key is
 	// missing: what it is, with an example.
 	Needs string
+	// ZeroOK: a TypeDuration key that may be 0.
+	ZeroOK bool
+	// OtherSide: an expression read on the records of the step's second
+	// input (a stream join's `other`), not on the route's.
+	OtherSide bool
 	// FingerprintOmitsAbsent leaves the key out of the step's fingerprint
 	// when the rule file does not write it: a key added to a kind whose
 	// fingerprints have shipped keeps theirs (and so their state).
@@ -128,6 +141,12 @@ func (a *Args) String(key string) string { s, _ := a.vals[key].(string); return 
 // Fields is a TypeFields key.
 func (a *Args) Fields(key string) []Field { f, _ := a.vals[key].([]Field); return f }
 
+// Stream is a TypeStream key.
+func (a *Args) Stream(key string) StreamInput { s, _ := a.vals[key].(StreamInput); return s }
+
+// Interval is a TypeInterval key.
+func (a *Args) Interval(key string) Interval { i, _ := a.vals[key].(Interval); return i }
+
 // Names is a TypeFieldNames key.
 func (a *Args) Names(key string) []string { n, _ := a.vals[key].([]string); return n }
 
@@ -154,6 +173,8 @@ type Plan struct {
 	Binds       string
 	ClearsNames bool
 	Table       string // the table the step reads, "" for none
+	// Input is the second input of a step with TwoInputs (a stream join).
+	Input *StreamInput
 	// Warnings are what the analyzer can tell will grow without bound (the
 	// step's state, its work per record); the rule runs, and `rtproxy
 	// check` shows them.
@@ -195,6 +216,10 @@ type Traits struct {
 	// emits it then (Closer): the close journal keeps closed state closed
 	// across a crash.
 	Closes bool
+	// TwoInputs: the step reads a second topic (TwoInputs, Plan.Input):
+	// the route's group reads it too, and its records are keyed into the
+	// step's repartition topic as the other side.
+	TwoInputs bool
 	// Value is what later steps see of the value.
 	Value ValueEffect
 }
@@ -211,12 +236,13 @@ func CheckTraits(t Traits, s Step) error {
 	_, stateful := s.(Stateful)
 	_, absorbing := s.(Absorbing)
 	_, closes := s.(Closer)
+	_, two := s.(TwoInputs)
 	var bad []string
 	for _, c := range []struct {
 		name       string
 		decl, impl bool
 	}{{"keyed", t.Keyed, keyed}, {"timed", t.Timed, timed}, {"stateful", t.Stateful, stateful},
-		{"absorbing", t.Absorbing, absorbing}, {"closes", t.Closes, closes}} {
+		{"absorbing", t.Absorbing, absorbing}, {"closes", t.Closes, closes}, {"two inputs", t.TwoInputs, two}} {
 		if c.decl != c.impl {
 			bad = append(bad, fmt.Sprintf("%s declared %v, built %v", c.name, c.decl, c.impl))
 		}
@@ -274,8 +300,8 @@ func register(s *Spec) {
 	if s.Body != nil && s.Body.Name != s.Kind {
 		panic(fmt.Sprintf("operators: step %q: the body key must be named after the kind", s.Kind))
 	}
-	if SpecOf(s.Kind) != nil {
-		panic(fmt.Sprintf("operators: step %q declared twice", s.Kind))
+	if SpecForm(s.Kind, s.Form) != nil {
+		panic(fmt.Sprintf("operators: step %q (form %q) declared twice", s.Kind, s.Form))
 	}
 	specs = append(specs, s)
 	slices.SortStableFunc(specs, func(a, b *Spec) int { return a.Order - b.Order })
@@ -284,21 +310,45 @@ func register(s *Spec) {
 // Specs are the declared step kinds, in Order.
 func Specs() []*Spec { return slices.Clone(specs) }
 
-// SpecOf is the declared kind, or nil.
-func SpecOf(kind string) *Spec {
+// SpecOf is the declared kind (its spec without a Form), or nil.
+func SpecOf(kind string) *Spec { return SpecForm(kind, "") }
+
+// SpecForm is the declared spec of kind with the given Form, or nil.
+func SpecForm(kind, form string) *Spec {
 	for _, s := range specs {
-		if s.Kind == kind {
+		if s.Kind == kind && s.Form == form {
 			return s
 		}
 	}
 	return nil
 }
 
-// StepKinds are the declared kinds' names, in Order.
+// FormsOf are the Forms of kind's specs other than "", in Order.
+func FormsOf(kind string) []string {
+	var out []string
+	for _, s := range specs {
+		if s.Kind == kind && s.Form != "" {
+			out = append(out, s.Form)
+		}
+	}
+	return out
+}
+
+// ID names a spec uniquely: its kind, or kind-form.
+func (s *Spec) ID() string {
+	if s.Form == "" {
+		return s.Kind
+	}
+	return s.Kind + "-" + s.Form
+}
+
+// StepKinds are the declared kinds' names, in Order, each once.
 func StepKinds() []string {
-	out := make([]string, len(specs))
-	for i, s := range specs {
-		out[i] = s.Kind
+	var out []string
+	for _, s := range specs {
+		if !slices.Contains(out, s.Kind) {
+			out = append(out, s.Kind)
+		}
 	}
 	return out
 }

@@ -73,6 +73,22 @@ func (c *chain) run(i int, rec *operators.Record) {
 	}
 }
 
+// runOther hands a record of a stream join's second input to the
+// chain's first step (the join), which emits into the steps after it.
+func (c *chain) runOther(rec *operators.Record) {
+	s, ok := c.steps[0].(operators.TwoInputs)
+	if !ok {
+		c.r.deadLetter(rec, operators.ReasonError, fmt.Errorf("step %s has no second input", c.ems[0].label), c.ems[0].label, c.cur)
+		return
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			c.r.deadLetter(rec, operators.ReasonError, fmt.Errorf("step panicked: %v", p), c.ems[0].label, c.cur)
+		}
+	}()
+	s.ProcessOther(rec, &c.ems[0])
+}
+
 // process runs one step; a panicking step (a bug) costs one dead letter,
 // never the route.
 func (c *chain) process(i int, rec *operators.Record) {
@@ -186,7 +202,7 @@ func (r *route) buildChain(t *task, tables map[string]operators.Table) (*chain, 
 		spec := &d.Steps[i]
 		env := rules.BuildEnv{Tables: tables}
 		name := ""
-		if i == seg.from && seg.idx > 0 {
+		if i == seg.from && seg.keyed() {
 			name = t.stepName
 			env.KV = r.m.db.Namespace(d.Name, name)
 		}

@@ -120,7 +120,7 @@ func (r *route) clTombstone(t *task, tag byte, key []byte) *kgo.Record {
 func (r *route) logChanges(c *cutPoint) (apply func(), err error) {
 	byName := map[string]*task{}
 	for _, t := range c.tasks {
-		if t.seg.idx > 0 {
+		if t.seg.keyed() {
 			byName[t.stepName] = t
 		}
 	}

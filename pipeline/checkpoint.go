@@ -103,6 +103,9 @@ func (cp *checkpointer) checkpointOnce() (end bool, err error) {
 	if halted {
 		return true, nil
 	}
+	if err == nil && c == nil {
+		return false, nil // nothing moved since the last checkpoint
+	}
 	if err != nil {
 		return false, err
 	}
@@ -123,10 +126,64 @@ func (cp *checkpointer) takeCutPaused() (c *cutPoint, halted bool, err error) {
 	if h := panicTestHook; h != nil {
 		h(r.name, "cut") // with cpMu and cut held
 	}
+	if cp.unchanged() {
+		cp.rested()
+		return nil, false, nil
+	}
 	paused := time.Now()
 	defer func() { r.notePause(time.Since(paused)) }()
 	c, err = r.cp.takeCutLocked()
 	return c, false, err
+}
+
+// cutSeen is what a committed cut saw of its route: its tasks, their
+// offsets, and how many writes and idle advances had been made.
+type cutSeen struct {
+	tasks  map[int32]*task
+	offs   map[int32]int64
+	writes int64
+	moves  uint64
+}
+
+// unchanged reports whether the route is exactly as its last committed
+// cut saw it, so a cut now would commit the same offsets, snapshots and
+// keyed state again (a pebble commit with its fdatasync, an OffsetCommit,
+// a transaction: an idle route paid them every checkpoint_interval). cut
+// and mu are held: every task sits at a record boundary. Unchanged means
+// all of: nothing is pending; the last group commit succeeded (else the
+// next cut commits it again); the same tasks at the same positions (a
+// record dispatched moves its task's pos, filtered or not); no write made
+// (outputs, dead letters, markers, repartition records: outbox.made); no
+// idle advance of a watermark (moves); no keyed-state write since the last
+// freeze (PendingBytes).
+func (cp *checkpointer) unchanged() bool {
+	r := cp.r
+	l := cp.last
+	if l == nil || len(cp.pending) > 0 || r.grp.commitFailed.Load() {
+		return false
+	}
+	if len(r.tm.tasks) != len(l.tasks) || r.out.made.Load() != l.writes || cp.moves.Load() != l.moves {
+		return false
+	}
+	for id, t := range r.tm.tasks {
+		if l.tasks[id] != t || l.offs[id] != t.pos {
+			return false
+		}
+	}
+	return r.m.db.PendingBytes(r.name) == 0
+}
+
+// rested notes a checkpoint tick that had nothing to write: the durable
+// checkpoint is current, so its time (/routes, the age alert on
+// rtproxy_checkpoint_last_timestamp_seconds) moves as if it were written.
+func (cp *checkpointer) rested() {
+	r := cp.r
+	now := time.Now()
+	r.st.Lock()
+	r.st.lastCheckpoint = now
+	r.st.Unlock()
+	r.m.met.checkpointLast.WithLabelValues(r.name).Set(float64(now.UnixNano()) / 1e9)
+	r.m.met.checkpointSkipped.WithLabelValues(r.name).Inc()
 }
 
 // checkpointTxn takes a cut of an exactly-once route and commits it as
@@ -144,6 +201,13 @@ func (cp *checkpointer) checkpointTxn() bool {
 	defer r.cut.Unlock()
 	if r.halted {
 		return false
+	}
+	if cp.unchanged() {
+		// Nothing was written in the open transaction: it stays open,
+		// empty, for the next records (the broker knows nothing of it
+		// until a write adds a partition).
+		cp.rested()
+		return true
 	}
 	paused := time.Now()
 	c, err := r.cp.takeCutLocked()
@@ -194,6 +258,9 @@ type cutPoint struct {
 	// wms: the watermark of each keyed task that keeps time as of the cut (exactly-once
 	// routes go back to it after an abort).
 	wms map[int32]*watermark
+	// writes and moves: outbox.made and checkpointer.moves at the cut.
+	writes int64
+	moves  uint64
 }
 
 var errStopping = errors.New("route stopping")
@@ -220,7 +287,7 @@ func (cp *checkpointer) takeCutLocked() (*cutPoint, error) {
 	for _, t := range r.tm.tasks {
 		c.offs[t.id] = t.pos
 		c.tasks = append(c.tasks, t)
-		if t.seg.idx == 0 {
+		if !t.seg.keyed() {
 			continue
 		}
 		if err := t.chain.snapshotInto(c.snaps); err != nil {
@@ -236,6 +303,7 @@ func (cp *checkpointer) takeCutLocked() (*cutPoint, error) {
 			c.wms[t.id] = w
 		}
 	}
+	c.writes, c.moves = r.out.made.Load(), cp.moves.Load()
 	f, err := r.m.db.Freeze(r.name)
 	if err != nil {
 		return nil, err
@@ -293,6 +361,11 @@ func (cp *checkpointer) checkpointed(c *cutPoint) {
 	r := cp.r
 	now := time.Now()
 	r.cp.seq.Add(1)
+	seen := &cutSeen{tasks: make(map[int32]*task, len(c.tasks)), offs: c.offs, writes: c.writes, moves: c.moves}
+	for _, t := range c.tasks {
+		seen.tasks[t.id] = t
+	}
+	r.cp.last = seen
 	r.st.Lock()
 	r.st.lastCheckpoint = now
 	r.st.Unlock()

@@ -18,6 +18,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,8 +79,12 @@ type Driver struct {
 	queue []*kgo.Record              // repartition records not yet processed
 	keyed map[string]map[int32]*task // keyed tasks by topic and partition
 	src   []*task
-	out   []DriverOutput
-	sinks *sinkSet // the route's sinks, in memory
+	// other are the tasks of stream joins' second topics, and otherNext
+	// their next offsets, by topic.
+	other     map[string][]*task
+	otherNext map[string][]int64
+	out       []DriverOutput
+	sinks     *sinkSet // the route's sinks, in memory
 	// lastIn is the clock when the last record was sent (or the start).
 	lastIn time.Time
 }
@@ -133,7 +138,8 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 	}
 	m := &Manager{cfg: Config{StateDir: dir, Logger: cfg.Logger}, log: cfg.Logger, db: db, met: met}
 	d := &Driver{dir: dir, now: cfg.Start, lastIn: cfg.Start, next: make([]int64, cfg.Partitions),
-		ends: map[string][]int64{}, keyed: map[string]map[int32]*task{}}
+		ends: map[string][]int64{}, keyed: map[string]map[int32]*task{},
+		other: map[string][]*task{}, otherNext: map[string][]int64{}}
 	r := newRoute(m, def)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.plan.clock = func() time.Time { return d.now }
@@ -170,6 +176,9 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 		if isBoundary(&def.Steps[i]) {
 			parts[repartitionTopic(def.Name, &def.Steps[i])] = cfg.Partitions
 		}
+		if in := def.Steps[i].Input; in != nil {
+			parts[in.Topic] = cfg.Partitions
+		}
 	}
 	if err := r.buildSegments(parts); err != nil {
 		d.Close()
@@ -179,13 +188,13 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 	r.tm.tasks = map[int32]*task{}
 	r.tm.byTopic = map[string]map[int32]*task{}
 	for _, seg := range r.plan.segs {
-		if seg.idx > 0 {
+		if seg.keyed() {
 			d.keyed[seg.topic] = map[int32]*task{}
 			d.ends[seg.topic] = make([]int64, seg.nparts)
 		}
 		for p := int32(0); p < int32(seg.nparts); p++ {
 			t, err := r.newTask(seg, p, 0)
-			if err == nil && seg.idx > 0 {
+			if err == nil && seg.keyed() {
 				err = r.buildTaskChain(t)
 				// No close journal: it serves recovery, and a test is one
 				// run from empty state.
@@ -196,9 +205,13 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 				return nil, err
 			}
 			r.installTask(t)
-			if seg.idx == 0 {
+			switch {
+			case seg.other != nil:
+				d.other[seg.topic] = append(d.other[seg.topic], t)
+				d.otherNext[seg.topic] = append(d.otherNext[seg.topic], 0)
+			case seg.idx == 0:
 				d.src = append(d.src, t)
-			} else {
+			default:
 				d.keyed[seg.topic][p] = t
 			}
 		}
@@ -242,12 +255,67 @@ func (d *Driver) Send(in DriverInput) error {
 	return nil
 }
 
+// StreamTopics are the second topics of the route's stream joins, which
+// SendTo takes records of.
+func (d *Driver) StreamTopics() []string {
+	out := make([]string, 0, len(d.other))
+	for t := range d.other {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// SendTo processes one record of a stream join's second topic and
+// everything it causes downstream. A topic that is the route's source is
+// Send.
+func (d *Driver) SendTo(topic string, in DriverInput) error {
+	if topic == d.r.def.Source.Topic {
+		return d.Send(in)
+	}
+	ts, ok := d.other[topic]
+	if !ok {
+		return fmt.Errorf("topic %s: the route reads %s (its source) and %s", topic, d.r.def.Source.Topic, strings.Join(d.StreamTopics(), ", "))
+	}
+	next := d.otherNext[topic]
+	if in.Partition < 0 || int(in.Partition) >= len(ts) {
+		return fmt.Errorf("partition %d of %s: it has partitions 0 to %d", in.Partition, topic, len(ts)-1)
+	}
+	off := next[in.Partition]
+	if in.Offset >= 0 {
+		if in.Offset < off {
+			return fmt.Errorf("offset %d on %s partition %d: offsets only go up (the next one is %d)", in.Offset, topic, in.Partition, off)
+		}
+		off = in.Offset
+	}
+	next[in.Partition] = off + 1
+	stamp := in.Timestamp
+	if stamp.IsZero() {
+		stamp = d.now
+	}
+	kr := &kgo.Record{Topic: topic, Partition: in.Partition, Offset: off, Key: in.Key, Value: in.Value, Timestamp: stamp}
+	for _, h := range in.Headers {
+		kr.Headers = append(kr.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	t := ts[in.Partition]
+	d.lastIn = d.now
+	t.processOther(kr)
+	t.pos = off + 1
+	d.settle()
+	return nil
+}
+
 // AdvanceWatermark moves the event-time frontier of every source partition
-// to at least wm (lateness already subtracted), as records with that event
-// time would, and lets the steps react.
+// (and every partition of a stream join's second topic) to at least wm
+// (lateness already subtracted), as records with that event time would,
+// and lets the steps react.
 func (d *Driver) AdvanceWatermark(wm time.Time) {
 	ms := wm.UnixMilli()
-	for _, t := range d.src {
+	inputs := append([]*task(nil), d.src...)
+	for _, ts := range d.other {
+		inputs = append(inputs, ts...)
+	}
+	for _, t := range inputs {
 		t.front.Lock()
 		if !t.front.has || ms > t.front.frontier {
 			t.front.frontier, t.front.has = ms, true

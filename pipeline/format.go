@@ -142,6 +142,9 @@ func (r *route) awaitSchema(t *task, kr *kgo.Record) bool {
 	if c == nil {
 		return true
 	}
+	if t.seg.other != nil {
+		return true // a second input is json or raw (otherinput.go)
+	}
 	source := t.seg.idx == 0
 	if c.ready(kr, source) {
 		return true

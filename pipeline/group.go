@@ -59,6 +59,9 @@ type groupState struct {
 	// the status page may read it (groupState.proto).
 	protocol atomic.Pointer[string]
 	local    *state.Checkpoint // the checkpoint found at setup
+	// commitFailed: the last OffsetCommit failed; the next checkpoint
+	// commits again even when nothing moved (checkpointer.unchanged).
+	commitFailed atomic.Bool
 	// sourceChanged: the route last ran on another source topic, so the
 	// local checkpoint's source offsets do not apply.
 	sourceChanged bool
@@ -67,6 +70,8 @@ type groupState struct {
 		sync.Mutex
 		owners    []PartitionOwner // the group's assignment, as last described (owners.go)
 		ownersErr string
+		ownersAt  time.Time                      // when owners were last asked for (askOwners)
+		movedAt   time.Time                      // when this instance's assignment last moved
 		fetched   map[string]map[int32]committed // the group's offsets, as last fetched
 		lastOffs  map[int32]int64                // offsets of the last local checkpoint
 		restoring int                            // tasks being restored now
@@ -183,12 +188,19 @@ func (r *route) onAssigned(_ context.Context, cl *kgo.Client, assigned map[strin
 	}
 	_, gen := cl.GroupMetadata()
 	r.log.Info("partitions assigned", "partitions", n, "generation", gen)
+	r.assignmentMoved()
 }
 
 // adjustOffsets creates a task for each newly assigned partition: its
 // state made ready and its start offset chosen (the invariants at the top
 // of this file).
 func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+	// The group may hand out partitions while setupClients still holds
+	// cut to make the writer: a keyed task's fence goes through it
+	// (prepareState), so wait until it exists.
+	r.cut.RLock()
+	//lint:ignore SA2001 an empty critical section: waiting for setupClients
+	r.cut.RUnlock()
 	r.grp.mu.Lock()
 	fetched := r.grp.mu.fetched
 	last := r.grp.mu.lastOffs
@@ -245,7 +257,7 @@ func (r *route) adjustOffsets(ctx context.Context, offs map[string]map[int32]kgo
 			if err != nil {
 				return nil, err
 			}
-			if seg.idx > 0 {
+			if seg.keyed() {
 				if err := r.prepareState(ctx, t, c, hasCommit, last); err != nil {
 					return nil, fmt.Errorf("route %q: %s[%d]: %w", r.name, topic, p, err)
 				}
@@ -284,7 +296,7 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 	// A partition added to the source after the route started holds only
 	// records written since: it starts at its beginning whatever
 	// source.start says.
-	latest := seg.idx == 0 && r.def.Source.Start == "latest" && !r.life.sourceWasMissing
+	latest := !seg.keyed() && r.def.Source.Start == "latest" && !r.life.sourceWasMissing
 	lo, err := r.grp.adm.ListStartOffsets(ctx, seg.topic)
 	var hi kadm.ListedOffsets
 	if err == nil && latest {
@@ -320,14 +332,17 @@ func (r *route) startOffsets(ctx context.Context, seg *segment, ps map[int32]boo
 func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 	t := &task{r: r, seg: seg, id: taskID(seg.idx, p), part: p, pos: pos, resetPoint: resetPoint{base: pos, expectBy: -1},
 		ch: make(chan taskBatch, 16), stop: make(chan struct{}), done: make(chan struct{})}
-	if seg.idx == 0 {
+	switch {
+	case seg.idx == 0:
 		t.label = partLabel(p)
 		t.mIn = r.m.met.recordsIn.WithLabelValues(r.name, t.label)
-	} else {
+	case seg.other != nil:
+		t.label = fmt.Sprintf("%s:%d", seg.topic, p)
+	default:
 		t.label = fmt.Sprintf("%d:%d", seg.idx, p)
 		t.stepName = taskStepName(seg.keyStep, p)
 		t.inboxName = inboxName(seg.keyStep, p)
-		t.wm.init(r.def.Source, r.plan.segs[seg.idx-1].nparts, r.plan.clock())
+		t.wm.initWith(r.def.Source, r.plan.segs[seg.idx-1].nparts, seg.otherWriters(), r.plan.clock())
 		t.wm.wake = r.idleWake
 		t.wm.lateness = 0 // writers subtract it (task.frontier)
 	}
@@ -341,9 +356,16 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 		if !ok {
 			return nil, fmt.Errorf("step %s is not keyed", stepLabel(seg.next.keyStep))
 		}
+		if seg.other != nil {
+			two, ok := k.(operators.TwoInputs)
+			if !ok {
+				return nil, fmt.Errorf("step %s has no second input", stepLabel(seg.next.keyStep))
+			}
+			kd = otherKeyer{two}
+		}
 		t.keyer = kd
 	}
-	if seg.idx == 0 {
+	if !seg.keyed() {
 		if err := r.buildTaskChain(t); err != nil {
 			return nil, err
 		}
@@ -372,7 +394,7 @@ func (r *route) buildTaskChain(t *task) error {
 		return err
 	}
 	t.chain = c
-	if t.seg.idx == 0 {
+	if !t.seg.keyed() {
 		return nil
 	}
 	if err := c.restore(); err != nil {
@@ -469,10 +491,12 @@ func (r *route) tasksIn(which map[string][]int32) []*task {
 }
 
 func (r *route) onRevoked(_ context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	r.assignmentMoved()
 	r.release(revoked, "revoked")
 }
 
 func (r *route) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	r.assignmentMoved()
 	r.release(lost, "lost")
 }
 
@@ -518,6 +542,7 @@ func (r *route) commitGroup(c *cutPoint) {
 			}
 		}
 	})
+	r.grp.commitFailed.Store(cerr != nil)
 	if cerr != nil && !errors.Is(cerr, context.Canceled) {
 		// The local checkpoint stands; the next one commits again. Until
 		// then a new owner of these partitions replays from the previous
@@ -541,7 +566,7 @@ func (r *route) groupOffsets(c *cutPoint) (map[string]map[int32]kgo.EpochOffset,
 			meta[t.seg.topic] = map[int32]string{}
 		}
 		offs[t.seg.topic][t.part] = kgo.EpochOffset{Epoch: -1, Offset: c.offs[t.id]}
-		if t.seg.idx > 0 {
+		if t.seg.keyed() {
 			meta[t.seg.topic][t.part] = commitMeta(c.offs[changelogID(t.seg.idx, t.part)])
 		}
 	}

@@ -24,6 +24,11 @@ type metrics struct {
 	stateBytes     *prometheus.GaugeVec     // route
 	checkpointDur  *prometheus.HistogramVec // route
 	checkpointLast *prometheus.GaugeVec     // route
+	// checkpointSkipped counts checkpoint ticks that found nothing moved.
+	checkpointSkipped *prometheus.CounterVec // route
+	// busy is the time a route's tasks spent running fetched records
+	// through their steps (routeCost has the rest of a route's cost).
+	busy *prometheus.CounterVec // route
 
 	partitionsOwned *prometheus.GaugeVec     // route
 	rebalances      *prometheus.CounterVec   // route
@@ -101,6 +106,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		checkpointLast: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rtproxy_checkpoint_last_timestamp_seconds", Help: "When a route last wrote a checkpoint, epoch seconds.",
 		}, []string{"route"}),
+		checkpointSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_checkpoint_skipped_total", Help: "Checkpoint ticks that wrote nothing: nothing had moved since the route's last checkpoint (its time still advances).",
+		}, []string{"route"}),
+		busy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rtproxy_route_busy_seconds_total", Help: "Time a route's tasks spent running records through their steps (wall time of each batch, waits for a full producer buffer included).",
+		}, []string{"route"}),
 		partitionsOwned: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rtproxy_route_partitions_owned", Help: "Partitions (source and repartition topics) this instance owns in a route's group.",
 		}, []string{"route"}),
@@ -138,7 +149,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.stateFailed, m.retentionSweeps, m.partitionsOwned, m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped, m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.staleFetches, m.processing,
-		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.sinkOut, m.sinkWriteErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast} {
+		m.endToEnd, m.lag, m.watermark, m.sinkErrors, m.sinkOut, m.sinkWriteErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.checkpointSkipped, m.busy} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
 		}
@@ -152,7 +163,7 @@ func (m *metrics) forgetRoute(route string) {
 	only := prometheus.Labels{"route": route}
 	for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
 		m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.staleFetches, m.processing, m.endToEnd, m.lag, m.watermark,
-		m.sinkErrors, m.sinkOut, m.sinkWriteErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.partitionsOwned,
+		m.sinkErrors, m.sinkOut, m.sinkWriteErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.checkpointSkipped, m.busy, m.partitionsOwned,
 		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped,
 	} {
 		v.DeletePartialMatch(only)

@@ -139,10 +139,13 @@ func (t *task) repartition(rec *operators.Record, tk *ticket) {
 		// before it; a marker brings the new one after these rows.
 		f = t.passedBefore
 	}
-	env, err := encodeEnvelope(nil, rec, t.part, t.curOff, t.seq, f, raw)
+	env, err := encodeEnvelope(nil, rec, t.writer(), t.curOff, t.seq, f, raw)
 	if err != nil {
 		r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)
 		return
+	}
+	if t.seg.other != nil {
+		env[1] |= envOther
 	}
 	t.seq++
 	hs := make([]kgo.RecordHeader, 0, len(rec.Headers)+1)

@@ -2,7 +2,11 @@ package pipeline
 
 // Who owns which partition of a route: the status page shows every
 // partition of the route's topics with its owner in the group, not only
-// this instance's. The coordinator is asked every 5 s (lagLoop).
+// this instance's. The coordinator is asked when this instance's
+// assignment moves, and when the status is read with owners older than
+// ownersMaxAge (ownersRestAge once the group has settled), never on a
+// timer of the route's: an idle route used to ask every 5 s, with a
+// Metadata request each time.
 
 import (
 	"context"
@@ -15,6 +19,50 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
+
+// ownersMaxAge is how old the owners /routes shows may be before reading
+// the status asks for them again, for ownersSettle after this instance's
+// assignment moved (the group settles: other members take or release
+// partitions after this one's move). Then the group is at rest, and the
+// status (the status page samples it every few seconds) asks at most once
+// per ownersRestAge.
+const (
+	ownersMaxAge  = 5 * time.Second
+	ownersSettle  = 20 * time.Second
+	ownersRestAge = time.Minute
+)
+
+// assignmentMoved is called by the group's callbacks: the owners and the
+// tasks' lags are to be looked at again.
+func (r *route) assignmentMoved() {
+	r.grp.mu.Lock()
+	r.grp.mu.movedAt = time.Now()
+	r.grp.mu.Unlock()
+	r.askOwners()
+	r.noteLag()
+}
+
+// askOwners has the lag loop describe the group's owners (at most one ask
+// waits). It never blocks.
+func (r *route) askOwners() {
+	r.grp.mu.Lock()
+	r.grp.mu.ownersAt = time.Now()
+	r.grp.mu.Unlock()
+	select {
+	case r.ownersWake <- struct{}{}:
+	default:
+	}
+}
+
+// ownersStaleLocked reports whether the owners are old enough for a status
+// read to ask again; grp.mu is held.
+func (r *route) ownersStaleLocked() bool {
+	age := time.Since(r.grp.mu.ownersAt)
+	if time.Since(r.grp.mu.movedAt) < ownersSettle {
+		return age > ownersMaxAge
+	}
+	return age > ownersRestAge
+}
 
 // describeOwners asks the group's coordinator for its members and their
 // assignments and keeps them for status.

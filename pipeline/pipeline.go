@@ -106,6 +106,8 @@ type Manager struct {
 
 	recent recentDeadLetters // the last dead letters per route (recentdl.go)
 
+	shared sharedClient // the instance's one non-group client (shared.go)
+
 	applyMu sync.Mutex // serializes reconcile: one start/stop/swap at a time
 
 	mu struct {
@@ -177,6 +179,10 @@ func New(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("pipeline: open state %s: %w", cfg.StateDir, err)
 	}
 	m := &Manager{cfg: cfg, log: cfg.Logger, db: db, met: met}
+	if err := cfg.Registerer.Register(newCostCollector(m)); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("pipeline metrics: %w", err)
+	}
 	// Whatever write finds the store broken (a checkpoint, a final one at a
 	// reload, a drop), the gauge says so at once.
 	db.OnBroken(func(error) { met.stateFailed.Set(1) })
@@ -217,6 +223,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	m.applyMu.Unlock()
+	m.shared.close()
 	if err := m.db.Close(); err != nil {
 		if errors.Is(err, state.ErrBroken) {
 			// Reported when it happened, and shown by every route since;

@@ -171,7 +171,9 @@ func (r *route) idleTickTask(t *task, now time.Time) (quiet bool) {
 		t.steps.Lock()
 		if wm, moved := t.wm.tick(now); moved {
 			// An idle advance emits without a source record; its origin
-			// follows the last one.
+			// follows the last one. It changes the task's state: the
+			// next checkpoint is not skipped (checkpointer.unchanged).
+			t.r.cp.moves.Add(1)
 			t.advanceTask(wm, nil)
 		}
 		t.steps.Unlock()

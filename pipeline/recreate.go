@@ -24,7 +24,7 @@ const recreateEvery = 5 * time.Second
 
 // ownsTopic reports whether the route may recreate topic.
 func (r *route) ownsTopic(topic string) bool {
-	for _, seg := range r.plan.segs[1:] {
+	for _, seg := range r.keyedSegs() {
 		if topic == seg.topic || topic == seg.changelog {
 			return true
 		}

@@ -56,6 +56,10 @@ const (
 	envNilKey
 )
 
+// envOther flags a record of a stream join's second input (the other
+// side): the reading task hands it to the step's ProcessOther.
+const envOther byte = 1
+
 var errEnvelope = errors.New("repartition envelope is corrupt")
 
 // origin is where a repartitioned record came from: the writer task's

@@ -71,7 +71,7 @@ func (r *route) recordKafkaState() (prevSource string, err error) {
 	}
 	r.recreate.Unlock()
 	slices.Sort(ks.Created)
-	for _, seg := range r.plan.segs[1:] {
+	for _, seg := range r.keyedSegs() {
 		for _, t := range []string{seg.topic, seg.changelog} {
 			if !slices.Contains(ks.Topics, t) {
 				ks.Topics = append(ks.Topics, t)
@@ -133,7 +133,7 @@ func (m *Manager) dropRouteState(ctx context.Context, route string) error {
 		return err
 	}
 	if ok {
-		cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(m.cfg.Seeds...)}, m.cfg.ClientOpts...)...)
+		cl, err := kgo.NewClient(clientBase(m.cfg)...)
 		if err != nil {
 			return err
 		}

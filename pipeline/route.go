@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -53,10 +54,16 @@ type route struct {
 	life   routeLife
 	// idleWake wakes a resting idle loop (process.go, noteTimed).
 	idleWake chan struct{}
+	// lagWake wakes a resting lag loop (noteLag); ownersWake asks it to
+	// describe the group's owners again (askOwners).
+	lagWake, ownersWake chan struct{}
+	// lagResting: the lag loop rests until noteLag wakes it.
+	lagResting atomic.Bool
 
 	// cl is the group consumer, and the producer of every write but the
-	// changelog's; logCl the route's non-group client: admin requests
-	// (grp.adm) and changelog records (changelog.go, journal.go).
+	// changelog's; logCl the instance's non-group client, shared by every
+	// route (shared.go): admin requests (grp.adm) and changelog records
+	// (changelog.go, journal.go). The route never closes it.
 	cl    *kgo.Client
 	logCl *kgo.Client
 	plan  routePlan
@@ -152,6 +159,13 @@ type checkpointer struct {
 	mu      sync.Mutex
 	pending []*cutPoint // under mu: cuts taken, not yet committed
 	seq     atomic.Int64
+	// last is what the last committed cut saw (under mu; checkpointed):
+	// a tick that finds the route just as it was skips its checkpoint
+	// (unchanged, checkpoint.go).
+	last *cutSeen
+	// moves counts idle advances of a watermark (idleTickTask): they
+	// change a task's state without a record.
+	moves atomic.Uint64
 }
 
 // routeStatus is what /routes says of the route's health (status.go,
@@ -172,6 +186,7 @@ type routeStatus struct {
 // its counts of source records processed, and of them those from the tap.
 type routeMetrics struct {
 	out, tapped prometheus.Counter
+	busy        prometheus.Counter // rtproxy_route_busy_seconds_total
 	e2e, proc   prometheus.Observer
 	in, nTapped atomic.Int64
 }
@@ -193,8 +208,10 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.mx.e2e = m.met.endToEnd.WithLabelValues(d.Name)
 	r.mx.proc = m.met.processing.WithLabelValues(d.Name)
 	r.mx.tapped = m.met.tapped.WithLabelValues(d.Name)
+	r.mx.busy = m.met.busy.WithLabelValues(d.Name)
 	r.outs = r.newOutlets()
 	r.idleWake = make(chan struct{}, 1)
+	r.lagWake, r.ownersWake = make(chan struct{}, 1), make(chan struct{}, 1)
 	r.st.state = "starting"
 	r.plan.clock = time.Now
 	r.plan.format = sourceFormatOf(d)
@@ -208,6 +225,9 @@ func newRoute(m *Manager, d *rules.Route) *route {
 func (r *route) start(parent context.Context) {
 	r.ctx, r.cancel = context.WithCancel(parent)
 	go func() {
+		// Every goroutine of the route, its group client's among them,
+		// carries its name in CPU profiles (cost.go).
+		pprof.SetGoroutineLabels(pprof.WithLabels(context.Background(), pprof.Labels("route", r.name)))
 		backoff := 100 * time.Millisecond
 		waiting := "" // the waiting message while the source topic is missing
 		for {
@@ -302,9 +322,6 @@ func (r *route) run() {
 	// Leaves the group: the final checkpoint (stop) committed the offsets
 	// already, so the partitions' next owners repeat nothing.
 	r.cl.Close()
-	if r.logCl != nil {
-		r.logCl.Close()
-	}
 	r.snk.close()
 	r.out.cancel()
 	r.m.met.partitionsOwned.WithLabelValues(r.name).Set(0)
@@ -414,13 +431,16 @@ func (r *route) pollLoop() {
 				return // released since the fetch, or fetched before a reset
 			}
 			if ftp.HighWatermark > 0 {
-				t.hwm.Store(ftp.HighWatermark)
+				if t.hwm.Swap(ftp.HighWatermark) != ftp.HighWatermark {
+					r.noteLag()
+				}
 				lag := max(ftp.HighWatermark-r.tm.tracker.DoneOffset(t.id), 0)
 				r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
 			}
 			if len(ftp.Records) == 0 {
 				return
 			}
+			r.noteLag()
 			// One hand-off per partition and fetch: records are passed on
 			// the moment the fetch is decoded, without a channel operation
 			// per record.
@@ -437,36 +457,92 @@ func (r *route) pollLoop() {
 	}
 }
 
-// lagLoop refreshes the lag gauges once a second: a fetch sees the lag
-// before its records are done, so the gauge must also move without one.
+// lagLoop refreshes the lag gauges once a second while they move: a
+// fetch sees the lag before its records are done, so the gauge must also
+// move without one. A tick that finds every task's lag and the watermark
+// as the last one did puts the loop to rest (no timer) until a fetch, a
+// finished batch or an assignment wakes it (noteLag): an idle route's lag
+// loop woke once a second for nothing (docs/BENCHMARKS.md, "Footprint").
+// The loop also describes the group's owners when asked (askOwners).
 func (r *route) lagLoop() {
-	t := time.NewTicker(time.Second)
+	t := time.NewTimer(time.Second)
 	defer t.Stop()
-	for tick := 0; ; tick++ {
+	var last lagView
+	for {
 		select {
 		case <-r.life.halt:
 			return
+		case <-r.ownersWake:
+			r.describeOwners()
+			continue
+		case <-r.lagWake:
+			// Sent only by the noteLag that ended a rest.
+			t.Reset(time.Second)
+			continue
 		case <-t.C:
-			if tick%5 == 0 {
-				r.describeOwners()
-			}
-			var low int64
-			has := false
-			for _, t := range r.tasksSnapshot() {
-				lag := max(t.hwm.Load()-r.tm.tracker.DoneOffset(t.id), 0)
-				r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
-				if t.seg.idx > 0 && t.seg.timed {
-					if wm, ok := t.wm.current(); ok && (!has || wm < low) {
-						low, has = wm, true
-					}
-				}
-			}
-			if has {
-				// The lowest watermark of this instance's windows: the one
-				// that decides the next window to close.
-				r.m.met.watermark.WithLabelValues(r.name).Set(float64(low) / 1000)
+		}
+		if r.refreshLag(&last) {
+			t.Reset(time.Second)
+			continue
+		}
+		// Rest: from now on noteLag wakes the loop. What moved between the
+		// refresh and the flag woke nothing: look once more.
+		r.lagResting.Store(true)
+		if r.refreshLag(&last) && r.lagResting.CompareAndSwap(true, false) {
+			t.Reset(time.Second)
+		}
+	}
+}
+
+// lagView is what one lag tick saw: each task's lag and the lowest
+// watermark.
+type lagView struct {
+	lags  map[*task]int64
+	low   int64
+	hasWM bool
+}
+
+// refreshLag sets the lag and watermark gauges; it reports whether any
+// differs from what the last tick (last, updated) saw.
+func (r *route) refreshLag(last *lagView) (changed bool) {
+	var low int64
+	has := false
+	ts := r.tasksSnapshot()
+	lags := make(map[*task]int64, len(ts))
+	for _, t := range ts {
+		lag := max(t.hwm.Load()-r.tm.tracker.DoneOffset(t.id), 0)
+		r.m.met.lag.WithLabelValues(r.name, t.label).Set(float64(lag))
+		lags[t] = lag
+		if prev, ok := last.lags[t]; !ok || prev != lag {
+			changed = true
+		}
+		if t.seg.keyed() && t.seg.timed {
+			if wm, ok := t.wm.current(); ok && (!has || wm < low) {
+				low, has = wm, true
 			}
 		}
+	}
+	if has {
+		// The lowest watermark of this instance's windows: the one
+		// that decides the next window to close.
+		r.m.met.watermark.WithLabelValues(r.name).Set(float64(low) / 1000)
+	}
+	changed = changed || len(lags) != len(last.lags) || has != last.hasWM || low != last.low
+	*last = lagView{lags: lags, low: low, hasWM: has}
+	return changed
+}
+
+// noteLag wakes a resting lag loop: a fetch brought records or a new high
+// watermark, a batch finished, or the tasks changed. While the loop ticks
+// it costs one atomic load (it is called per batch: a channel send per
+// batch woke the loop's goroutine for nothing); it never blocks.
+func (r *route) noteLag() {
+	if !r.lagResting.Load() || !r.lagResting.CompareAndSwap(true, false) {
+		return
+	}
+	select {
+	case r.lagWake <- struct{}{}:
+	default:
 	}
 }
 

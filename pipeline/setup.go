@@ -69,8 +69,8 @@ func (r *route) setup() error {
 	return r.setupClients(s, parts)
 }
 
-// setupEnv is what setup's phases share: the base client options, an
-// admin client, and the deadline of the phase.
+// setupEnv is what setup's phases share: the base client options, the
+// instance's shared client (shared.go), and the deadline of the phase.
 type setupEnv struct {
 	base   []kgo.Opt
 	admCl  *kgo.Client
@@ -83,14 +83,26 @@ type setupEnv struct {
 
 func (r *route) newSetupEnv() (*setupEnv, error) {
 	cfg := r.m.cfg
-	s := &setupEnv{base: append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...)}, cfg.ClientOpts...), parent: r.ctx, limit: cfg.SetupTimeout}
-	cl, err := kgo.NewClient(s.base...)
+	s := &setupEnv{base: clientBase(cfg), parent: r.ctx, limit: cfg.SetupTimeout}
+	cl, adm, err := r.m.shared.get(s.base)
 	if err != nil {
-		return nil, fmt.Errorf("route %q: client: %w", r.name, err)
+		return nil, fmt.Errorf("route %q: %w", r.name, err)
 	}
-	s.admCl, s.adm = cl, kadm.NewClient(cl)
+	s.admCl, s.adm = cl, adm
 	s.ctx, s.cancel = context.WithTimeout(s.parent, s.limit)
 	return s, nil
+}
+
+// clientBase is the start of every pipeline client's options: the seeds,
+// no KIP-714 client metrics, then the configured options (TLS, SASL).
+// A broker that asks for client metrics (kfake does, and Kafka with a
+// telemetry plugin) got them from every client every push interval, each
+// client with a gzip compressor of its own: at rest they were 80% of the
+// quickstart's Go heap, 7 MiB for six clients (docs/BENCHMARKS.md,
+// "Footprint"). The pipeline's clients are the sidecar's own, not the
+// application's: their metrics are on /metrics.
+func clientBase(cfg Config) []kgo.Opt {
+	return append([]kgo.Opt{kgo.SeedBrokers(cfg.Seeds...), kgo.DisableClientMetrics()}, cfg.ClientOpts...)
 }
 
 // renew gives the phases that follow a deadline of their own.
@@ -100,8 +112,7 @@ func (s *setupEnv) renew() {
 }
 
 func (s *setupEnv) close() {
-	s.cancel()
-	s.admCl.Close()
+	s.cancel() // the shared client stays for every route
 }
 
 // setupCheck refuses a definition the pipeline cannot run, and a state
@@ -128,6 +139,13 @@ func (r *route) setupTopics(s *setupEnv) (map[string]int, error) {
 		return nil, err
 	}
 	r.recreate.created = created
+	if len(created) > 0 {
+		// The shared client cached them as unknown a moment ago (the
+		// Metadata above): its next sharded request on them (the group's
+		// first ListOffsets of a new repartition topic) would be refused
+		// for up to metadata_min_age.
+		s.admCl.PurgeTopicsFromClient(slices.Collect(maps.Keys(created))...)
+	}
 
 	return parts, nil
 }
@@ -168,7 +186,7 @@ func (r *route) setupState(parts map[string]int) error {
 	// dropped. Every partition's namespaces of an unchanged step stay, the
 	// ones this instance does not own among them: it may own them again.
 	keep := []string{kafkaStateStep, txnInstanceStep}
-	for _, seg := range r.plan.segs[1:] {
+	for _, seg := range r.keyedSegs() {
 		for q := int32(0); q < int32(max(seg.nparts, parts[d.Source.Topic])); q++ {
 			keep = append(keep, taskStepName(seg.keyStep, q), inboxName(seg.keyStep, q))
 		}
@@ -216,8 +234,10 @@ func (r *route) groupOpts(s *setupEnv, parts map[string]int) ([]kgo.Opt, topicLi
 	hashed := map[string]bool{}
 	for _, seg := range r.plan.segs[1:] {
 		topics = append(topics, seg.topic)
-		hashed[seg.topic] = true
-		manual[seg.changelog] = true
+		if seg.keyed() {
+			hashed[seg.topic] = true
+			manual[seg.changelog] = true
+		}
 	}
 	// Batches never exceed a topic's max.message.bytes: a batch the broker
 	// refuses as too large would take its well-sized records down with the
@@ -288,23 +308,15 @@ func (r *route) setupClients(s *setupEnv, parts map[string]int) error {
 	if err != nil {
 		return err
 	}
-	// The route's own non-group client exists before the group client
-	// starts: the group calls adjustOffsets (which lists offsets through
-	// r.grp.adm) as soon as it joins. It also writes changelog records: a
-	// checkpoint logs every key it changed at once, and through the group
-	// client that burst would queue ahead of the repartition records,
-	// adding its time to their latency.
-	r.logCl, err = kgo.NewClient(append(append([]kgo.Opt(nil), s.base...),
-		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerBatchMaxBytesFn(limits.of),
-		kgo.ProducerLinger(0),
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.RecordDeliveryTimeout(10*time.Second),
-	)...)
-	if err != nil {
-		return fmt.Errorf("route %q: client: %w", d.Name, err)
-	}
-	r.grp.adm = kadm.NewClient(r.logCl)
+	// The instance's shared client is the route's non-group client
+	// (shared.go), there before the group client starts: the group calls
+	// adjustOffsets (which lists offsets through r.grp.adm) as soon as it
+	// joins. It also writes changelog records: a checkpoint logs every key
+	// it changed at once, and through the group client that burst would
+	// queue ahead of the repartition records, adding its time to their
+	// latency.
+	r.m.shared.addLimits(limits)
+	r.logCl, r.grp.adm = s.admCl, s.adm
 	// The group starts with the client and may hand out partitions at
 	// once; for an exactly-once route their tasks must find a transaction
 	// open, so they wait on cut until it is.
@@ -367,7 +379,20 @@ func (r *route) buildSegments(parts map[string]int) error {
 		next := r.plan.segs[i+1]
 		r.plan.segs[i].markers = next.timed || next.markers
 	}
-	return nil
+	// The second topics of stream joins: segments of their own, after
+	// the keyed ones (otherinput.go).
+	return r.addOtherInputs(parts)
+}
+
+// keyedSegs are the segments that open at a keyed step.
+func (r *route) keyedSegs() []*segment {
+	var out []*segment
+	for _, s := range r.plan.segs {
+		if s.keyed() {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // teardown releases what a failed setup opened.
@@ -380,10 +405,7 @@ func (r *route) teardown() {
 		r.cl.Close()
 		r.cl = nil
 	}
-	if r.logCl != nil {
-		r.logCl.Close()
-		r.logCl = nil
-	}
+	r.logCl = nil // the instance's (shared.go): closed by the Manager
 	if r.snk != nil {
 		r.snk.close()
 	}
@@ -422,20 +444,25 @@ func ensureTopics(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[st
 	return parts, err
 }
 
-// ensureTopicsCreated is ensureTopics that also says which topics it
-// created.
+// ensureTopicsCreated is ensureTopics that also says which topics were
+// missing: true for those it created, false for those another instance
+// created meanwhile.
 func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) (map[string]int, map[string]bool, error) {
 	dlq := deadLetterTopic(d)
 	want := []string{dlq}
 	want = append(want, d.SinkTopics()...) // a sink of another kind has no topic
 	compact := map[string]bool{}
+	var inputs []string // second topics of stream joins: read, never created
 	for i := range d.Steps {
 		if s := &d.Steps[i]; isBoundary(s) {
 			want = append(want, repartitionTopic(d.Name, s), changelogTopic(d.Name, s))
 			compact[changelogTopic(d.Name, s)] = true
+			if s.Input != nil {
+				inputs = append(inputs, s.Input.Topic)
+			}
 		}
 	}
-	md, err := adm.Metadata(ctx, append([]string{d.Source.Topic}, want...)...)
+	md, err := adm.Metadata(ctx, append(append([]string{d.Source.Topic}, inputs...), want...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("route %q: metadata: %w", d.Name, err)
 	}
@@ -448,6 +475,16 @@ func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) 
 	}
 	n := len(src.Partitions)
 	parts := map[string]int{d.Source.Topic: n}
+	for _, t := range inputs {
+		in, ok := md.Topics[t]
+		if !ok || errors.Is(in.Err, kerr.UnknownTopicOrPartition) || (in.Err == nil && len(in.Partitions) == 0) {
+			return nil, nil, fmt.Errorf("route %q: stream topic %s: %w", d.Name, t, errSourceMissing)
+		}
+		if in.Err != nil {
+			return nil, nil, fmt.Errorf("route %q: stream topic %s: %w", d.Name, t, in.Err)
+		}
+		parts[t] = len(in.Partitions)
+	}
 	created := map[string]bool{}
 	for _, t := range want {
 		if td, ok := md.Topics[t]; ok && td.Err == nil && len(td.Partitions) > 0 {
@@ -467,9 +504,9 @@ func ensureTopicsCreated(ctx context.Context, adm *kadm.Client, d *rules.Route) 
 			return nil, nil, fmt.Errorf("route %q: create topic %s: %w", d.Name, t, err)
 		}
 		parts[t] = n
-		if err == nil {
-			created[t] = true
-		}
+		// Every topic that was missing is a key (the shared client's
+		// cache is purged of them); true when this call created it.
+		created[t] = err == nil
 		if errors.Is(err, kerrTopicExists) {
 			// Created by another instance a moment ago: ask its real size.
 			if md2, err := adm.Metadata(ctx, t); err == nil && len(md2.Topics[t].Partitions) > 0 {

@@ -74,10 +74,15 @@ func (r *route) status() RouteStatus {
 	s.Restore = RestoreStatus{State: "idle", Records: r.grp.mu.restored, Seconds: r.grp.mu.restoreS}
 	s.Assignment = slices.Clone(r.grp.mu.owners)
 	s.AssignmentError = r.grp.mu.ownersErr
+	stale := r.ownersStaleLocked()
 	if r.grp.mu.restoring > 0 {
 		s.Restore.State = "restoring"
 	}
 	r.grp.mu.Unlock()
+	if stale {
+		// Shown as last described; the next read shows the new ones.
+		r.askOwners()
+	}
 	select {
 	case <-r.life.done:
 		return s

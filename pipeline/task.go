@@ -25,11 +25,15 @@ type segment struct {
 	topic     string // the topic its tasks read
 	from, to  int    // steps [from, to)
 	next      *segment
-	keyStep   *rules.StepSpec // steps[from] when idx > 0
-	changelog string          // when idx > 0
-	nparts    int             // partitions of topic (for markers sent to it)
-	timed     bool            // a step of the segment reacts to the watermark
-	markers   bool            // a later segment is timed: send it watermark markers
+	keyStep   *rules.StepSpec // steps[from] of a keyed segment
+	changelog string          // of a keyed segment
+	// other is set on the segment of a stream join's second topic
+	// (otherinput.go); others are those that write to this keyed segment.
+	other   *otherInput
+	others  []*segment
+	nparts  int  // partitions of topic (for markers sent to it)
+	timed   bool // a step of the segment reacts to the watermark
+	markers bool // a later segment is timed: send it watermark markers
 	// sourceShaped: the values this segment reads still have the source's
 	// shape (no map or window before it), so they may be decoded in part
 	// like source records (route.members).
@@ -42,7 +46,7 @@ type segment struct {
 // wrote as well as from their markers (a writer sends no marker to a
 // partition its records already brought the frontier to: noteDelivered),
 // and ticks for idleness.
-func (s *segment) keepsTime() bool { return s.idx > 0 && (s.timed || s.markers) }
+func (s *segment) keepsTime() bool { return s.keyed() && (s.timed || s.markers) }
 
 // taskID numbers a task (segment, partition) for the offsets tracker and
 // the checkpoint: segment 0 keeps the source partition number, so the
@@ -162,7 +166,7 @@ type keyedState struct {
 // a source task's max event time minus the allowed lateness, a keyed task's
 // watermark.
 func (t *task) frontier() (int64, bool) {
-	if t.seg.idx > 0 {
+	if t.seg.keyed() {
 		return t.wm.current()
 	}
 	t.front.Lock()
@@ -231,7 +235,7 @@ func (t *task) sendMarkers(now time.Time, force bool) {
 	if len(targets) == 0 {
 		return
 	}
-	val := encodeMarker(t.part, f)
+	val := encodeMarker(t.writer(), f)
 	for _, q := range targets {
 		kr := &kgo.Record{Topic: next.topic, Partition: q, Headers: []kgo.RecordHeader{{Key: headerMarker, Value: val}}}
 		t.r.send(kr, func(_ *kgo.Record, err error) {
@@ -279,6 +283,7 @@ func (t *task) dispatchLoop() {
 			}
 			continue
 		}
+		began := time.Now()
 		ok := t.dispatch(recs, b.tapped)
 		// Tapped batches the fetch has now caught up with.
 		for ok {
@@ -288,6 +293,9 @@ func (t *task) dispatchLoop() {
 			}
 			ok = t.dispatch(recs, true)
 		}
+		r.mx.busy.Add(time.Since(began).Seconds())
+		// Its done offsets moved: the lag gauge follows (lagLoop).
+		r.noteLag()
 		// The batch's writes leave with its poll's (batch.go); a tapped
 		// one belongs to no poll and flushes its own.
 		if b.poll != nil {
@@ -348,9 +356,12 @@ func (t *task) dispatch(recs []*kgo.Record, tapped bool) bool {
 			return false
 		}
 		if rec.Offset >= t.pos {
-			if t.seg.idx == 0 {
+			switch {
+			case t.seg.other != nil:
+				t.processOther(rec)
+			case t.seg.idx == 0:
 				t.processSource(rec)
-			} else {
+			default:
 				t.steps.Lock()
 				t.processRepartitioned(rec)
 				t.steps.Unlock()
@@ -456,7 +467,7 @@ func (t *task) processRepartitioned(kr *kgo.Record) {
 		rec.Value = string(kr.Value)
 	default:
 		var err error
-		if r.plan.members != nil && t.seg.sourceShaped && rec.Window == nil {
+		if r.plan.members != nil && t.seg.sourceShaped && rec.Window == nil && e.flags&envOther == 0 {
 			err = rec.SetJSONMembers(kr.Value, r.plan.members)
 		} else {
 			err = rec.SetJSON(kr.Value)
@@ -484,7 +495,11 @@ func (t *task) processRepartitioned(kr *kgo.Record) {
 	}
 	c := t.chain
 	c.cur = tk
-	c.run(0, rec)
+	if e.flags&envOther != 0 {
+		c.runOther(rec)
+	} else {
+		c.run(0, rec)
+	}
 	c.cur = nil
 	observe()
 }

@@ -472,7 +472,7 @@ func (r *route) resetTasks() {
 	}()
 	for _, o := range old {
 		t, err := r.newTask(o.seg, o.part, o.base)
-		if err == nil && o.seg.idx > 0 {
+		if err == nil && o.seg.keyed() {
 			err = r.buildTaskChain(t)
 		}
 		if err != nil {

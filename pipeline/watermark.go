@@ -26,9 +26,11 @@ type watermark struct {
 	idle     time.Duration
 	started  time.Time
 
-	maxEv      []int64
-	seen       []bool
-	lastActive []time.Time
+	// ws are the upstream writers: ws[0] the writers of the segment
+	// before (source partitions or keyed tasks), ws[1] the tasks of a
+	// stream join's second topic, whose writer ids start at
+	// otherWriterBase. The watermark is the minimum over both.
+	ws [2]writerSet
 
 	cur          int64
 	has          bool
@@ -41,15 +43,56 @@ type watermark struct {
 	wake chan struct{}
 }
 
+// writerSet is what a watermark knows of a set of upstream writers,
+// indexed by writer id (less the set's base).
+type writerSet struct {
+	maxEv      []int64
+	seen       []bool
+	lastActive []time.Time
+}
+
+func newWriterSet(n int) writerSet {
+	return writerSet{maxEv: make([]int64, n), seen: make([]bool, n), lastActive: make([]time.Time, n)}
+}
+
+func (s *writerSet) grow(i int) {
+	for i >= len(s.maxEv) {
+		s.maxEv = append(s.maxEv, 0)
+		s.seen = append(s.seen, false)
+		s.lastActive = append(s.lastActive, time.Time{})
+	}
+}
+
+func (s writerSet) clone() writerSet {
+	return writerSet{maxEv: append([]int64(nil), s.maxEv...), seen: append([]bool(nil), s.seen...),
+		lastActive: append([]time.Time(nil), s.lastActive...)}
+}
+
+// otherWriterBase is the first writer id of a stream join's second input:
+// its task of partition p writes as otherWriterBase + p, apart from the
+// source partitions (and keyed tasks) below it.
+const otherWriterBase = int32(maxTaskPartitions)
+
+// writerSlot is the set and index of writer id p.
+func writerSlot(p int32) (int, int) {
+	if p >= otherWriterBase {
+		return 1, int(p - otherWriterBase)
+	}
+	return 0, int(p)
+}
+
 func (w *watermark) init(src rules.Source, nparts int, now time.Time) {
+	w.initWith(src, nparts, 0, now)
+}
+
+// initWith is init for a task with nother writers of a second input too.
+func (w *watermark) initWith(src rules.Source, nparts, nother int, now time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.lateness = src.Watermark.Milliseconds()
 	w.idle = src.IdleTimeout // checkDefinition refuses a route without one
 	w.started = now
-	w.maxEv = make([]int64, nparts)
-	w.seen = make([]bool, nparts)
-	w.lastActive = make([]time.Time, nparts)
+	w.ws = [2]writerSet{newWriterSet(nparts), newWriterSet(nother)}
 	w.has = false
 }
 
@@ -61,24 +104,22 @@ func (w *watermark) observe(p int32, ev int64, now time.Time) (int64, bool) {
 	if p < 0 {
 		return 0, false
 	}
-	for int(p) >= len(w.maxEv) {
-		// A writer beyond the count known at start: partitions were added
-		// upstream. It counts from now on.
-		w.maxEv = append(w.maxEv, 0)
-		w.seen = append(w.seen, false)
-		w.lastActive = append(w.lastActive, time.Time{})
-	}
-	if !w.seen[p] && w.wake != nil {
+	g, i := writerSlot(p)
+	s := &w.ws[g]
+	// A writer beyond the count known at start: partitions were added
+	// upstream. It counts from now on.
+	s.grow(i)
+	if !s.seen[i] && w.wake != nil {
 		select {
 		case w.wake <- struct{}{}:
 		default:
 		}
 	}
-	if !w.seen[p] || ev > w.maxEv[p] {
-		w.maxEv[p] = ev
+	if !s.seen[i] || ev > s.maxEv[i] {
+		s.maxEv[i] = ev
 	}
-	w.seen[p] = true
-	w.lastActive[p] = now
+	s.seen[i] = true
+	s.lastActive[i] = now
 	return w.computeLocked(now)
 }
 
@@ -90,9 +131,11 @@ func (w *watermark) dormant() bool {
 	if w.has {
 		return false
 	}
-	for _, s := range w.seen {
-		if s {
-			return false
+	for _, set := range w.ws {
+		for _, s := range set.seen {
+			if s {
+				return false
+			}
 		}
 	}
 	return true
@@ -112,9 +155,7 @@ func (w *watermark) copyFrom(o *watermark) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.lateness, w.idle, w.started = o.lateness, o.idle, o.started
-	w.maxEv = append([]int64(nil), o.maxEv...)
-	w.seen = append([]bool(nil), o.seen...)
-	w.lastActive = append([]time.Time(nil), o.lastActive...)
+	w.ws = [2]writerSet{o.ws[0].clone(), o.ws[1].clone()}
 	w.cur, w.has, w.allIdleSince, w.base = o.cur, o.has, o.allIdleSince, o.base
 }
 
@@ -127,18 +168,20 @@ func (w *watermark) current() (int64, bool) {
 func (w *watermark) computeLocked(now time.Time) (int64, bool) {
 	low := int64(math.MaxInt64)
 	active := false
-	for p := range w.maxEv {
-		if !w.seen[p] {
-			if now.Sub(w.started) < w.idle {
-				return 0, false
+	for _, set := range w.ws {
+		for p := range set.maxEv {
+			if !set.seen[p] {
+				if now.Sub(w.started) < w.idle {
+					return 0, false
+				}
+				continue
 			}
-			continue
+			if now.Sub(set.lastActive[p]) >= w.idle {
+				continue
+			}
+			active = true
+			low = min(low, set.maxEv[p])
 		}
-		if now.Sub(w.lastActive[p]) >= w.idle {
-			continue
-		}
-		active = true
-		low = min(low, w.maxEv[p])
 	}
 	var cand int64
 	if active {
@@ -169,17 +212,23 @@ func (w *watermark) holder(now time.Time) (p int32, frontier int64, last time.Ti
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	low := int64(math.MaxInt64)
-	for q := range w.maxEv {
-		if !w.seen[q] {
-			if now.Sub(w.started) < w.idle {
-				return int32(q), 0, time.Time{}, false, true
+	for g, set := range w.ws {
+		base := int32(0)
+		if g == 1 {
+			base = otherWriterBase
+		}
+		for q := range set.maxEv {
+			if !set.seen[q] {
+				if now.Sub(w.started) < w.idle {
+					return base + int32(q), 0, time.Time{}, false, true
+				}
+				continue
 			}
-			continue
+			if now.Sub(set.lastActive[q]) >= w.idle || set.maxEv[q] >= low {
+				continue
+			}
+			low, p, last, ok = set.maxEv[q], base+int32(q), set.lastActive[q], true
 		}
-		if now.Sub(w.lastActive[q]) >= w.idle || w.maxEv[q] >= low {
-			continue
-		}
-		low, p, last, ok = w.maxEv[q], int32(q), w.lastActive[q], true
 	}
 	return p, low, last, true, ok
 }

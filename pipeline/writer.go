@@ -256,6 +256,9 @@ type outbox struct {
 	epoch   int64         // writes made now belong to this epoch
 	byEpoch map[int64]int // unacknowledged writes per epoch
 	zero    *sync.Cond    // on mu: an epoch emptied, or a wait was woken
+	// made counts every write made: a checkpoint tick that finds it as
+	// the last cut saw it knows no output was made since.
+	made atomic.Int64
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -275,6 +278,9 @@ func (o *outbox) add(d int, ep int64) int64 {
 	o.mu.Lock()
 	if ep < 0 {
 		ep = o.epoch
+	}
+	if d > 0 {
+		o.made.Add(int64(d))
 	}
 	n := o.byEpoch[ep] + d
 	if n == 0 {

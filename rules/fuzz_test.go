@@ -25,6 +25,9 @@ func FuzzLoad(f *testing.F) {
 	// and variables through, so the fuzzer reaches past the allow-list.
 	f.Add([]byte("route: h\nsource: { topic: a }\nsink:\n  http:\n    url: http://fuzz.example/x\n    method: PUT\n    timeout: 2s\n    max_in_flight: 3\n    headers: { X-A: b, Authorization: { env: FUZZ_TOKEN, prefix: \"Bearer \" } }\n"))
 	f.Add([]byte("route: h\nsource: { topic: a }\nsink: { http: { url: http://fuzz.example/x, headers: { Cookie: c } }, delivery: exactly_once }\n"))
+	// Stream joins (operators/streamjoin.go): the `stream` and `within`
+	// mappings, and the spec chosen by the `stream` key.
+	f.Add([]byte("route: j\nsource: { topic: p, event_time: value.ts }\nsink: { topic: o }\nsteps:\n  - join: { stream: { topic: a, event_time: value.ts, format: json }, on: value.a, other: value.id, within: { before: 5m, after: 1m }, grace: 30s, kind: outer, as: auth }\n"))
 	// Switch steps (switch.go): branches with topics, an HTTP sink, keys.
 	f.Add([]byte("route: s\nsource: { topic: a }\nsteps:\n  - switch:\n      - when: value.x > 1\n        sink: { topic: b, key: value.k }\n      - when: value.y == \"z\"\n        sink: { http: { url: http://fuzz.example/y } }\n      - sink: { topic: c }\n"))
 	f.Add([]byte("route: s\nsource: { topic: a }\nsink: { delivery: exactly_once }\nsteps:\n  - filter: value.x > 0\n  - switch: [ { when: value.x > 1, sink: { topic: b } }, { sink: { topic: c } } ]\n"))

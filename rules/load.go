@@ -464,6 +464,10 @@ func (l *loader) duration(kv *keyVal, what string, zeroOK bool) (time.Duration, 
 		l.errAt(kv.val, s, "bad duration for `%s`: write a number with a unit, e.g. 500ms, 30s, 5m or 1h", what)
 		return 0, false
 	}
+	if d < 0 && zeroOK {
+		l.errAt(kv.val, s, "`%s` must not be negative", what)
+		return 0, false
+	}
 	if d < 0 || (d == 0 && !zeroOK) {
 		l.errAt(kv.val, s, "`%s` must be greater than zero", what)
 		return 0, false

@@ -24,12 +24,12 @@ func StepReference() string {
 	specs := operators.Specs()
 	b.WriteString("| step | what it does | state |\n|---|---|---|\n")
 	for _, s := range specs {
-		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", s.Kind, cell(s.Summary), traits(s))
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", specName(s), cell(s.Summary), traits(s))
 	}
 	b.WriteString("\n| step | key | type | required | default | what it is |\n|---|---|---|---|---|---|\n")
 	for _, s := range specs {
 		if s.Body != nil {
-			fmt.Fprintf(&b, "| `%s` | (the step's value) | %s | yes | — | %s |\n", s.Kind, typeText(s.Body), cell(s.Body.Doc))
+			fmt.Fprintf(&b, "| %s | (the step's value) | %s | yes | — | %s |\n", specName(s), typeText(s.Body), cell(s.Body.Doc))
 			continue
 		}
 		for _, k := range s.Keys {
@@ -37,13 +37,22 @@ func StepReference() string {
 			if k.Required {
 				req = "yes"
 			}
-			fmt.Fprintf(&b, "| `%s` | `%s` | %s | %s | %s | %s |\n", s.Kind, k.Name, typeText(&k), req, defaultText(&k), cell(k.Doc))
+			fmt.Fprintf(&b, "| %s | `%s` | %s | %s | %s | %s |\n", specName(s), k.Name, typeText(&k), req, defaultText(&k), cell(k.Doc))
 		}
 	}
 	for _, s := range specs {
-		fmt.Fprintf(&b, "\n`%s`, for example:\n\n<!-- rule-file: step-%s.yaml -->\n```yaml\n%s```\n", s.Kind, s.Kind, s.Example)
+		fmt.Fprintf(&b, "\n%s, for example:\n\n<!-- rule-file: step-%s.yaml -->\n```yaml\n%s```\n", specName(s), s.ID(), s.Example)
 	}
 	return b.String()
+}
+
+// specName is how the docs name a spec: its kind, and the key that
+// selects its form ("`join` with `stream`").
+func specName(s *operators.Spec) string {
+	if s.Form == "" {
+		return "`" + s.Kind + "`"
+	}
+	return "`" + s.Kind + "` with `" + s.Form + "`"
 }
 
 func cell(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
@@ -70,7 +79,7 @@ func defaultText(k *operators.Key) string {
 // traits says what state a step keeps, from the traits its example's
 // Compile declares: the pipeline decides by the same traits.
 func traits(s *operators.Spec) string {
-	res := loadBytes(s.Kind+".yaml", []byte(s.Example), Options{})
+	res := loadBytes(s.ID()+".yaml", []byte(s.Example), Options{})
 	if res.route == nil {
 		return "?"
 	}

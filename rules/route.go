@@ -184,6 +184,9 @@ type StepSpec struct {
 	Def       string
 	Line, Col int
 	Table     string // join steps: the table name
+	// Input is the second topic a stream join reads (Traits.TwoInputs),
+	// nil for every other step.
+	Input *operators.StreamInput
 	// Traits are what the step's Compile declared: the pipeline decides
 	// segments, watermarks, snapshots and the close journal by them,
 	// without building the step. Every instance Build makes implements

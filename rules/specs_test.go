@@ -18,8 +18,8 @@ func TestSpecExamples(t *testing.T) {
 	}
 	for _, s := range specs {
 		dir := t.TempDir()
-		p := filepath.Join(dir, s.Kind+".yaml")
-		writeFiles(t, dir, map[string]string{s.Kind + ".yaml": s.Example})
+		p := filepath.Join(dir, s.ID()+".yaml")
+		writeFiles(t, dir, map[string]string{s.ID() + ".yaml": s.Example})
 		r, err := LoadFile(p)
 		if err != nil {
 			t.Errorf("%s: its example is refused:\n%v", s.Kind, err)

@@ -32,7 +32,7 @@ func compileExpr(src string, bound []string, opts ...expr.Option) (*operators.Ex
 // e sees the value as the source gave it (with set's members on top):
 // not yet replaced by a map or a window, and JSON.
 func (l *loader) noteReads(e *operators.Expr, sc *scope) {
-	if sc.shape.known || sc.shape.raw {
+	if sc.shape.known || sc.shape.raw || sc.other {
 		return
 	}
 	members, whole := e.ValueReads()
@@ -72,6 +72,9 @@ func (s shape) has(f string) bool { return contains(s.fields, f) }
 type scope struct {
 	bound []string // join `as` names in effect
 	shape shape
+	// other: the expression reads a stream join's second input, not the
+	// route's records (otherScope).
+	other bool
 	// fan is how many records or window updates the steps so far can make
 	// of one source record (Plan.FanOut multiplied), and fanFrom the steps
 	// that multiply it, for the warning.
@@ -431,6 +434,9 @@ func (l *loader) step(i int, item *yaml.Node, sc *scope, r *Route) (*StepSpec, s
 	}
 	k, v := resolve(item.Content[0]), resolve(item.Content[1])
 	spec := operators.SpecOf(k.Value)
+	if form := stepForm(k.Value, v); form != "" {
+		spec = operators.SpecForm(k.Value, form)
+	}
 	if spec == nil {
 		msg := fmt.Sprintf("unknown step `%s`", k.Value)
 		if s := closest(k.Value, kinds); s != "" {
@@ -462,6 +468,22 @@ func (l *loader) step(i int, item *yaml.Node, sc *scope, r *Route) (*StepSpec, s
 		return nil, ""
 	}
 	return st, def
+}
+
+// stepForm is the Form of kind's spec that the mapping v selects by
+// holding its key (`join: { stream: ... }`), or "".
+func stepForm(kind string, v *yaml.Node) string {
+	if v.Kind != yaml.MappingNode {
+		return ""
+	}
+	for _, form := range operators.FormsOf(kind) {
+		for i := 0; i+1 < len(v.Content); i += 2 {
+			if resolve(v.Content[i]).Value == form {
+				return form
+			}
+		}
+	}
+	return ""
 }
 
 // stepParse is one step on its way through its Spec: the values read so
@@ -566,13 +588,29 @@ func (p *stepParse) read(key *operators.Key, x *keyVal, what string) bool {
 		if key.Type == operators.TypeCondition {
 			kind = exprBool
 		}
-		e := l.expr(x, what, p.sc, kind)
+		sc := p.sc
+		if key.OtherSide {
+			sc = otherScope()
+		}
+		e := l.expr(x, what, sc, kind)
 		if e == nil {
 			return false
 		}
 		v = e
+	case operators.TypeStream:
+		in, ok := p.stream(x, what)
+		if !ok {
+			return false
+		}
+		v = in
+	case operators.TypeInterval:
+		iv, ok := p.interval(x, what)
+		if !ok {
+			return false
+		}
+		v = iv
 	case operators.TypeDuration:
-		d, ok := l.duration(x, what, false)
+		d, ok := l.duration(x, what, key.ZeroOK)
 		if !ok {
 			return false
 		}
@@ -861,6 +899,7 @@ func (p *stepParse) apply(plan *operators.Plan, st *StepSpec) {
 		sc.bound = append(append([]string{}, sc.bound...), plan.Binds)
 	}
 	st.Table = plan.Table
+	st.Input = plan.Input
 	st.Traits = plan.Traits
 	st.Build = plan.New
 }
@@ -909,6 +948,16 @@ func (p *stepParse) value(key *operators.Key) string {
 		return canonical(`""`)
 	case operators.TypeDuration:
 		return p.args.Duration(key.Name).String()
+	case operators.TypeStream:
+		in := p.args.Stream(key.Name)
+		et := ""
+		if in.EventTime != nil {
+			et = canonical(in.EventTime.Source)
+		}
+		return fmt.Sprintf("{topic=%s event_time=%s format=%s}", in.Topic, et, in.Format)
+	case operators.TypeInterval:
+		iv := p.args.Interval(key.Name)
+		return fmt.Sprintf("{before=%s after=%s}", iv.Before, iv.After)
 	case operators.TypeTable:
 		// The table's definition as written (not its content, not its
 		// absolute path): a table edit or a moved rules directory keeps
@@ -1087,4 +1136,82 @@ func fanOutAfter(r *Route, sc *scope) {
 			return s, err
 		}
 	}
+}
+
+// otherScope is what an expression on a stream join's second input sees:
+// that topic's records as they come (JSON), no names bound. What it reads
+// is not the source's, so it adds nothing to the source's reads.
+func otherScope() *scope {
+	return &scope{shape: shape{raw: false, origin: "the stream"}, other: true}
+}
+
+// streamKeys are the keys of a stream join's `stream:`.
+var streamKeys = []string{"topic", "event_time", "format"}
+
+// stream reads a stream join's `stream: { topic, event_time, format }`.
+func (p *stepParse) stream(x *keyVal, what string) (operators.StreamInput, bool) {
+	l := p.l
+	in := operators.StreamInput{Format: string(FormatJSON)}
+	if !l.mapping(x, what, "`stream: { topic: authorizations, event_time: value.ts }`") {
+		return in, false
+	}
+	f := l.fields(x.val, streamKeys, what)
+	ok := true
+	if t := f["topic"]; t == nil {
+		l.errAt(x.key, what, "missing `%s.topic`: the second topic the join reads", what)
+		ok = false
+	} else if name, good := l.topicName(t, what+".topic"); good {
+		in.Topic = name
+		switch name {
+		case p.r.Source.Topic:
+			l.errAt(t.val, name, "`%s.topic` is the route's source topic; a stream join reads a second topic", what)
+			ok = false
+		case p.r.Sink.Topic, p.r.DeadLetter:
+			l.errAt(t.val, name, "`%s.topic` is where the route writes; reading it would feed the join its own outputs", what)
+			ok = false
+		}
+	} else {
+		ok = false
+	}
+	if fm := f["format"]; fm != nil {
+		s, good := l.oneOf(fm, what+".format", string(FormatJSON), string(FormatRaw))
+		ok = ok && good
+		in.Format = s
+	}
+	if et := f["event_time"]; et != nil {
+		sc := otherScope()
+		if in.Format == string(FormatRaw) {
+			sc.shape.raw = true
+		}
+		e := l.expr(et, what+".event_time", sc, exprAny)
+		ok = ok && e != nil
+		in.EventTime = e
+	}
+	return in, ok
+}
+
+// interval reads `within: { before: D, after: D }`; a missing bound is 0.
+func (p *stepParse) interval(x *keyVal, what string) (operators.Interval, bool) {
+	l := p.l
+	var iv operators.Interval
+	if !l.mapping(x, what, "`within: { before: 5m, after: 1m }`") {
+		return iv, false
+	}
+	f := l.fields(x.val, []string{"before", "after"}, what)
+	ok := true
+	if b := f["before"]; b != nil {
+		d, good := l.duration(b, what+".before", true)
+		ok = ok && good
+		iv.Before = d
+	}
+	if a := f["after"]; a != nil {
+		d, good := l.duration(a, what+".after", true)
+		ok = ok && good
+		iv.After = d
+	}
+	if ok && f["before"] == nil && f["after"] == nil {
+		l.errAt(x.key, x.key.Value, "`%s` needs `before` or `after` (or both), e.g. `within: { before: 5m, after: 1m }`", what)
+		ok = false
+	}
+	return iv, ok
 }

@@ -28,7 +28,8 @@ var traitVariants = map[string][]string{
 	"drop":    {"steps:\n  - drop: [a, b]\n", "steps:\n  - drop: a\n"},
 	"join":    {"tables:\n  t: { topic: t }\nsteps:\n  - join: { table: t, on: key, missing: dead_letter }\n"},
 	// A variant that starts with its own `sink:` replaces the default one.
-	"switch": {"sink: { delivery: exactly_once }\nsteps:\n  - switch: [ { when: value.x > 1, sink: { topic: a } }, { sink: { topic: b } } ]\n"},
+	"switch":      {"sink: { delivery: exactly_once }\nsteps:\n  - switch: [ { when: value.x > 1, sink: { topic: a } }, { sink: { topic: b } } ]\n"},
+	"join-stream": {"steps:\n  - join: { stream: { topic: s }, on: key, other: key, within: { after: 1m }, grace: 0s, kind: outer, as: s }\n"},
 }
 
 // TestTraitsMatchTheBuiltSteps: for every declared step kind, the traits
@@ -41,14 +42,14 @@ func TestTraitsMatchTheBuiltSteps(t *testing.T) {
 	checked := map[string]int{}
 	for _, s := range operators.Specs() {
 		files := []string{s.Example}
-		for _, v := range traitVariants[s.Kind] {
+		for _, v := range traitVariants[s.ID()] {
 			sink := "sink: { topic: out }\n"
 			if strings.HasPrefix(v, "sink:") {
 				sink = ""
 			}
 			files = append(files, "route: variant\nsource: { topic: in, event_time: value.ts }\n"+sink+v)
 		}
-		if len(traitVariants[s.Kind]) == 0 {
+		if len(traitVariants[s.ID()]) == 0 {
 			t.Errorf("%s: no trait variants: add the rule files whose keys change what the step is", s.Kind)
 		}
 		for i, src := range files {
@@ -99,6 +100,8 @@ func TestTraitsDeclared(t *testing.T) {
 		{"- explode: { each: value.xs, as: x }", operators.Traits{}},
 		{"- drop_duplicates: { key: value.id }", operators.Traits{Keyed: true}},
 		{"- drop_duplicates: { key: value.id, ttl: 1h }", operators.Traits{Keyed: true, Timed: true}},
+		{"- join: { stream: { topic: s }, on: key, other: key, within: { after: 1m }, grace: 1s, as: s }",
+			operators.Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true}},
 		{"- window: { kind: tumbling, size: 1m, aggregate: { n: count() } }",
 			operators.Traits{Keyed: true, Timed: true, Stateful: true, Absorbing: true, Closes: true, Value: operators.ValueReplaced}},
 	} {

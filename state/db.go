@@ -130,6 +130,17 @@ func OpenWithOptions(dir string, log *slog.Logger, o Options) (*DB, error) {
 	}
 	// No 100ms poll of the compaction scheduler at rest (sched.go).
 	popts.Experimental.CompactionScheduler = newQuietScheduler()
+	if popts.FS == nil {
+		// The operating system's file system without pebble's disk-health
+		// wrapper (Options.WithFSDefaults): it ticks every 2 s per open
+		// WAL and manifest, and once more for the file system, to report
+		// slow writes to EventListener.DiskSlow, which rtproxy leaves
+		// unset (pebble's default does nothing with them). At rest those
+		// tickers were a third of an idle sidecar's wake-ups
+		// (docs/BENCHMARKS.md, "Footprint"). A disk that fails shows as a
+		// failed write (fatal.go) all the same.
+		popts.FS = vfs.Default
+	}
 	popts.EnsureDefaults()
 	if err := checkOldFormat(popts.FS, dir); err != nil {
 		return nil, err
@@ -670,4 +681,16 @@ func (db *DB) Discard(route string) (cuts int, bytes int64, err error) {
 		db.log.Info("state uncommitted writes discarded", "route", route, "frozen_cuts", cuts, "bytes", bytes, "seq", rs.mu.seq)
 	}
 	return cuts, bytes, nil
+}
+
+// Memory is what pebble holds in memory for every route together: its
+// block cache (filled by reads of keyed state, up to CacheBytes) and its
+// memtables (256 KiB at first, growing with writes up to MemTableBytes
+// each). A closed DB holds none.
+func (db *DB) Memory() (cache, memtables int64) {
+	if db.closed.Load() {
+		return 0, 0
+	}
+	m := db.pdb.Metrics()
+	return m.BlockCache.Size, int64(m.MemTable.Size + m.MemTable.ZombieSize)
 }

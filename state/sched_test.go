@@ -54,3 +54,26 @@ func TestQuietSchedulerNoPollAndCompacts(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNoDiskHealthTickers: the state DB runs none of pebble's disk-health
+// tickers (a goroutine per open WAL and manifest, and one for the file
+// system, each ticking every 2 s to report slow writes to an event
+// listener rtproxy does not set): an idle sidecar's wake-ups (issue 29).
+// It still writes and syncs.
+func TestNoDiskHealthTickers(t *testing.T) {
+	db, err := OpenWithOptions(t.TempDir(), nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.pdb.Set([]byte("k"), []byte("v"), pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	var sb strings.Builder
+	if err := pprof.Lookup("goroutine").WriteTo(&sb, 2); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(sb.String(), "diskHealthChecking") {
+		t.Fatalf("pebble's disk-health tickers run:\n%s", sb.String())
+	}
+}

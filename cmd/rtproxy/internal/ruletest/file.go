@@ -85,6 +85,9 @@ type Record struct {
 	Timestamp *time.Time
 	Partition int32
 	Offset    int64 // -1: next
+	// Topic is the topic an input record is written to: "" the route's
+	// source, or the `stream.topic` of one of its stream joins.
+	Topic string
 	// Expected records only.
 	Window *[2]int64 // rtproxy-window: start, end (epoch millis)
 	Reason string    // dead letters: rtproxy-reason
@@ -391,7 +394,7 @@ func (p *parser) object(n *yaml.Node, what string) (map[string]any, bool) {
 	return m, true
 }
 
-var recordKeys = []string{"key", "value", "headers", "timestamp", "partition", "offset"}
+var recordKeys = []string{"key", "value", "headers", "timestamp", "partition", "offset", "topic"}
 
 func (p *parser) step(n *yaml.Node) (Step, bool) {
 	s := Step{Line: n.Line}
@@ -476,6 +479,9 @@ func (p *parser) record(n *yaml.Node, what string, known []string) (*Record, boo
 			p.errAt(pn, "partition must be a whole number from 0 to 1023")
 		}
 		r.Partition = int32(v)
+	}
+	if tn := fs["topic"]; tn != nil {
+		r.Topic = p.str(tn, "topic")
 	}
 	if on := fs["offset"]; on != nil {
 		v, err := strconv.ParseInt(on.Value, 10, 64)

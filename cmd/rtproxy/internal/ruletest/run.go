@@ -91,7 +91,13 @@ func Run(f *File, t *Test, def *rules.Route) (res Result) {
 		case s.Input != nil:
 			in, err := driverInput(s.Input)
 			if err == nil {
-				err = d.Send(in)
+				if s.Input.Topic != "" {
+					// A record of a stream join's second topic (or, named,
+					// of the source).
+					err = d.SendTo(s.Input.Topic, in)
+				} else {
+					err = d.Send(in)
+				}
 			}
 			if err != nil {
 				fail(s.Line, "input record: %v", err)

@@ -1,0 +1,70 @@
+package rules
+
+import (
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const streamJoinBase = "route: r\nsource: { topic: payments, event_time: value.ts }\nsink: { topic: out }\nsteps:\n"
+
+// TestStreamJoinNeedsGrace: `rtproxy check` refuses a stream join
+// without `grace`, at the step, saying why: its state would otherwise
+// have no bound.
+func TestStreamJoinNeedsGrace(t *testing.T) {
+	file := streamJoinBase + "  - join:\n      stream: { topic: authorizations, event_time: value.ts }\n      on: value.auth_id\n      other: value.id\n      within: { before: 5m, after: 1m }\n      as: auth\n"
+	got := loadErrors(t, map[string]string{"r.yaml": file})
+	want := "r.yaml:5:5: join needs `grace`: how long records may come late, e.g. `grace: 30s`: it bounds the state (each side is kept for `within` + `grace`), so it must be written (near `join`)"
+	if strings.Join(got, "\n") != want {
+		t.Errorf("errors:\n got: %s\nwant: %s", strings.Join(got, "\n      "), want)
+	}
+}
+
+// TestStreamJoinRefusals: what check refuses in a stream join, each at
+// its place.
+func TestStreamJoinRefusals(t *testing.T) {
+	for _, c := range []struct{ step, want string }{
+		{"  - join: { stream: { topic: payments }, on: value.a, other: value.b, within: { before: 1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:30: `join.stream.topic` is the route's source topic; a stream join reads a second topic (near `payments`)"},
+		{"  - join: { stream: { topic: out }, on: value.a, other: value.b, within: { before: 1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:30: `join.stream.topic` is where the route writes; reading it would feed the join its own outputs (near `out`)"},
+		{"  - join: { stream: { topic: a }, on: value.a, other: value.b, within: {}, grace: 1s, as: x }\n",
+			"r.yaml:5:64: `join.within` needs `before` or `after` (or both), e.g. `within: { before: 5m, after: 1m }` (near `within`)"},
+		{"  - join: { stream: { topic: a, format: avro }, on: value.a, other: value.b, within: { after: 1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:41: `join.stream.format` must be one of json, raw (near `avro`)"},
+		{"  - join: { stream: { topic: a }, on: value.a, other: value.b, within: { after: -1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:81: `join.within.after` must not be negative (near `-1m`)"},
+		{"  - join: { stream: { topic: a, evnt_time: value.t }, on: value.a, other: value.b, within: { after: 1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:33: unknown field `evnt_time` in join.stream; did you mean `event_time`? (near `evnt_time`)"},
+	} {
+		got := loadErrors(t, map[string]string{"r.yaml": streamJoinBase + c.step})
+		if strings.Join(got, "\n") != c.want {
+			t.Errorf("%s errors:\n got: %s\nwant: %s", c.step, strings.Join(got, "\n      "), c.want)
+		}
+	}
+}
+
+// TestStreamJoinPlan: the step reads the second topic (StepSpec.Input),
+// is keyed and timed with two inputs, binds `as`, and what `other` and
+// the stream's event_time read is not counted among the source's members.
+func TestStreamJoinPlan(t *testing.T) {
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"r.yaml": streamJoinBase +
+		"  - join: { stream: { topic: auths, event_time: value.auth_ts }, on: value.auth_id, other: value.id, within: { before: 5m }, grace: 0s, as: auth }\n" +
+		"  - set:\n      approved: auth?.ok\n"})
+	r, err := LoadFile(filepath.Join(dir, "r.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := r.Steps[0]
+	if st.Input == nil || st.Input.Topic != "auths" || st.Input.EventTime == nil || st.Input.Format != "json" {
+		t.Fatalf("input %+v", st.Input)
+	}
+	if tr := st.Traits; !tr.Keyed || !tr.Timed || !tr.TwoInputs || !tr.Absorbing || tr.Stateful || tr.Closes {
+		t.Fatalf("traits %+v", tr)
+	}
+	if !r.Source.DecodeMembers || !slices.Equal(r.Source.Members, []string{"auth_id", "ts"}) {
+		t.Fatalf("source members %v (whole: %v); the other side's reads leaked in", r.Source.Members, !r.Source.DecodeMembers)
+	}
+}
