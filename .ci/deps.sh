@@ -15,6 +15,8 @@ command -v kcat >/dev/null 2>&1 || missing+=(kcat)
 /usr/bin/python3 -c 'import kafka' >/dev/null 2>&1 || missing+=(python3-kafka)
 # kafka-python reads snappy batches (rtproxy's route outputs) only with it.
 /usr/bin/python3 -c 'import snappy' >/dev/null 2>&1 || missing+=(python3-snappy)
+# ... and zstd batches (views re-encode with the stored codec) only with it.
+/usr/bin/python3 -c 'import zstandard' >/dev/null 2>&1 || missing+=(python3-zstandard)
 /usr/bin/python3 -c 'import confluent_kafka' >/dev/null 2>&1 || missing+=(python3-confluent-kafka)
 # confluent-kafka's schema registry client and ProtobufSerializer
 # (test/integration/schema_registry_test.go). Debian has no fastavro, so the
@@ -58,7 +60,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 		"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
 	fi
 else
-	echo "deps: kcat, python3-kafka, python3-snappy, python3-confluent-kafka, python3-requests, python3-protobuf, protobuf-compiler, file, curl, chromium: present"
+	echo "deps: kcat, python3-kafka, python3-snappy, python3-zstandard, python3-confluent-kafka, python3-requests, python3-protobuf, protobuf-compiler, file, curl, chromium: present"
 fi
 
 # kafkajs for the client matrix, pinned by the committed lockfile. npm ci

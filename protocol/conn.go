@@ -35,6 +35,10 @@ type inflight struct {
 	// alias keep, the request's buffer, released after.
 	taps []tapPart
 	keep []byte
+	// view is set when the request named a view (view_wire.go);
+	// saslUser is the username a SaslAuthenticate claims.
+	view     *viewReq
+	saslUser string
 }
 
 // pair is one client connection and its upstream connection. Two
@@ -67,6 +71,12 @@ type pair struct {
 	// lastActive is when the last request was read or response written
 	// (unix nanos), for ClientIdleTimeout.
 	lastActive atomic.Int64
+	// Who is fetching, for views (view_wire.go): the TLS client
+	// certificate's subject, the SASL principal the broker accepted, and
+	// clientLoop's view state.
+	tlsSubject string
+	principal  atomic.Pointer[string]
+	vs         viewConn
 }
 
 // serve runs one accepted client connection; node is -1 for the bootstrap
@@ -74,6 +84,7 @@ type pair struct {
 func (p *Proxy) serve(c net.Conn, node int32) {
 	defer p.pairs.Done()
 	addr := c.RemoteAddr().String()
+	tlsSubject := ""
 	if p.cfg.ClientTLS != nil {
 		tc := tls.Server(c, p.cfg.ClientTLS)
 		c.SetDeadline(time.Now().Add(dialTimeout))
@@ -91,6 +102,9 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 			return
 		}
 		c.SetDeadline(time.Time{})
+		if cs := tc.ConnectionState(); len(cs.PeerCertificates) > 0 {
+			tlsSubject = cs.PeerCertificates[0].Subject.String()
+		}
 		c = tc
 	}
 	pr := &pair{
@@ -98,6 +112,7 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 		client:     c,
 		node:       node,
 		clientAddr: addr,
+		tlsSubject: tlsSubject,
 		clientR:    newConnReader(c),
 		queue:      make(chan inflight, maxInFlight),
 		done:       make(chan struct{}),
@@ -401,6 +416,21 @@ func (pr *pair) clientLoop() {
 			return
 		}
 		lastKey, lastVersion = h.APIKey, h.APIVersion
+		var vreq *viewReq
+		var saslUser string
+		vs := p.views.Load()
+		if h.APIKey == int16(kmsg.SASLHandshake) || h.APIKey == int16(kmsg.SASLAuthenticate) || h.APIKey == int16(kmsg.ApiVersions) {
+			saslUser = pr.noteSASL(h, frame, rest)
+		} else if vs != nil || pr.vs.sess != nil {
+			if frame, rest, vreq, err = pr.viewRequest(vs, h, frame, rest); err != nil {
+				if errors.Is(err, ErrBadHeader) {
+					p.m.frameErrors.WithLabelValues("bad_request").Inc()
+				}
+				pr.report("closing client connection: request not read", "reason", err.Error())
+				pr.close()
+				return
+			}
+		}
 		var refused []refusedPart
 		var taps []tapPart
 		var keep []byte // the request buffer taps alias, released with the response
@@ -414,7 +444,12 @@ func (pr *pair) clientLoop() {
 			if t := p.tap.Load(); t != nil && acks == -1 {
 				tap = *t
 			}
-			if (gs != nil || tap != nil) && !pr.unguardedSoleTopic(gs, tap, frame[4:], h) {
+			if vs != nil {
+				pr.viewClient(vs, h) // produce to a virtual topic is refused (inspectProduce)
+			} else {
+				pr.vs.set, pr.vs.virt = nil, nil
+			}
+			if (gs != nil || tap != nil || vs != nil) && !pr.unguardedSoleTopic(gs, tap, frame[4:], h) {
 				// Read whole, checked and its tapped partitions picked
 				// (guard.go); its bytes count against max_held_bytes
 				// while held.
@@ -461,7 +496,8 @@ func (pr *pair) clientLoop() {
 			// Queue before writing: the response can come back before
 			// Write returns.
 			select {
-			case pr.queue <- inflight{key: h.APIKey, version: h.APIVersion, corr: h.CorrelationID, sent: time.Now(), refused: refused, taps: taps, keep: keep}:
+			case pr.queue <- inflight{key: h.APIKey, version: h.APIVersion, corr: h.CorrelationID, sent: time.Now(), refused: refused, taps: taps, keep: keep,
+				view: vreq, saslUser: saslUser}:
 			case <-pr.done:
 				ReleaseFrame(frame)
 				if held != nil {
@@ -537,7 +573,7 @@ func (pr *pair) brokerLoop() {
 			pr.close()
 			return
 		}
-		if rest > 0 && req.key == int16(kmsg.Fetch) && needsBody(req.key, req.version) && p.streamable() {
+		if rest > 0 && req.key == int16(kmsg.Fetch) && req.view == nil && needsBody(req.key, req.version) && p.streamable() {
 			// Streamed, its endpoints rewritten at the same length
 			// (stream.go): no frame is held whole.
 			p.m.bytesB2C.Add(float64(len(frame) + rest))
@@ -558,9 +594,13 @@ func (pr *pair) brokerLoop() {
 			continue
 		}
 		var held int64
-		if rest > 0 && (needsBody(req.key, req.version) || req.refused != nil || req.taps != nil) {
+		if rest > 0 && (needsBody(req.key, req.version) || req.refused != nil || req.taps != nil || req.view != nil) {
 			var ok bool
-			if held, ok = p.held.acquire(int64(len(frame)+rest), pr.done); !ok {
+			n := int64(len(frame) + rest)
+			if req.view != nil {
+				n *= 2 // and its rewrite (view_fetch.go)
+			}
+			if held, ok = p.held.acquire(n, pr.done); !ok {
 				ReleaseFrame(frame)
 				return
 			}
@@ -612,6 +652,28 @@ func (pr *pair) brokerLoop() {
 				ReleaseFrame(frame)
 				out = rewritten
 			}
+		}
+		if req.view != nil {
+			vout, err := pr.viewResponse(req, out)
+			if err != nil {
+				ReleaseFrame(out)
+				p.held.release(held)
+				am.errors.Inc()
+				pr.report("closing client connection: cannot rewrite response through a view",
+					"api", kmsg.NameForKey(req.key), "version", req.version, "err", err)
+				pr.close()
+				return
+			}
+			ReleaseFrame(out)
+			out = vout
+			if d := req.view.delay; d > 0 {
+				select { // an empty answer, held as a broker holds one (view_fetch.go)
+				case <-time.After(d):
+				case <-pr.done:
+				}
+			}
+		} else if req.saslUser != "" && rest == 0 {
+			pr.adoptPrincipal(req, out)
 		}
 		p.m.bytesB2C.Add(float64(len(out) + rest))
 		_, err = pr.client.Write(out)
@@ -683,6 +745,9 @@ func (pr *pair) unguardedSoleTopic(gs Guards, tap Tap, payload []byte, h Request
 		if name, ok = pr.p.TopicName(id); !ok {
 			return false
 		}
+	}
+	if _, refuse := pr.viewRefuses(name, id, h.APIVersion >= 13); refuse {
+		return false
 	}
 	return (gs == nil || gs.For(name) == nil) && (tap == nil || !tap.Wants(name))
 }

@@ -159,6 +159,14 @@ func (pr *pair) inspectProduce(gs Guards, tap Tap, acks int16, h RequestHeader, 
 	for ti := range req.Topics {
 		t := &req.Topics[ti]
 		name := t.Topic
+		if vn, refuse := pr.viewRefuses(name, t.TopicID, h.APIVersion >= 13); refuse {
+			for _, pp := range t.Partitions {
+				refused = append(refused, viewRefusal(vn, t.TopicID, pp.Partition))
+			}
+			pr.p.vm.refused.WithLabelValues("Produce").Add(float64(len(t.Partitions)))
+			t.Partitions = nil
+			continue
+		}
 		if h.APIVersion >= 13 {
 			n, ok := pr.p.TopicName(t.TopicID)
 			if !ok {

@@ -144,6 +144,10 @@ type Proxy struct {
 	guards atomic.Pointer[Guards]
 	// tap receives acknowledged produced records (guard.go); nil: none.
 	tap atomic.Pointer[Tap]
+	// views are the views in force on the fetch path (view_wire.go);
+	// nil: none. vm counts what they do.
+	views atomic.Pointer[Views]
+	vm    *viewMetrics
 	// guardBufs are the buffers guarded and tapped batches are
 	// decompressed into; decoded bounds what the decodes in progress
 	// hold (MaxDecodedBytesTotal).
@@ -179,7 +183,8 @@ type Proxy struct {
 
 	topics struct {
 		sync.RWMutex
-		byID map[[16]byte]string
+		byID   map[[16]byte]string
+		byName map[string][16]byte
 	}
 
 	mu struct {
@@ -213,6 +218,10 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("protocol: register metrics: %w", err)
 	}
+	vm, err := newViewMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: register metrics: %w", err)
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: bootstrap listener: %w", err)
@@ -221,6 +230,7 @@ func New(cfg Config) (*Proxy, error) {
 		cfg:        cfg,
 		log:        cfg.Logger,
 		m:          m,
+		vm:         vm,
 		bootstrap:  ln,
 		listenHost: host,
 		ports:      NewPortMap(cfg.BrokerPortFirst, cfg.BrokerPortCount),
@@ -232,6 +242,7 @@ func New(cfg Config) (*Proxy, error) {
 	p.guardBufs = &decompressBufs{}
 	p.decoded = &heldBudget{max: cfg.MaxDecodedBytesTotal, gauge: m.decodedBytes, waits: m.decodedWaits}
 	p.topics.byID = make(map[[16]byte]string)
+	p.topics.byName = make(map[string][16]byte)
 	p.mu.brokers = make(map[int32]*brokerEntry)
 	p.mu.conns = make(map[*pair]struct{})
 	return p, nil
@@ -261,7 +272,16 @@ func (p *Proxy) LearnTopic(id [16]byte, name string) {
 	}
 	p.topics.Lock()
 	p.topics.byID[id] = name
+	p.topics.byName[name] = id
 	p.topics.Unlock()
+}
+
+// topicID returns the id of a topic seen in Metadata.
+func (p *Proxy) topicID(name string) ([16]byte, bool) {
+	p.topics.RLock()
+	defer p.topics.RUnlock()
+	id, ok := p.topics.byName[name]
+	return id, ok
 }
 
 // MapBroker implements Mapper: it records node's upstream address, opens

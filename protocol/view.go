@@ -26,7 +26,7 @@ type Views interface {
 // ViewClient is who is fetching: what a view's client list matches on.
 type ViewClient struct {
 	ClientID   string
-	Principal  string // the SASL principal; "" without SASL
+	Principal  string // the SASL principal as Kafka writes it ("User:alice"); "" without SASL
 	TLSSubject string // the client certificate's subject; "" without a client certificate
 }
 

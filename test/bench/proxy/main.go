@@ -257,6 +257,8 @@ func main() {
 			(quantile(t.lat, 0.99) - quantile(direct.lat, 0.99)).Microseconds(),
 			t.cpu.Seconds()/gbMoved, t.perReq.rw, t.perReq.ctx, t.perReq.cpuMicros)
 	}
+
+	runViewPhase(kfakeBin, now.bin, *portFirst+300)
 }
 
 func build(dir, out, pkg string) {

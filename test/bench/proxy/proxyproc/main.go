@@ -33,6 +33,7 @@ func main() {
 		portFirst  = flag.Int("broker-ports", 29100, "first per-broker port")
 		cpuProfile = flag.String("cpuprofile", "", "write a CPU profile here until shutdown")
 		guardFile  = flag.String("guard", "", "a guard rule file to enforce (make bench-guard)")
+		viewFile   = flag.String("view", "", "a view rule file to serve (make bench-proxy's view phase)")
 	)
 	flag.Parse()
 	if *cpuProfile != "" {
@@ -73,6 +74,16 @@ func main() {
 		}
 		p.SetGuards(benchGuards{r.Guard})
 	}
+	if *viewFile != "" {
+		r, err := rules.LoadFile(*viewFile)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if r.View == nil {
+			log.Fatalf("%s is not a view file", *viewFile)
+		}
+		p.SetViews(benchViews{r})
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go func() {
@@ -103,3 +114,38 @@ func (b benchGuards) Check(topic string, partition int32, rec *protocol.Produced
 }
 
 func (benchGuards) Refused(protocol.Refusal) {}
+
+// benchViews serves one view file to every client it applies to, as
+// cmd/rtproxy does (without its metrics).
+type benchViews struct{ r *rules.Route }
+
+func match(c protocol.ViewClient) rules.ViewClientMatch {
+	return rules.ViewClientMatch{ClientID: c.ClientID, Principal: c.Principal, TLSSubject: c.TLSSubject}
+}
+
+func (b benchViews) Lookup(name string, c protocol.ViewClient) protocol.View {
+	if name == b.r.Name && b.r.View.AppliesTo(match(c)) {
+		return b
+	}
+	return nil
+}
+
+func (b benchViews) Virtual(c protocol.ViewClient) map[string]string {
+	if b.r.InPlace() || !b.r.View.AppliesTo(match(c)) {
+		return nil
+	}
+	return map[string]string{b.r.Name: b.r.View.Topic}
+}
+
+func (b benchViews) Name() string  { return b.r.Name }
+func (b benchViews) Topic() string { return b.r.View.Topic }
+func (b benchViews) Apply(rec *protocol.ViewRecord) (bool, error) {
+	r := operators.Record{Topic: b.r.View.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key,
+		Raw: rec.Value, Timestamp: rec.Timestamp, EventTime: rec.Timestamp}
+	out, keep, err := b.r.View.Run(&r, nil)
+	if err != nil || !keep {
+		return false, err
+	}
+	rec.Value = out
+	return true, nil
+}

@@ -1,0 +1,250 @@
+package main
+
+// The view phase of make bench-proxy: fetch through a view (a filter and
+// one masked field on 1 KiB JSON records, zstd-compressed as stored)
+// against fetch of the same topic without a view, through one proxy
+// process that has the view in force, side by side in one run, with the
+// broker itself as a third column. Throughput is input records per second
+// (the view reads every record, and about a tenth are filtered out);
+// latency is end to end (produce to the broker at 2,000 records/s,
+// consumed through the proxy under both names at once), from the record's
+// timestamp to the consumer having it.
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/rtproxy/rtproxy/internal/benchkit"
+)
+
+var (
+	viewPhase   = flag.Bool("views", true, "also run the view phase (fetch through a view against without)")
+	viewRecords = flag.Int("view-records", 100000, "records of the view phase's topic")
+	viewRounds  = flag.Int("view-rounds", 4, "fetch rounds per target in the view phase (best is reported)")
+	viewLatSecs = flag.Int("view-latency-seconds", 10, "seconds of the view phase's 2,000 records/s latency run")
+	viewProfile = flag.String("view-cpuprofile", "", "write the view phase's proxy CPU profile here")
+)
+
+const benchViewFile = `view: vb.view
+topic: vb
+steps:
+  - filter: value.status != "test"
+  - set:
+      card: mask(value.card, 4)
+`
+
+// viewValue is a ~1 KiB JSON record: one in ten has status "test".
+func viewValue(r *rand.Rand, i int) []byte {
+	status := "ok"
+	if i%10 == 0 {
+		status = "test"
+	}
+	words := []string{"payment", "settled", "refund", "merchant", "card", "present", "online", "batch", "retry", "fee",
+		"currency", "EUR", "USD", "approved", "declined", "terminal", "region", "north", "south", "customer"}
+	var note strings.Builder
+	for note.Len() < 820 {
+		note.WriteString(words[r.IntN(len(words))])
+		note.WriteByte(' ')
+	}
+	return fmt.Appendf(nil, `{"id":%d,"status":%q,"card":"4111-1111-1111-%04d","email":"user%d@example.com","amount":%d.%02d,"note":%q}`,
+		i, status, r.IntN(10000), i, r.IntN(100000), r.IntN(100), note.String())
+}
+
+// runViewPhase runs the view phase with its own broker and proxy process.
+func runViewPhase(kfakeBin, proxyBin string, portFirst int) {
+	if !*viewPhase {
+		return
+	}
+	dir, err := os.MkdirTemp("", "bench-proxy-view")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	vf := filepath.Join(dir, "vb.yaml")
+	if err := os.WriteFile(vf, []byte(benchViewFile), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	kfake, brokers := benchkit.StartProc(kfakeBin, "-brokers", "3", "-topics", "vb:3")
+	defer benchkit.StopProc(kfake)
+	args := []string{"-upstream", brokers, "-broker-ports", strconv.Itoa(portFirst), "-view", vf}
+	if *viewProfile != "" {
+		abs, _ := filepath.Abs(*viewProfile)
+		args = append(args, "-cpuprofile", abs)
+	}
+	proxy, proxyAddr := benchkit.StartProc(proxyBin, args...)
+	defer benchkit.StopProc(proxy)
+
+	n := *viewRecords
+	rng := rand.New(rand.NewPCG(1, 2))
+	pc := newClient(brokers, kgo.DefaultProduceTopic("vb"), kgo.ProducerBatchCompression(kgo.ZstdCompression()),
+		kgo.ProducerLinger(5*time.Millisecond))
+	ctx := context.Background()
+	var stored int64
+	for i := range n {
+		v := viewValue(rng, i)
+		stored += int64(len(v))
+		pc.Produce(ctx, &kgo.Record{Value: v}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				log.Fatalf("view phase produce: %v", err)
+			}
+		})
+	}
+	if err := pc.Flush(ctx); err != nil {
+		log.Fatal(err)
+	}
+	pc.Close()
+	kept := n - (n+9)/10
+
+	// Throughput: every round reads the whole topic from the start.
+	var direct, plain, view float64
+	var ratios []float64
+	for r := range *viewRounds {
+		var d, p, v float64
+		order := []func(){
+			func() { p = fetchAll(proxyAddr, "vb", n, n) },
+			func() { v = fetchAll(proxyAddr, "vb.view", kept, n) },
+			func() { d = fetchAll(brokers, "vb", n, n) },
+		}
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, f := range order {
+			f()
+		}
+		log.Printf("view round %d: direct %.0f rec/s, proxy without view %.0f rec/s, proxy through the view %.0f rec/s", r, d, p, v)
+		direct, plain, view = max(direct, d), max(plain, p), max(view, v)
+		ratios = append(ratios, v/p)
+	}
+
+	// Latency at 2,000 records/s, both names consumed at once.
+	plainLat, viewLat := viewLatency(brokers, proxyAddr)
+
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "view phase: %d records of ~1 KiB JSON (%.0f MB, zstd as stored), best of %d\tdirect\tproxy, no view\tproxy, through the view\tview vs no view\tmedian round ratio\ttarget\t\n",
+		n, float64(stored)/1e6, *viewRounds)
+	fmt.Fprintf(w, "fetch input records/s\t%.0f\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.6x\t\n", direct, plain, view, view/plain, benchkit.Median(ratios))
+	for _, q := range []struct {
+		name   string
+		q      float64
+		target string
+	}{{"end-to-end latency p50 at 2k rec/s", 0.5, ""}, {"end-to-end latency p99 at 2k rec/s", 0.99, "<= +1 ms"}} {
+		p, v := quantile(plainLat, q.q), quantile(viewLat, q.q)
+		fmt.Fprintf(w, "%s\t-\t%dµs\t%dµs\t%+dµs\t\t%s\t\n", q.name, p.Microseconds(), v.Microseconds(), (v - p).Microseconds(), q.target)
+	}
+	w.Flush()
+}
+
+// fetchAll reads topic from the start until want records arrived, and
+// returns input records per second (in: the records of the topic read).
+func fetchAll(seeds, topic string, want, in int) float64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cc := newClient(seeds, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	defer cc.Close()
+	got := 0
+	start := time.Now()
+	for got < want {
+		fs := cc.PollFetches(ctx)
+		if ctx.Err() != nil {
+			log.Fatalf("fetch %s via %s: %d of %d records", topic, seeds, got, want)
+		}
+		fs.EachError(func(t string, p int32, err error) { log.Fatalf("fetch %s/%d: %v", t, p, err) })
+		got += fs.NumRecords()
+	}
+	return float64(in) / time.Since(start).Seconds()
+}
+
+// viewLatency produces to vb at 2,000 records/s (linger 0, zstd) and
+// consumes it through the proxy as vb and as vb.view at once; it returns
+// each one's sorted end-to-end latencies.
+func viewLatency(brokers, proxyAddr string) (plain, view []time.Duration) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type sample struct {
+		at  time.Time
+		lat time.Duration
+	}
+	var plainS, viewS []sample
+	consume := func(topic string, out *[]sample, ready *sync.WaitGroup, done *sync.WaitGroup) {
+		defer done.Done()
+		cc := newClient(proxyAddr, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
+			kgo.FetchMaxWait(time.Second))
+		defer cc.Close()
+		cc.PollFetches(context.Background()) // none: assigned, at the end
+		ready.Done()
+		for ctx.Err() == nil {
+			fs := cc.PollFetches(ctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) { *out = append(*out, sample{r.Timestamp, now.Sub(r.Timestamp)}) })
+		}
+	}
+	var ready, done sync.WaitGroup
+	ready.Add(2)
+	done.Add(2)
+	// The first poll of a consumer at the end waits for a record: one is
+	// produced every 50ms until both are polling.
+	pc := newClient(brokers, kgo.DefaultProduceTopic("vb"), kgo.ProducerBatchCompression(kgo.ZstdCompression()))
+	defer pc.Close()
+	go consume("vb", &plainS, &ready, &done)
+	go consume("vb.view", &viewS, &ready, &done)
+	rng := rand.New(rand.NewPCG(3, 4))
+	warm := time.NewTicker(50 * time.Millisecond)
+	readyC := make(chan struct{})
+	go func() { ready.Wait(); close(readyC) }()
+warming:
+	for i := 1; ; i++ {
+		select {
+		case <-readyC:
+			break warming
+		case <-warm.C:
+			pc.Produce(ctx, &kgo.Record{Value: viewValue(rng, i)}, nil)
+		}
+	}
+	warm.Stop()
+	time.Sleep(200 * time.Millisecond)
+	from := time.Now()
+	tick := time.NewTicker(500 * time.Microsecond)
+	end := time.After(time.Duration(*viewLatSecs) * time.Second)
+	i := 1
+produce:
+	for {
+		select {
+		case <-end:
+			break produce
+		case <-tick.C:
+			i++
+			pc.Produce(ctx, &kgo.Record{Value: viewValue(rng, i)}, nil)
+		}
+	}
+	tick.Stop()
+	pc.Flush(context.Background())
+	time.Sleep(time.Second)
+	cancel()
+	done.Wait()
+	for _, s := range plainS {
+		if !s.at.Before(from) {
+			plain = append(plain, s.lat)
+		}
+	}
+	for _, s := range viewS {
+		if !s.at.Before(from) {
+			view = append(view, s.lat)
+		}
+	}
+	slices.Sort(plain)
+	slices.Sort(view)
+	return plain, view
+}
