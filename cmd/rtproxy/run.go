@@ -252,7 +252,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 		return err
 	}
 	defer gd.close()
-	vw, err := newViews(log.With("component", "views"), reg, viewsSetter(px))
+	vw, err := newViews(log.With("component", "views"), viewsSetter(px))
 	if err != nil {
 		return err
 	}

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/protocol"
 	"github.com/rtproxy/rtproxy/rules"
@@ -17,13 +15,13 @@ import (
 
 // views binds the view rule files (rules.View) to the proxy's fetch path
 // (protocol.Views): every rule set the watcher applies replaces the set in
-// force, so views reload like routes and guards. Each view counts, on the
-// proxy's registry, the records it served, filtered out and could not
-// process (rtproxy_view_*_total{view}); /routes and the status page show
-// them (Status).
+// force, so views reload like routes and guards. Each view counts the
+// records it processed, filtered out and could not process, for /routes
+// and the status page (Status). /metrics has the proxy's count of the same
+// records, rtproxy_proxy_view_records_total{view,outcome} (protocol), which
+// also counts batches that did not decode and so never reached a view.
 type views struct {
-	log                        *slog.Logger
-	records, filtered, errored *prometheus.CounterVec // view
+	log *slog.Logger
 	// set puts a set in force on the proxy; nil when the proxy has no
 	// fetch path for views (then views load, check and count nothing).
 	set func(protocol.Views)
@@ -33,32 +31,13 @@ type views struct {
 	cur      atomic.Pointer[viewSet]
 }
 
-// viewCounters are one view's counts, for Status (the Prometheus series
-// count the same).
+// viewCounters are one view's counts, for Status.
 type viewCounters struct {
-	records, filtered, errors    atomic.Int64
-	recordsC, filteredC, errorsC prometheus.Counter
+	records, filtered, errors atomic.Int64
 }
 
-func newViews(log *slog.Logger, reg prometheus.Registerer, set func(protocol.Views)) (*views, error) {
-	v := &views{log: log, set: set, counters: map[string]*viewCounters{},
-		records: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtproxy_view_records_total",
-			Help: "Fetched records a view processed for its clients (served, filtered out or withheld), by view.",
-		}, []string{"view"}),
-		filtered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtproxy_view_filtered_records_total",
-			Help: "Fetched records a view's filter left out (the client sees a gap in the offsets, as after compaction), by view.",
-		}, []string{"view"}),
-		errored: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtproxy_view_error_records_total",
-			Help: "Fetched records a view could not process (not decodable, an expression failed, a budget, a view failing closed): their value is withheld and replaced by the placeholder, by view.",
-		}, []string{"view"})}
-	for _, c := range []prometheus.Collector{v.records, v.filtered, v.errored} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("view metrics: %w", err)
-		}
-	}
+func newViews(log *slog.Logger, set func(protocol.Views)) (*views, error) {
+	v := &views{log: log, set: set, counters: map[string]*viewCounters{}}
 	return v, nil
 }
 
@@ -75,8 +54,7 @@ func (v *views) countersOf(name string) *viewCounters {
 	defer v.mu.Unlock()
 	c := v.counters[name]
 	if c == nil {
-		c = &viewCounters{recordsC: v.records.WithLabelValues(name), filteredC: v.filtered.WithLabelValues(name),
-			errorsC: v.errored.WithLabelValues(name)}
+		c = &viewCounters{}
 		v.counters[name] = c
 	}
 	return c
@@ -101,11 +79,7 @@ func (v *views) apply(files []*rules.Route) {
 	v.mu.Lock()
 	for name := range v.counters {
 		if !names[name] {
-			// A view removed: its series go, a view of that name later
-			// starts from zero.
-			v.records.DeleteLabelValues(name)
-			v.filtered.DeleteLabelValues(name)
-			v.errored.DeleteLabelValues(name)
+			// A view removed: a view of that name later starts from zero.
 			delete(v.counters, name)
 		}
 	}
@@ -255,15 +229,12 @@ func (o *viewOf) Apply(rec *protocol.ViewRecord) (bool, error) {
 	}
 	out, keep, err := o.v.Run(&r, nil)
 	o.c.records.Add(1)
-	o.c.recordsC.Inc()
 	switch {
 	case err != nil:
 		o.c.errors.Add(1)
-		o.c.errorsC.Inc()
 		return false, err
 	case !keep:
 		o.c.filtered.Add(1)
-		o.c.filteredC.Inc()
 		return false, nil
 	}
 	rec.Value = out

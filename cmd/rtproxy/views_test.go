@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/rtproxy/rtproxy/internal/benchkit"
@@ -66,9 +65,8 @@ steps:
 `
 
 func TestViewsAdapter(t *testing.T) {
-	reg := newRegistry()
 	px := &fakeViewProxy{}
-	vw, err := newViews(slog.New(slog.DiscardHandler), reg, viewsSetter(px))
+	vw, err := newViews(slog.New(slog.DiscardHandler), viewsSetter(px))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,16 +127,7 @@ func TestViewsAdapter(t *testing.T) {
 		t.Fatalf("in place: %s %v %v", rec.Value, keep, err)
 	}
 
-	// Counted on the registry and in Status.
-	if n := testutil.ToFloat64(vw.records.WithLabelValues("payments.for-analytics")); n != 3 {
-		t.Errorf("records %v, want 3", n)
-	}
-	if n := testutil.ToFloat64(vw.filtered.WithLabelValues("payments.for-analytics")); n != 1 {
-		t.Errorf("filtered %v, want 1", n)
-	}
-	if n := testutil.ToFloat64(vw.errored.WithLabelValues("payments.for-analytics")); n != 1 {
-		t.Errorf("errors %v, want 1", n)
-	}
+	// Counted in Status (/routes, the status page).
 	st := vw.Status()
 	if len(st) != 2 || st[0].Name != "payments" || !st[0].InPlace || st[0].Records != 1 ||
 		st[1].Name != "payments.for-analytics" || st[1].Records != 3 || st[1].Filtered != 1 || st[1].Errors != 1 || st[1].Clients != "every client" {
@@ -153,9 +142,6 @@ func TestViewsAdapter(t *testing.T) {
 	if st := vw.Status(); len(st) != 1 || st[0].Records != 3 {
 		t.Fatalf("after reload %+v", st)
 	}
-	if n := testutil.CollectAndCount(vw.records); n != 1 {
-		t.Errorf("a removed view's series stays: %d series", n)
-	}
 	vw.apply(nil)
 	if len(px.set) != 3 || px.set[2] != nil {
 		t.Fatalf("no views: SetViews(%v), want nil", px.set[len(px.set)-1])
@@ -168,7 +154,7 @@ func TestViewsAdapterWithoutFetchPath(t *testing.T) {
 	if viewsSetter(struct{}{}) != nil {
 		t.Fatal("a setter for a proxy without SetViews")
 	}
-	vw, err := newViews(slog.New(slog.DiscardHandler), newRegistry(), nil)
+	vw, err := newViews(slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +168,7 @@ func TestViewsAdapterWithoutFetchPath(t *testing.T) {
 // each with kind "view" and its counts; the status page has a Views table.
 func TestRoutesAndStatusPageListViews(t *testing.T) {
 	reg := newRegistry()
-	vw, err := newViews(slog.New(slog.DiscardHandler), reg, nil)
+	vw, err := newViews(slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +230,7 @@ func TestViewsClosedNotReady(t *testing.T) {
 	}
 	defer w.Close()
 	rs := <-applied
-	vw, err := newViews(slog.New(slog.DiscardHandler), newRegistry(), nil)
+	vw, err := newViews(slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +262,7 @@ func BenchmarkViewApply(b *testing.B) {
 	if len(errs) > 0 {
 		b.Fatal(errs)
 	}
-	vw, err := newViews(slog.New(slog.DiscardHandler), newRegistry(), nil)
+	vw, err := newViews(slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
