@@ -279,3 +279,12 @@ func BenchmarkViewApply(b *testing.B) {
 		}
 	}
 }
+
+// TestViewErrorHeaderOneName: `rtproxy test` (rules.ViewErrorHeader) and
+// the fetch path (protocol.ViewErrorHeader) name the placeholder's header
+// alike, so a view test file expects what clients get.
+func TestViewErrorHeaderOneName(t *testing.T) {
+	if rules.ViewErrorHeader != protocol.ViewErrorHeader {
+		t.Fatalf("rtproxy test writes %q, the fetch path %q", rules.ViewErrorHeader, protocol.ViewErrorHeader)
+	}
+}
