@@ -281,7 +281,10 @@ func TestShutdownDrainsInFlight(t *testing.T) {
 		tries++
 		c2, err := net.DialTimeout("tcp", tp.Addr(), 200*time.Millisecond)
 		if err != nil {
-			break // refused: not served
+			// Refused: not served (an earlier try may have been, before
+			// stop closed the listener).
+			served = false
+			break
 		}
 		c2.SetDeadline(time.Now().Add(300 * time.Millisecond))
 		c2.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 7))
