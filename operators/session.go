@@ -226,23 +226,9 @@ func (w *sessionWindow) Process(r *Record, out Emitter) {
 
 	// Every argument is evaluated and checked, against the sessions it
 	// would join, before any state changes.
-	w.args = w.args[:0]
-	for i, a := range w.spec.Aggregates {
-		var v any
-		if a.Arg != nil {
-			v, err = a.Arg.Eval(r)
-			if err != nil {
-				out.DeadLetter(r, evalReason(err), fmt.Errorf("window: %s: %w", a.Name, err))
-				return
-			}
-			if v != nil {
-				if v, err = w.aggs[i].check(a, v); err != nil {
-					out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
-					return
-				}
-			}
-		}
-		w.args = append(w.args, v)
+	var ok bool
+	if w.args, ok = evalArgs(w.spec.Aggregates, w.aggs, w.args[:0], r, out); !ok {
+		return
 	}
 	if p.into != nil {
 		for i, a := range w.spec.Aggregates {

@@ -482,23 +482,9 @@ func (w *window) Process(r *Record, out Emitter) {
 
 	// Evaluate and check every argument before any window changes, so a
 	// dead letter leaves the state as if the record had never come.
-	w.args = w.args[:0]
-	for i, a := range w.spec.Aggregates {
-		var v any
-		if a.Arg != nil {
-			v, err = a.Arg.Eval(r)
-			if err != nil {
-				out.DeadLetter(r, evalReason(err), fmt.Errorf("window: %s: %w", a.Name, err))
-				return
-			}
-			if v != nil {
-				if v, err = w.aggs[i].check(a, v); err != nil {
-					out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
-					return
-				}
-			}
-		}
-		w.args = append(w.args, v)
+	var ok bool
+	if w.args, ok = evalArgs(w.spec.Aggregates, w.aggs, w.args[:0], r, out); !ok {
+		return
 	}
 	for _, end := range w.wins {
 		if ws := w.byEnd[end][key]; ws != nil {
@@ -825,4 +811,30 @@ func (d *snapDec) bytes() []byte {
 	x := bytes.Clone(d.b[:n])
 	d.b = d.b[n:]
 	return x
+}
+
+// evalArgs evaluates and checks every aggregate's argument of r, appended
+// to args, for a window to apply once all are known (a tumbling, sliding or
+// session window changes no state for a record that fails). false: r went
+// to the dead letters (an argument failed, or is of a kind its aggregate
+// refuses).
+func evalArgs(aggregates []Aggregate, aggs []aggregator, args []any, r *Record, out Emitter) ([]any, bool) {
+	for i, a := range aggregates {
+		var v any
+		if a.Arg != nil {
+			var err error
+			if v, err = a.Arg.Eval(r); err != nil {
+				out.DeadLetter(r, evalReason(err), fmt.Errorf("window: %s: %w", a.Name, err))
+				return args, false
+			}
+			if v != nil {
+				if v, err = aggs[i].check(a, v); err != nil {
+					out.DeadLetter(r, ReasonError, fmt.Errorf("window: %s: %w", a.Name, err))
+					return args, false
+				}
+			}
+		}
+		args = append(args, v)
+	}
+	return args, true
 }
