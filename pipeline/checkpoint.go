@@ -202,13 +202,16 @@ func (cp *checkpointer) checkpointTxn() bool {
 	if r.halted {
 		return false
 	}
-	if cp.unchanged() {
-		// Nothing was written in the open transaction: it stays open,
-		// empty, for the next records (the broker knows nothing of it
-		// until a write adds a partition).
-		cp.rested()
-		return true
-	}
+	// An exactly-once route checkpoints at every tick, at rest too
+	// (checkpointer.unchanged serves at-least-once routes only). With the
+	// skip here, TestExactlyOnceSharedKillJoin failed 4 runs of 4: after
+	// an instance's transaction aborted (PRODUCER_FENCED on AddOffsets),
+	// every keyed task of the window stayed held by a source partition of
+	// that instance at its frontier from before the abort; the source was
+	// read to its end, and the ticks that followed found nothing moved, so
+	// no transaction carried that writer's later frontier and the last
+	// windows never closed. Why the cut after the abort did not carry it
+	// is not understood yet (docs/ARCHITECTURE.md, invariant 80).
 	paused := time.Now()
 	c, err := r.cp.takeCutLocked()
 	if err == nil {
