@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
-	"strings"
 	"testing"
 	"time"
 
@@ -156,31 +155,7 @@ func ssMissing(outs []*kgo.Record, want map[srWinKey]string) int {
 func ssCheck(t *testing.T, outs []*kgo.Record, want map[srWinKey]string) map[srWinKey]int {
 	t.Helper()
 	rows, problems := ssRows(outs)
-	for i, p := range problems {
-		if i < 5 {
-			t.Error(p)
-		}
-	}
-	var bad []string
-	for k, w := range want {
-		if len(rows[k]) == 0 {
-			bad = append(bad, fmt.Sprintf("%v: no row, want %s", k, w))
-		}
-		for i, got := range rows[k] {
-			if got != w {
-				bad = append(bad, fmt.Sprintf("%v: emission %d of %d is %s, want %s", k, i+1, len(rows[k]), got, w))
-			}
-		}
-	}
-	for k, rs := range rows {
-		if _, ok := want[k]; !ok {
-			bad = append(bad, fmt.Sprintf("%v: %d rows %v for a session the source does not hold", k, len(rs), rs))
-		}
-	}
-	if len(bad) > 0 {
-		sort.Strings(bad)
-		t.Errorf("%d of %d sessions differ from the brute-force recomputation: %s", len(bad), len(want), strings.Join(bad[:min(len(bad), 8)], "; "))
-	}
+	srCompareRows(t, "session", rows, problems, want)
 	count := map[srWinKey]int{}
 	for k, rs := range rows {
 		count[k] = len(rs)

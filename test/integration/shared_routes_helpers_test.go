@@ -798,6 +798,17 @@ func srWindowsMissing(outs []*kgo.Record, want map[srWinKey]string) int {
 func srCheckWindows(t *testing.T, outs []*kgo.Record, want map[srWinKey]string) map[srWinKey][]string {
 	t.Helper()
 	rows, problems := srWindowRows(outs)
+	srCompareRows(t, "window", rows, problems, want)
+	return rows
+}
+
+// srCompareRows reports problems (at most five) and every difference
+// between the rows read per window (or session) and the recomputed ones:
+// a wanted one without a row, an emission (a repeat included) unlike the
+// recomputation, a row for one the source does not hold. what names them
+// in the messages.
+func srCompareRows(t *testing.T, what string, rows map[srWinKey][]string, problems []string, want map[srWinKey]string) {
+	t.Helper()
 	for i, p := range problems {
 		if i < 5 {
 			t.Error(p)
@@ -816,14 +827,13 @@ func srCheckWindows(t *testing.T, outs []*kgo.Record, want map[srWinKey]string) 
 	}
 	for k, rs := range rows {
 		if _, ok := want[k]; !ok {
-			bad = append(bad, fmt.Sprintf("%v: %d rows %v for a window no source record falls in", k, len(rs), rs))
+			bad = append(bad, fmt.Sprintf("%v: %d rows %v for a %s the source does not hold", k, len(rs), rs, what))
 		}
 	}
 	if len(bad) > 0 {
 		sort.Strings(bad)
-		t.Errorf("%d of %d windows differ from the brute-force recomputation: %s", len(bad), len(want), strings.Join(bad[:min(len(bad), 8)], "; "))
+		t.Errorf("%d of %d %ss differ from the brute-force recomputation: %s", len(bad), len(want), what, strings.Join(bad[:min(len(bad), 8)], "; "))
 	}
-	return rows
 }
 
 // srWantDedup is every dedup key of the source with the refs holding it.

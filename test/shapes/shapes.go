@@ -531,14 +531,7 @@ func windowStep(rng *rand.Rand, shape shapeKind, tumbling, onUpdate bool) Step {
 	var key func(*rec) string
 	if shape == event {
 		sumOf = "value.a"
-		switch rng.IntN(3) {
-		case 0:
-			keyExpr, key = "value.k1", func(r *rec) string { return r.obj()["k1"].(string) }
-		case 1:
-			keyExpr, key = "value.k2", func(r *rec) string { return r.obj()["k2"].(string) }
-		default:
-			keyExpr, key = `value.k1 + "-" + value.g`, func(r *rec) string { return r.obj()["k1"].(string) + "-" + r.obj()["g"].(string) }
-		}
+		keyExpr, key = eventKey(rng)
 	} else {
 		sumOf = "value.s"
 		switch rng.IntN(3) {
@@ -664,14 +657,7 @@ func sessionStep(rng *rand.Rand, shape shapeKind, onUpdate, capped bool) Step {
 	var key func(*rec) string
 	if shape == event {
 		sumOf = "value.a"
-		switch rng.IntN(3) {
-		case 0:
-			keyExpr, key = "value.k1", func(r *rec) string { return r.obj()["k1"].(string) }
-		case 1:
-			keyExpr, key = "value.k2", func(r *rec) string { return r.obj()["k2"].(string) }
-		default:
-			keyExpr, key = `value.k1 + "-" + value.g`, func(r *rec) string { return r.obj()["k1"].(string) + "-" + r.obj()["g"].(string) }
-		}
+		keyExpr, key = eventKey(rng)
 	} else {
 		sumOf = "value.s"
 		if rng.IntN(2) == 0 {
@@ -1107,4 +1093,18 @@ func fromWritten(dl bool, key, value []byte, hdr func(string) string) Output {
 		o.Reason, o.Step = hdr(pipeline.HeaderReason), hdr(pipeline.HeaderStep)
 	}
 	return o
+}
+
+// eventKey draws the key of a window over events (not rows): one of their
+// two key fields, or a key made of two fields; the expression and how the
+// reference computes it.
+func eventKey(rng *rand.Rand) (string, func(*rec) string) {
+	switch rng.IntN(3) {
+	case 0:
+		return "value.k1", func(r *rec) string { return r.obj()["k1"].(string) }
+	case 1:
+		return "value.k2", func(r *rec) string { return r.obj()["k2"].(string) }
+	default:
+		return `value.k1 + "-" + value.g`, func(r *rec) string { return r.obj()["k1"].(string) + "-" + r.obj()["g"].(string) }
+	}
 }
