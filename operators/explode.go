@@ -127,7 +127,7 @@ func (e *explode) copyWith(r *Record, elem any) *Record {
 	if r.Partial() {
 		// The copy is as partial as the original: it keeps the bytes the
 		// members it lacks are in.
-		c.partialOf, c.partialFrom = c.Value.(map[string]any), r.partialFrom
+		c.partialOf, c.partialFrom, c.partialWant = c.Value.(map[string]any), r.partialFrom, r.partialWant
 	}
 	c.Bound = make(map[string]any, len(r.Bound)+1)
 	maps.Copy(c.Bound, r.Bound)

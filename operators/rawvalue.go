@@ -24,7 +24,7 @@ func (r *Record) SetJSON(raw []byte) error {
 	}
 	r.Raw, r.Value = raw, v
 	r.rawValue, r.rawFrom, r.rawSet, r.valueChanged = v, raw, true, false
-	r.partialOf, r.partialFrom = nil, nil
+	r.partialOf, r.partialFrom, r.partialWant = nil, nil, nil
 	return nil
 }
 
@@ -40,9 +40,9 @@ func (r *Record) SetJSONMembers(raw []byte, want jsoncodec.Fields) error {
 	}
 	r.Raw, r.Value = raw, v
 	r.rawValue, r.rawFrom, r.rawSet, r.valueChanged = v, raw, true, false
-	r.partialOf, r.partialFrom = nil, nil
+	r.partialOf, r.partialFrom, r.partialWant = nil, nil, nil
 	if partial {
-		r.partialOf, r.partialFrom = v.(map[string]any), raw
+		r.partialOf, r.partialFrom, r.partialWant = v.(map[string]any), raw, want
 	}
 	return nil
 }

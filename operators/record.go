@@ -11,6 +11,8 @@
 // and turns the outputs back into Kafka records.
 package operators
 
+import "github.com/rtproxy/rtproxy/internal/jsoncodec"
+
 // Header is one Kafka record header.
 type Header struct {
 	Key   string
@@ -76,6 +78,10 @@ type Record struct {
 	// encoded by splicing it into partialFrom (EncodeValue).
 	partialOf   map[string]any
 	partialFrom []byte
+	// partialWant is the members SetJSONMembers was asked for: a step
+	// that keeps the record's bytes (a stream join's buffer) decodes them
+	// again with the same members.
+	partialWant jsoncodec.Fields
 }
 
 // ResetEnv forgets the expression environment cached on r. Call it after
@@ -88,7 +94,7 @@ func (r *Record) ResetEnv() {
 	r.fan = nil
 	r.shuffleKeyFor = nil
 	r.rawValue, r.rawFrom, r.rawSet = nil, nil, false
-	r.partialOf, r.partialFrom = nil, nil
+	r.partialOf, r.partialFrom, r.partialWant = nil, nil, nil
 }
 
 // WindowRef names the window a row came from: [Start, End) in epoch millis.

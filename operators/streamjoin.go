@@ -182,6 +182,12 @@ type streamJoin struct {
 	gone      [2]int64
 	goneKnown [2]bool
 
+	// want is the members the route decodes its records with (from the
+	// last left record decoded in part, Record.SetJSONMembers): a buffered
+	// left record that was decoded in part is decoded again with them, not
+	// whole. Nil until such a record came: then it is decoded whole.
+	want jsoncodec.Fields
+
 	loaded      bool // wm and seq were read from the KV
 	wm          int64
 	hasWM       bool
@@ -283,6 +289,9 @@ func (j *streamJoin) process(r *Record, side byte, out Emitter) {
 		out.DeadLetter(r, evalReason(err), fmt.Errorf("join %s: %w", j.as, err))
 		return
 	}
+	if side == sideLeft && r.Partial() {
+		j.want = r.partialWant
+	}
 	t := r.EventTime
 	if j.hasWM && t < j.wm-j.grace {
 		out.DeadLetter(r, ReasonLate, fmt.Errorf("join %s: event time %s is more than grace %s behind the watermark %s",
@@ -329,7 +338,7 @@ func (j *streamJoin) process(r *Record, side byte, out Emitter) {
 		return
 	}
 	for i, h := range j.found {
-		partner, err := decodeSide(h.val[1:])
+		partner, err := decodeSide(h.val[1:], j.want)
 		if err != nil {
 			out.DeadLetter(r, ReasonError, fmt.Errorf("join %s: state: %w", j.as, err))
 			continue
@@ -398,7 +407,7 @@ func (j *streamJoin) copyOf(r *Record) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	return decodeSide(b)
+	return decodeSide(b, j.want)
 }
 
 func appendSideKey(b []byte, side byte, key string) []byte {
@@ -499,7 +508,7 @@ func (j *streamJoin) expire(side byte, wm, span int64, out Emitter) {
 				return
 			}
 			if ok && len(v) > 0 && v[0]&joinMatched == 0 {
-				if r, err := decodeSide(v[1:]); err == nil {
+				if r, err := decodeSide(v[1:], j.want); err == nil {
 					j.emitUnmatched(r, side, out)
 				}
 			}
@@ -521,7 +530,8 @@ func sideIndex(side byte) int {
 
 // encodeSide appends r as the join keeps it:
 //
-//	flags(1): 1 key nil, 2 value nil, 4 value raw string, 8 bound present
+//	flags(1): 1 key nil, 2 value nil, 4 value raw string, 8 bound present,
+//	          16 value decoded in part (Record.Partial)
 //	varint partition, offset, timestamp, event time
 //	uvarint-prefixed topic, key (unless nil), value (unless nil), bound JSON (when present)
 //	uvarint headers, each uvarint-prefixed key and value
@@ -538,7 +548,13 @@ func encodeSide(b []byte, r *Record) ([]byte, error) {
 		flags |= 2
 	} else if raw, ok := r.ValueBytes(); ok {
 		val = raw // the bytes it was decoded from, copied below
+		if r.Partial() {
+			flags |= 16
+		}
 	} else {
+		if r.Partial() {
+			flags |= 16 // EncodeValue splices the members into the bytes
+		}
 		var err error
 		if val, err = r.EncodeValue(nil); err != nil {
 			return nil, fmt.Errorf("encode value: %w", err)
@@ -612,9 +628,12 @@ func (d *sideReader) bytes() []byte {
 	return v
 }
 
-// decodeSide reads what encodeSide wrote into a new record (its value
-// decoded whole). b must not change while the record is used.
-func decodeSide(b []byte) (*Record, error) {
+// decodeSide reads what encodeSide wrote into a new record. Its value is
+// decoded whole, or, when it was decoded in part when buffered and want
+// is not nil, in part with the members in want (the route's members now:
+// the record then reads as one the route decoded that way). b must not
+// change while the record is used.
+func decodeSide(b []byte, want jsoncodec.Fields) (*Record, error) {
 	if len(b) < 1 {
 		return nil, errSide
 	}
@@ -661,6 +680,10 @@ func decodeSide(b []byte) (*Record, error) {
 	case flags&2 != 0:
 	case flags&4 != 0:
 		r.Raw, r.Value = val, string(val)
+	case flags&16 != 0 && want != nil:
+		if err := r.SetJSONMembers(val, want); err != nil {
+			return nil, fmt.Errorf("%w: value: %v", errSide, err)
+		}
 	default:
 		if err := r.SetJSON(val); err != nil {
 			return nil, fmt.Errorf("%w: value: %v", errSide, err)

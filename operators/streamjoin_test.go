@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 )
 
 // joinEvent is one input of the reference test: a record of either side,
@@ -284,8 +286,73 @@ func TestStreamJoinSurvivesRebuild(t *testing.T) {
 	}
 }
 
+// TestStreamJoinDecodesBufferedInPart: a left record the route decoded
+// in part (SetJSONMembers, the members its steps read) and that waited in
+// the buffer comes out decoded the same way, not whole: the same members
+// read, the rest of its bytes forwarded unchanged by EncodeValue. A whole
+// decode would cost the 1 KiB decode that json-members saves
+// (docs/BENCHMARKS.md); a left record decoded whole stays whole.
+func TestStreamJoinDecodesBufferedInPart(t *testing.T) {
+	want := jsoncodec.Fields{"k": {}, "id": {}}
+	for _, tc := range []struct {
+		name     string
+		partial  bool
+		raw      string
+		setAfter bool // a step before the join changed a member in place
+	}{
+		{name: "in part", partial: true, raw: `{"id":"l1","k":"a","big":{"x":[1,2,3]},"s":"\u00e9"}`},
+		{name: "in part, changed in place", partial: true, raw: `{"id":"l1","k":"a","big":{"x":[1,2,3]}}`, setAfter: true},
+		{name: "whole", raw: `{"id":"l1","k":"a","big":{"x":[1,2,3]}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := NewStreamJoin(StreamInput{Topic: "auth"}, mustCompile(t, "value.k"), mustCompile(t, "value.k"),
+				Interval{Before: time.Minute, After: time.Minute}, 0, JoinInner, "auth", nil)
+			l := &Record{Topic: "in", EventTime: 1000, Timestamp: 1000, Key: []byte("l1")}
+			var err error
+			if tc.partial {
+				err = l.SetJSONMembers([]byte(tc.raw), want)
+			} else {
+				err = l.SetJSON([]byte(tc.raw))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.setAfter {
+				l.Value.(map[string]any)["id"] = "L1"
+				l.ValueChanged()
+			}
+			wantBytes, err := l.EncodeValue(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantValue, _ := jsoncodec.Append(nil, l.Value)
+			c := &collect{}
+			j.Process(l, c)
+			j.ProcessOther(joinRecord(t, joinEvent{id: "r1", key: "a", t: 1500}), c)
+			if len(c.out) != 1 {
+				t.Fatalf("outputs: %s", c)
+			}
+			got := c.out[0]
+			if got.Partial() != tc.partial {
+				t.Fatalf("emitted record decoded in part: %v, want %v", got.Partial(), tc.partial)
+			}
+			if v, _ := jsoncodec.Append(nil, got.Value); string(v) != string(wantValue) {
+				t.Fatalf("value %s, want %s", v, wantValue)
+			}
+			b, err := got.EncodeValue(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(b) != string(wantBytes) {
+				t.Fatalf("encoded %s, want %s", b, wantBytes)
+			}
+		})
+	}
+}
+
 // FuzzDecodeSide: the decoder of buffered records refuses what it cannot
-// read without panicking, and reads back what encodeSide wrote.
+// read without panicking, and reads back what encodeSide wrote, whether
+// it decodes the value whole or in part.
 func FuzzDecodeSide(f *testing.F) {
 	r := &Record{Topic: "t", Partition: 3, Offset: 9, Key: []byte("k"), Timestamp: 5, EventTime: 6,
 		Headers: []Header{{Key: "h", Value: []byte("v")}}, Bound: map[string]any{"x": 1.0}}
@@ -294,11 +361,22 @@ func FuzzDecodeSide(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Add(b)
-	f.Add([]byte{})
-	f.Add([]byte{2, 0, 0, 0, 0, 0, 0})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := decodeSide(b)
+	f.Add(b, false)
+	want := jsoncodec.Fields{"a": {}}
+	_ = r.SetJSONMembers([]byte(`{"a":1,"b":[2,{"c":"d"}]}`), want)
+	if b, err = encodeSide(nil, r); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(b, true)
+	f.Add([]byte{}, false)
+	f.Add([]byte{2, 0, 0, 0, 0, 0, 0}, false)
+	f.Add([]byte{16, 0, 0, 0, 0, 0, 3, '[', '1', ']', 0}, true)
+	f.Fuzz(func(t *testing.T, b []byte, inPart bool) {
+		w := jsoncodec.Fields(nil)
+		if inPart {
+			w = want
+		}
+		r, err := decodeSide(b, w)
 		if err != nil {
 			return
 		}
@@ -306,12 +384,18 @@ func FuzzDecodeSide(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encode: %v", err)
 		}
-		r2, err := decodeSide(again)
+		r2, err := decodeSide(again, w)
 		if err != nil {
 			t.Fatalf("decode of a re-encoding: %v", err)
 		}
 		if r2.Topic != r.Topic || r2.Offset != r.Offset || r2.EventTime != r.EventTime || string(r2.Key) != string(r.Key) {
 			t.Fatalf("round trip changed the record: %+v vs %+v", r, r2)
+		}
+		v1, err1 := r.EncodeValue(nil)
+		v2, err2 := r2.EncodeValue(nil)
+		if (err1 == nil) != (err2 == nil) || string(v1) != string(v2) || r.Partial() != r2.Partial() {
+			t.Fatalf("round trip changed the value: %s (%v, in part %v) vs %s (%v, in part %v)",
+				v1, err1, r.Partial(), v2, err2, r2.Partial())
 		}
 	})
 }
