@@ -17,12 +17,7 @@ func TestMemKVModel(t *testing.T) {
 	model := map[string][]byte{}
 	type held struct{ got, want []byte }
 	var kept []held
-	compactions, arenaLen := 0, 0
 	for i := range 20_000 {
-		if len(m.arena) < arenaLen {
-			compactions++
-		}
-		arenaLen = len(m.arena)
 		k := []byte(fmt.Sprintf("k%03d", r.IntN(400)))
 		switch op := r.IntN(10); {
 		case op < 5:
@@ -82,8 +77,8 @@ func TestMemKVModel(t *testing.T) {
 			t.Fatalf("Len %d, model %d", m.Len(), len(model))
 		}
 	}
-	if compactions == 0 {
-		t.Fatal("the arena was never compacted: the test does not cover it")
+	if m.compactions == 0 || m.released == 0 {
+		t.Fatalf("%d compactions, %d chunks let go: the test does not cover both", m.compactions, m.released)
 	}
 	for _, h := range kept {
 		if !bytes.Equal(h.got, h.want) {
@@ -120,8 +115,9 @@ func TestMemKVExpiry(t *testing.T) {
 	if len(expired) != 1000 || m.Len() != 0 {
 		t.Fatalf("scanned %d, %d left", len(expired), m.Len())
 	}
-	// 4 MB were written; below compactMin dead bytes are left alone.
-	if len(m.arena) > compactMin {
-		t.Fatalf("arena of %d bytes after everything was deleted", len(m.arena))
+	// 4 MB were written; the chunks whose entries are all gone are let
+	// go (all but the one appended to).
+	if m.held() > chunkMax {
+		t.Fatalf("%d bytes held after everything was deleted", m.held())
 	}
 }
