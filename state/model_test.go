@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -400,5 +402,59 @@ func crashChild(dir string) {
 			// A cut frozen but never committed must not survive either.
 			db.Freeze("r")
 		}
+	}
+}
+
+// TestScanShortRangeCopiesNoNodes: a Scan of a few keys copies them out
+// of the active overlay instead of cloning it, so the writes after it do
+// not copy the btree nodes on their path (a clone marks every node
+// shared). A stream join scans for partners before each write: with a
+// clone per Scan each write copied ~10 KB of nodes. A long range is still
+// read through a clone: writes made by its callback are not seen by it.
+func TestScanShortRangeCopiesNoNodes(t *testing.T) {
+	db := openTest(t, t.TempDir())
+	defer db.Close()
+	kv := db.Namespace("r", "s")
+	key := func(i int) []byte { return fmt.Appendf(nil, "k%08d", i) }
+	const n = 20_000
+	for i := 0; i < n; i += 2 {
+		kv.Set(key(i), []byte("v"))
+	}
+	var before, after runtime.MemStats
+	const rounds = 500
+	runtime.ReadMemStats(&before)
+	for r := range rounds {
+		i := (r * 7919 % (n / 2)) * 2
+		seen := 0
+		if err := kv.Scan(key(i), key(i+4), func(k, v []byte) bool { seen++; return true }); err != nil {
+			t.Fatal(err)
+		}
+		if seen != 2 {
+			t.Fatalf("scan [%s, %s) saw %d keys, want 2", key(i), key(i+4), seen)
+		}
+		kv.Set(key(i+1), []byte("w"))
+	}
+	runtime.ReadMemStats(&after)
+	if per := (after.TotalAlloc - before.TotalAlloc) / rounds; per > 4<<10 {
+		t.Fatalf("%d bytes allocated per scan and write: the writes copy btree nodes", per)
+	}
+	// A long range: the callback's writes inside the range are not seen.
+	want := 0
+	if err := kv.Scan(key(0), key(100), func(k, v []byte) bool { want++; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if want <= scanCopyMax {
+		t.Fatalf("%d keys in the long range: it does not cover the clone", want)
+	}
+	var seen []string
+	if err := kv.Scan(key(0), key(100), func(k, v []byte) bool {
+		seen = append(seen, string(k))
+		kv.Set(append(append([]byte(nil), k...), 'x'), v)
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != want || slices.ContainsFunc(seen, func(s string) bool { return strings.HasSuffix(s, "x") }) {
+		t.Fatalf("long scan saw %d keys (%v...)", len(seen), seen[:min(len(seen), 5)])
 	}
 }

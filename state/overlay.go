@@ -66,6 +66,29 @@ func (o *overlay) clone() *overlay {
 	return &overlay{tree: o.tree.Clone(), bytes: o.bytes}
 }
 
+// copyRange returns the entries in [start, end) (end nil: no bound) when
+// there are at most max of them (all true); otherwise all is false.
+func (o *overlay) copyRange(start, end []byte, max int) (es []entry, all bool) {
+	all = true
+	visit := func(e entry) bool {
+		if len(es) == max {
+			all = false
+			return false
+		}
+		es = append(es, e)
+		return true
+	}
+	if end == nil {
+		o.tree.AscendGreaterOrEqual(entry{key: start}, visit)
+	} else {
+		o.tree.AscendRange(entry{key: start}, entry{key: end}, visit)
+	}
+	if !all {
+		return nil, false
+	}
+	return es, true
+}
+
 // rangeSeq yields entries in [start, end) in key order (end nil: no bound).
 func (o *overlay) rangeSeq(start, end []byte) iter.Seq[entry] {
 	return func(yield func(entry) bool) {
