@@ -531,10 +531,16 @@ func sideIndex(side byte) int {
 // encodeSide appends r as the join keeps it:
 //
 //	flags(1): 1 key nil, 2 value nil, 4 value raw string, 8 bound present,
-//	          16 value decoded in part (Record.Partial)
+//	          16 value decoded in part (Record.Partial), 32 its members kept
 //	varint partition, offset, timestamp, event time
 //	uvarint-prefixed topic, key (unless nil), value (unless nil), bound JSON (when present)
+//	flag 32: uvarint-prefixed JSON of the members decoded, uvarint count and
+//	         uvarint-prefixed names of the members asked for (partialWant)
 //	uvarint headers, each uvarint-prefixed key and value
+//
+// A record decoded in part keeps the few members it decoded beside its
+// bytes, so taking it out of the buffer decodes those (tens of bytes), not
+// the skip scan of the whole value again.
 func encodeSide(b []byte, r *Record) ([]byte, error) {
 	var flags byte
 	if r.Key == nil {
@@ -568,6 +574,9 @@ func encodeSide(b []byte, r *Record) ([]byte, error) {
 		}
 		flags |= 8
 	}
+	if flags&16 != 0 && r.partialWant != nil {
+		flags |= 32
+	}
 	b = append(b, flags)
 	b = binary.AppendVarint(b, int64(r.Partition))
 	b = binary.AppendVarint(b, r.Offset)
@@ -582,6 +591,24 @@ func encodeSide(b []byte, r *Record) ([]byte, error) {
 	}
 	if flags&8 != 0 {
 		b = appendBytes(b, bound)
+	}
+	if flags&32 != 0 {
+		at := len(b)
+		b = append(b, 0) // the length, when it is known
+		var err error
+		if b, err = jsoncodec.Append(b, r.Value); err != nil {
+			return nil, fmt.Errorf("encode value members: %w", err)
+		}
+		if n := len(b) - at - 1; n < 0x80 {
+			b[at] = byte(n)
+		} else {
+			m := append([]byte(nil), b[at+1:]...)
+			b = appendBytes(b[:at], m)
+		}
+		b = binary.AppendUvarint(b, uint64(len(r.partialWant)))
+		for name := range r.partialWant {
+			b = appendBytes(b, []byte(name))
+		}
 	}
 	b = binary.AppendUvarint(b, uint64(len(r.Headers)))
 	for _, h := range r.Headers {
@@ -647,12 +674,29 @@ func decodeSide(b []byte, want jsoncodec.Fields) (*Record, error) {
 			r.Key = []byte{}
 		}
 	}
-	var val, bound []byte
+	var val, bound, members []byte
 	if flags&2 == 0 {
 		val = d.bytes()
 	}
 	if flags&8 != 0 {
 		bound = d.bytes()
+	}
+	sameWant := false // the members kept were asked for as want asks
+	if flags&32 != 0 {
+		members = d.bytes()
+		l, n := binary.Uvarint(d.b)
+		if n <= 0 || l > uint64(len(d.b)) {
+			d.err = errSide
+		} else {
+			d.b = d.b[n:]
+			sameWant = want != nil && l == uint64(len(want))
+			for range l {
+				name := d.bytes()
+				if _, ok := want[string(name)]; !ok {
+					sameWant = false
+				}
+			}
+		}
 	}
 	if d.err == nil {
 		l, n := binary.Uvarint(d.b)
@@ -680,6 +724,16 @@ func decodeSide(b []byte, want jsoncodec.Fields) (*Record, error) {
 	case flags&2 != 0:
 	case flags&4 != 0:
 		r.Raw, r.Value = val, string(val)
+	case flags&48 == 48 && sameWant:
+		v, err := jsoncodec.Decode(members)
+		m, ok := v.(map[string]any)
+		if err != nil || !ok {
+			return nil, fmt.Errorf("%w: value members", errSide)
+		}
+		// What SetJSONMembers(val, want) makes, without scanning val.
+		r.Raw, r.Value = val, m
+		r.rawValue, r.rawFrom, r.rawSet = m, val, true
+		r.partialOf, r.partialFrom, r.partialWant = m, val, want
 	case flags&16 != 0 && want != nil:
 		if err := r.SetJSONMembers(val, want); err != nil {
 			return nil, fmt.Errorf("%w: value: %v", errSide, err)

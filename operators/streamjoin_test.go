@@ -350,6 +350,61 @@ func TestStreamJoinDecodesBufferedInPart(t *testing.T) {
 	}
 }
 
+// TestStreamJoinBufferedMembersFollowTheRoute: a left record buffered
+// decoded in part keeps the members it decoded, and comes out of the
+// buffer with them without scanning its bytes again, while the route asks
+// for the same members; a step built again for a route that reads more
+// members (its rules changed) decodes the bytes anew with those.
+func TestStreamJoinBufferedMembersFollowTheRoute(t *testing.T) {
+	kv := NewMemKV()
+	build := func() TwoInputs {
+		return NewStreamJoin(StreamInput{Topic: "auth"}, mustCompile(t, "value.k"), mustCompile(t, "value.k"),
+			Interval{Before: time.Minute, After: time.Minute}, 0, JoinInner, "auth", kv)
+	}
+	left := func(id, key string, want jsoncodec.Fields) *Record {
+		r := &Record{Topic: "in", EventTime: 1000, Timestamp: 1000, Key: []byte(id)}
+		if err := r.SetJSONMembers(fmt.Appendf(nil, `{"id":%q,"k":%q,"amount":12.5,"pad":[1,2,3]}`, id, key), want); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	w1 := jsoncodec.Fields{"k": {}, "id": {}}
+	w2 := jsoncodec.Fields{"k": {}, "id": {}, "amount": {}}
+	j := build()
+	c := &collect{}
+	j.Process(left("l1", "a", w1), c)
+	j = build() // the route now reads value.amount too
+	j.Process(left("l2", "other", w2), c)
+	j.ProcessOther(joinRecord(t, joinEvent{id: "r1", key: "a", t: 1500}), c)
+	if len(c.out) != 1 {
+		t.Fatalf("outputs: %s", c)
+	}
+	got := c.out[0]
+	if v, _ := jsoncodec.Append(nil, got.Value); string(v) != `{"amount":12.5,"id":"l1","k":"a"}` || !got.Partial() {
+		t.Fatalf("value %s (in part %v), want the members the route reads now", v, got.Partial())
+	}
+
+	// The members kept are what is read: the bytes are not scanned again
+	// (here they are not JSON, which a scan would refuse).
+	r := left("l3", "b", w1)
+	r.Raw = []byte(`{"id":"l3","k":"b","broken":`)
+	r.rawFrom = r.Raw
+	b, err := encodeSide(nil, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := decodeSide(b, jsoncodec.Fields{"id": {}, "k": {}})
+	if err != nil {
+		t.Fatalf("decoded with the members kept: %v", err)
+	}
+	if v, _ := jsoncodec.Append(nil, back.Value); string(v) != `{"id":"l3","k":"b"}` || !back.Partial() {
+		t.Fatalf("value %s (in part %v)", v, back.Partial())
+	}
+	if _, err := decodeSide(b, w2); err == nil {
+		t.Fatal("decoded with other members: the bytes were not scanned")
+	}
+}
+
 // FuzzDecodeSide: the decoder of buffered records refuses what it cannot
 // read without panicking, and reads back what encodeSide wrote, whether
 // it decodes the value whole or in part.
