@@ -34,6 +34,9 @@ type Expr struct {
 type valueReads struct {
 	members []string
 	whole   bool
+	// bound is, per name bound by a join, what the expression reads of
+	// it the same way (a name not read is absent).
+	bound map[string]*valueReads
 }
 
 // ValueReads returns the top-level members of value the expression reads,
@@ -41,6 +44,17 @@ type valueReads struct {
 // a computed name), so that no member may be left out.
 func (e *Expr) ValueReads() (members []string, whole bool) {
 	return e.reads.members, e.reads.whole
+}
+
+// BoundReads is ValueReads for a name bound by a join (`as`): the
+// top-level members of the bound value the expression reads, and whole
+// when it uses the value any other way. Comparing the name with nil
+// (`auth != nil`) reads no member. A name it does not read: nil, false.
+func (e *Expr) BoundReads(name string) (members []string, whole bool) {
+	if b := e.reads.bound[name]; b != nil {
+		return b.members, b.whole
+	}
+	return nil, false
 }
 
 // readsObserver records valueReads; it runs before the other patchers, on
@@ -51,18 +65,80 @@ type readsObserver struct {
 	r     *valueReads
 	uses  int
 	named int
+	// bound are the names joins bound, and boundUses, boundNamed their
+	// counts as uses and named of value.
+	bound                 []string
+	boundUses, boundNamed map[string]int
+	env                   bool // $env: every bound name read whole
+}
+
+// boundRead counts a use of a bound name (named: a constant member of it,
+// or a comparison with nil, which reads no member).
+func (o *readsObserver) boundRead(name string, named bool, member string) {
+	if o.r.bound == nil {
+		o.r.bound, o.boundUses, o.boundNamed = map[string]*valueReads{}, map[string]int{}, map[string]int{}
+	}
+	b := o.r.bound[name]
+	if b == nil {
+		b = &valueReads{}
+		o.r.bound[name] = b
+	}
+	if !named {
+		o.boundUses[name]++
+	} else {
+		o.boundNamed[name]++
+		if member != "" && !slices.Contains(b.members, member) {
+			b.members = append(b.members, member)
+		}
+	}
+	b.whole = o.env || o.boundUses[name] > o.boundNamed[name]
+}
+
+// isBound is the bound name n is, if it is one.
+func (o *readsObserver) isBound(n ast.Node) (string, bool) {
+	id, ok := n.(*ast.IdentifierNode)
+	if !ok || !slices.Contains(o.bound, id.Value) {
+		return "", false
+	}
+	return id.Value, true
 }
 
 func (o *readsObserver) Visit(node *ast.Node) {
 	switch x := (*node).(type) {
 	case *ast.IdentifierNode:
+		if slices.Contains(o.bound, x.Value) {
+			o.boundRead(x.Value, false, "")
+		}
 		switch x.Value {
 		case "value":
 			o.uses++
 		case "$env":
 			o.uses++ // $env.value, $env["value"]: value by another name
+			o.env = true
+			for _, name := range o.bound {
+				o.boundRead(name, false, "")
+			}
+		}
+	case *ast.BinaryNode:
+		if x.Operator != "==" && x.Operator != "!=" {
+			break
+		}
+		if _, isNil := x.Right.(*ast.NilNode); isNil {
+			if name, ok := o.isBound(x.Left); ok {
+				o.boundRead(name, true, "")
+			}
+		} else if _, isNil := x.Left.(*ast.NilNode); isNil {
+			if name, ok := o.isBound(x.Right); ok {
+				o.boundRead(name, true, "")
+			}
 		}
 	case *ast.MemberNode:
+		if name, ok := o.isBound(x.Node); ok && !x.Method {
+			if prop, ok := x.Property.(*ast.StringNode); ok {
+				o.boundRead(name, true, prop.Value)
+			}
+			return
+		}
 		id, ok := x.Node.(*ast.IdentifierNode)
 		if !ok || id.Value != "value" || x.Method {
 			return
@@ -86,7 +162,7 @@ func CompileExpr(src string, bound []string, opts ...expr.Option) (*Expr, error)
 	options := func(budget bool) []expr.Option {
 		reads = valueReads{}
 		hashes = hashFinder{}
-		all := []expr.Option{expr.Env(recordEnv{}), fetchFunc, expr.Patch(&readsObserver{r: &reads}), expr.Patch(&hashes)}
+		all := []expr.Option{expr.Env(recordEnv{}), fetchFunc, expr.Patch(&readsObserver{r: &reads, bound: bound}), expr.Patch(&hashes)}
 		if len(bound) > 0 {
 			all = append(all, expr.Patch(boundPatcher(bound)))
 		}

@@ -67,6 +67,12 @@ type StreamInput struct {
 	Topic     string
 	EventTime *Expr
 	Format    string
+	// Members are the top-level members of the stream's JSON objects that
+	// anything reads: `other`, `event_time`, and the steps after the join
+	// through the name `as` (Expr.BoundReads). Nil: decode them whole.
+	// The pipeline decodes the stream's records with only these
+	// (Record.SetJSONMembers); set by the rules loader.
+	Members jsoncodec.Fields
 }
 
 // Interval is a stream join's `within`: a right record matches a left one
@@ -182,11 +188,13 @@ type streamJoin struct {
 	gone      [2]int64
 	goneKnown [2]bool
 
-	// want is the members the route decodes its records with (from the
-	// last left record decoded in part, Record.SetJSONMembers): a buffered
-	// left record that was decoded in part is decoded again with them, not
-	// whole. Nil until such a record came: then it is decoded whole.
-	want jsoncodec.Fields
+	// want is, per side (left, right), the members the pipeline decodes
+	// that side's records with (from the last record of the side decoded
+	// in part, Record.SetJSONMembers: the route's members on the left,
+	// StreamInput.Members on the right): a buffered record that was
+	// decoded in part comes out decoded with them, not whole. Nil until
+	// such a record came: then it is decoded whole.
+	want [2]jsoncodec.Fields
 
 	loaded      bool // wm and seq were read from the KV
 	wm          int64
@@ -289,8 +297,8 @@ func (j *streamJoin) process(r *Record, side byte, out Emitter) {
 		out.DeadLetter(r, evalReason(err), fmt.Errorf("join %s: %w", j.as, err))
 		return
 	}
-	if side == sideLeft && r.Partial() {
-		j.want = r.partialWant
+	if r.Partial() {
+		j.want[sideIndex(side)] = r.partialWant
 	}
 	t := r.EventTime
 	if j.hasWM && t < j.wm-j.grace {
@@ -338,7 +346,7 @@ func (j *streamJoin) process(r *Record, side byte, out Emitter) {
 		return
 	}
 	for i, h := range j.found {
-		partner, err := decodeSide(h.val[1:], j.want)
+		partner, err := decodeSide(h.val[1:], j.want[sideIndex(other)])
 		if err != nil {
 			out.DeadLetter(r, ReasonError, fmt.Errorf("join %s: state: %w", j.as, err))
 			continue
@@ -407,7 +415,7 @@ func (j *streamJoin) copyOf(r *Record) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	return decodeSide(b, j.want)
+	return decodeSide(b, j.want[0])
 }
 
 func appendSideKey(b []byte, side byte, key string) []byte {
@@ -508,7 +516,7 @@ func (j *streamJoin) expire(side byte, wm, span int64, out Emitter) {
 				return
 			}
 			if ok && len(v) > 0 && v[0]&joinMatched == 0 {
-				if r, err := decodeSide(v[1:], j.want); err == nil {
+				if r, err := decodeSide(v[1:], j.want[si]); err == nil {
 					j.emitUnmatched(r, side, out)
 				}
 			}

@@ -115,6 +115,13 @@ func (t *task) processOther(kr *kgo.Record) {
 	case kr.Value == nil:
 	case in.Format == string(rules.FormatRaw):
 		rec.Value = string(kr.Value)
+	case in.Members != nil:
+		// Only what `other`, `event_time` and the steps after the join
+		// read (rules: streamMembers); the rest is checked, not decoded.
+		if err := rec.SetJSONMembers(kr.Value, in.Members); err != nil {
+			r.deadLetter(rec, operators.ReasonDecode, err, label, tk)
+			return
+		}
 	default:
 		if err := rec.SetJSON(kr.Value); err != nil {
 			r.deadLetter(rec, operators.ReasonDecode, err, label, tk)

@@ -469,6 +469,10 @@ func (t *task) processRepartitioned(kr *kgo.Record) {
 		var err error
 		if r.plan.members != nil && t.seg.sourceShaped && rec.Window == nil && e.flags&envOther == 0 {
 			err = rec.SetJSONMembers(kr.Value, r.plan.members)
+		} else if in := t.seg.keyStep.Input; e.flags&envOther != 0 && in != nil && in.Members != nil {
+			// A stream join's second input: the members anything reads
+			// of it (operators.StreamInput.Members).
+			err = rec.SetJSONMembers(kr.Value, in.Members)
 		} else {
 			err = rec.SetJSON(kr.Value)
 		}

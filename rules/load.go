@@ -139,7 +139,14 @@ type loader struct {
 		members map[string]bool
 		whole   bool
 	}
-	tableDefs map[string]string // table name -> definition as written, for join fingerprints
+	// boundReads is what expressions read of each name a join bound
+	// (Expr.BoundReads), otherReads what the step being read reads of a
+	// stream join's second input, streamJoins each stream join's
+	// (streamMembers).
+	boundReads  map[string]*readSet
+	otherReads  *readSet
+	streamJoins []streamJoinReads
+	tableDefs   map[string]string // table name -> definition as written, for join fingerprints
 	// hashOK says expressions may call hash(): a view with a salt.
 	hashOK bool
 }

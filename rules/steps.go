@@ -19,6 +19,7 @@ import (
 	"github.com/expr-lang/expr/parser"
 	"gopkg.in/yaml.v3"
 
+	"github.com/rtproxy/rtproxy/internal/jsoncodec"
 	"github.com/rtproxy/rtproxy/operators"
 )
 
@@ -32,7 +33,22 @@ func compileExpr(src string, bound []string, opts ...expr.Option) (*operators.Ex
 // e sees the value as the source gave it (with set's members on top):
 // not yet replaced by a map or a window, and JSON.
 func (l *loader) noteReads(e *operators.Expr, sc *scope) {
-	if sc.shape.known || sc.shape.raw || sc.other {
+	for _, name := range sc.bound {
+		members, whole := e.BoundReads(name)
+		if members != nil || whole {
+			if l.boundReads == nil {
+				l.boundReads = map[string]*readSet{}
+			}
+			l.boundReads[name] = l.boundReads[name].add(members, whole)
+		}
+	}
+	if sc.other {
+		// A stream join's second input (its `other`, `stream.event_time`).
+		members, whole := e.ValueReads()
+		l.otherReads = l.otherReads.add(members, whole)
+		return
+	}
+	if sc.shape.known || sc.shape.raw {
 		return
 	}
 	members, whole := e.ValueReads()
@@ -45,6 +61,58 @@ func (l *loader) noteReads(e *operators.Expr, sc *scope) {
 	for _, m := range members {
 		l.srcReads.members[m] = true
 	}
+}
+
+// readSet is what expressions read of one value: members, or whole.
+type readSet struct {
+	members map[string]bool
+	whole   bool
+}
+
+func (s *readSet) add(members []string, whole bool) *readSet {
+	if s == nil {
+		s = &readSet{members: map[string]bool{}}
+	}
+	s.whole = s.whole || whole
+	for _, m := range members {
+		s.members[m] = true
+	}
+	return s
+}
+
+// streamMembers sets each stream join's StreamInput.Members: the members
+// of its stream's records that its `other` and `stream.event_time` read
+// and the later expressions read through its `as`; nil (decode whole)
+// when one of them reads the value whole, or the stream is raw.
+func (l *loader) streamMembers(r *Route) {
+	for _, sj := range l.streamJoins {
+		in := r.Steps[sj.step].Input
+		if in == nil || in.Format == string(FormatRaw) {
+			continue
+		}
+		fields := jsoncodec.Fields{}
+		whole := false
+		for _, s := range []*readSet{sj.other, l.boundReads[sj.as]} {
+			if s == nil {
+				continue
+			}
+			whole = whole || s.whole
+			for m := range s.members {
+				fields[m] = struct{}{}
+			}
+		}
+		if !whole {
+			in.Members = fields
+		}
+	}
+}
+
+// streamJoinReads is what a stream join's own expressions read of its
+// stream (other), and the name it binds.
+type streamJoinReads struct {
+	step  int // index in Route.Steps
+	as    string
+	other *readSet
 }
 
 // exprKeywords cannot be bound as a join name: the expression parser reads
@@ -390,6 +458,7 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 		} else {
 			for i, item := range kv.val.Content {
 				item = resolve(item)
+				l.otherReads = nil
 				spec, def := l.step(i, item, sc, r)
 				if spec == nil {
 					continue
@@ -397,6 +466,10 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 				fp = chain(fp, spec.Kind, def)
 				spec.Fingerprint, spec.Def = fp, strings.ReplaceAll(def, "\x00", "; ")
 				r.Steps = append(r.Steps, *spec)
+				if spec.Input != nil && len(sc.bound) > 0 {
+					l.streamJoins = append(l.streamJoins, streamJoinReads{step: len(r.Steps) - 1,
+						as: sc.bound[len(sc.bound)-1], other: l.otherReads})
+				}
 			}
 		}
 	}
@@ -409,6 +482,7 @@ func (l *loader) steps(kv *keyVal, r *Route) {
 	for _, s := range r.Sinks() {
 		jsonSinks = jsonSinks && (s.Format == "" || s.Format == FormatJSON)
 	}
+	l.streamMembers(r)
 	if r.Source.Format == FormatJSON && !l.srcReads.whole && jsonSinks {
 		r.Source.Members = slices.Sorted(maps.Keys(l.srcReads.members))
 		r.Source.DecodeMembers = true

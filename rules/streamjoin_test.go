@@ -1,6 +1,7 @@
 package rules
 
 import (
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -66,5 +67,55 @@ func TestStreamJoinPlan(t *testing.T) {
 	}
 	if !r.Source.DecodeMembers || !slices.Equal(r.Source.Members, []string{"auth_id", "ts"}) {
 		t.Fatalf("source members %v (whole: %v); the other side's reads leaked in", r.Source.Members, !r.Source.DecodeMembers)
+	}
+}
+
+// TestStreamJoinStreamMembers: the stream's records are decoded with only
+// the members anything reads of them (StreamInput.Members): its `other`
+// and `event_time`, and what the later steps (and the sink key) read
+// through `as`; whole when something reads the bound value whole, or when
+// the stream is raw. A comparison with nil reads no member.
+func TestStreamJoinStreamMembers(t *testing.T) {
+	join := "  - join: { stream: { topic: auths, event_time: value.auth_ts }, on: value.auth_id, other: value.id, within: { before: 5m }, grace: 0s, kind: left, as: auth }\n"
+	for _, c := range []struct {
+		name, after string
+		want        []string // nil: whole
+	}{
+		{"members", "  - filter: auth != nil\n  - map:\n      p: value.id\n      ok: auth?.ok\n      card: auth.card.country\n", []string{"auth_ts", "card", "id", "ok"}},
+		{"not read", "  - filter: value.amount > 0\n", []string{"auth_ts", "id"}},
+		{"sink key", "  - set: { x: \"1\" }\nsink:\n  topic: out\n  key: auth?.merchant\n", []string{"auth_ts", "id", "merchant"}},
+		{"window aggregate", "  - window:\n      kind: tumbling\n      size: 1m\n      key: value.card\n      aggregate:\n        n: sum(auth?.amount)\n", []string{"amount", "auth_ts", "id"}},
+		{"whole", "  - map: { p: value.id, auth: auth }\n", nil},
+		{"whole by index", "  - set:\n      x: auth[value.field]\n", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			src := streamJoinBase + join + c.after
+			if strings.Contains(c.after, "sink:") {
+				src = strings.Replace(src, "sink: { topic: out }\n", "", 1)
+			}
+			dir := t.TempDir()
+			writeFiles(t, dir, map[string]string{"r.yaml": src})
+			r, err := LoadFile(filepath.Join(dir, "r.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			if m := r.Steps[0].Input.Members; m != nil {
+				got = slices.Sorted(maps.Keys(m))
+			}
+			if !slices.Equal(got, c.want) || (got == nil) != (c.want == nil) {
+				t.Fatalf("stream members %v, want %v", got, c.want)
+			}
+		})
+	}
+	dir := t.TempDir()
+	writeFiles(t, dir, map[string]string{"r.yaml": streamJoinBase +
+		"  - join: { stream: { topic: auths, format: raw }, on: value.auth_id, other: value, within: { before: 5m }, grace: 0s, as: auth }\n"})
+	r, err := LoadFile(filepath.Join(dir, "r.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := r.Steps[0].Input.Members; m != nil {
+		t.Fatalf("raw stream: members %v", m)
 	}
 }
