@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -266,5 +268,88 @@ func testFrontierCommitted(t *testing.T, name string, abort bool) {
 		if n := w1[int16(k)] - w0[int16(k)]; n != 0 {
 			t.Errorf("%d %s requests at rest, want none", n, k.Name())
 		}
+	}
+}
+
+// failingWriter refuses the first fail writes it is handed and accepts the
+// rest, calling back at once; it records every write.
+type failingWriter struct {
+	mu   sync.Mutex
+	fail int
+	sent []*kgo.Record
+}
+
+func (w *failingWriter) send(kr *kgo.Record, cb func(*kgo.Record, error)) {
+	w.mu.Lock()
+	w.sent = append(w.sent, kr)
+	var err error
+	if w.fail > 0 {
+		w.fail--
+		err = errors.New("test: write refused")
+	}
+	w.mu.Unlock()
+	cb(kr, err)
+}
+
+func (w *failingWriter) retry(*kgo.Record, func(*kgo.Record, error), error) bool { return false }
+func (w *failingWriter) flush()                                                  {}
+func (w *failingWriter) changelog(context.Context, []*kgo.Record, bool) (kgo.ProduceResults, error) {
+	return nil, nil
+}
+func (w *failingWriter) aside(kr *kgo.Record, cb func(*kgo.Record, error)) { w.send(kr, cb) }
+
+// markersTo are the partitions the markers among w's writes went to.
+func (w *failingWriter) markersTo() []int32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var ps []int32
+	for _, kr := range w.sent {
+		if len(kr.Headers) == 1 && kr.Headers[0].Key == headerMarker {
+			ps = append(ps, kr.Partition)
+		}
+	}
+	return ps
+}
+
+// A marker whose write fails is sent again by the next round, also when no
+// record follows: it was counted as sent when it was handed over, so at
+// rest (only a newer frontier makes a partition stale) its partition never
+// heard the frontier. In an exactly-once route the failed marker fails the
+// open transaction, which must not commit the position without it.
+func TestFailedMarkerSentAgain(t *testing.T) {
+	for _, eo := range []bool{false, true} {
+		t.Run(fmt.Sprint("exactly_once=", eo), func(t *testing.T) {
+			w := &failingWriter{fail: 1}
+			def := newRouteDef("mk", "v1", "mk", "mk.out")
+			def.Source.IdleTimeout = time.Minute
+			r := &route{name: "mk", def: def, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			r.wr, r.out = w, newOutbox()
+			r.txn.on = eo
+			next := &segment{topic: "mk.01-window.repartition", nparts: 3}
+			tk := &task{r: r, seg: &segment{topic: "mk", next: next, markers: true}, part: 0}
+			now := time.Now()
+			tk.observeEvent(5000)
+			tk.sendMarkers(now, false) // the one to partition 0 is refused
+			if got := w.markersTo(); len(got) != 3 {
+				t.Fatalf("markers to %v, want one to each of 3 partitions", got)
+			}
+			if eo && r.txn.failed.Load() == nil {
+				t.Errorf("the refused marker did not fail the open transaction")
+			}
+			if !eo && r.txn.failed.Load() != nil {
+				t.Errorf("an at-least-once route's transaction state was touched: %v", *r.txn.failed.Load())
+			}
+			// No record follows: the idle loop's round, and the cut's.
+			tk.sendMarkers(now.Add(time.Second), true)
+			got := w.markersTo()
+			if len(got) != 4 || got[3] != 0 {
+				t.Fatalf("markers to %v, want partition 0's sent again by the next round", got)
+			}
+			tk.sendMarkers(now.Add(2*time.Second), true)
+			tk.cutMarkers(now.Add(2 * time.Second))
+			if got := w.markersTo(); len(got) != 4 {
+				t.Errorf("markers to %v, want none once each partition has the frontier", got)
+			}
+		})
 	}
 }
