@@ -269,7 +269,7 @@ func writeEORoutes(dir string) {
 	for name, steps := range map[string]string{
 		"eo-filter": "  - filter: int(value.n) % 5 != 0\n",
 		"eo-window": "  - window: { kind: tumbling, size: 1s, key: value.user, aggregate: { n: count() } }\n",
-		"eo-dedup":  "  - drop_duplicates: { key: value.n }\n",
+		"eo-dedup":  "  - drop_duplicates: { key: value.n, ttl: 1h }\n",
 	} {
 		y := fmt.Sprintf("route: %s\n%ssink: { topic: %s.out, delivery: exactly_once }\ndead_letter: %s.dlq\nsteps:\n%s",
 			name, common, name, name, steps)
