@@ -35,6 +35,7 @@ func frontierUnsent(r *route) []string {
 		if !ok {
 			continue
 		}
+		f = t.passOn(f)
 		t.front.Lock()
 		for q := range next.nparts {
 			if q >= len(t.front.sent) || t.front.sent[q] < f {
