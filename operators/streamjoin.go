@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"math"
 	"time"
 
@@ -212,7 +213,17 @@ type streamJoin struct {
 	// such a record came: then it is decoded whole.
 	want [2]jsoncodec.Fields
 
-	loaded      bool // wm and seq were read from the KV
+	// keys counts, per side, the records buffered by the hash of their
+	// key (read from the KV's expiry index at load): a record whose key
+	// has no count on the other side has no partner, and the partner scan
+	// is skipped (half the scans when one side leads; a pebble Scan opens
+	// an iterator and seeks every level). A count is never below the
+	// records of its hash buffered: raised before they are written,
+	// lowered after both their keys are deleted.
+	keys [2]map[uint64]int32
+	seed maphash.Seed
+
+	loaded      bool // wm, seq and keys were read from the KV
 	wm          int64
 	hasWM       bool
 	seq, seqEnd uint64
@@ -283,6 +294,20 @@ func (j *streamJoin) load() error {
 		j.seq = binary.BigEndian.Uint64(v)
 		j.seqEnd = j.seq
 	}
+	j.seed = maphash.MakeSeed()
+	for si, side := range []byte{sideLeft, sideRight} {
+		keys := map[uint64]int32{}
+		// 'x' side time(8) seq(8) key
+		if err := j.kv.Scan([]byte{'x', side}, []byte{'x', side + 1}, func(k, _ []byte) bool {
+			if len(k) >= 18 {
+				keys[maphash.Bytes(j.seed, k[18:])]++
+			}
+			return true
+		}); err != nil {
+			return err
+		}
+		j.keys[si] = keys
+	}
 	j.loaded = true
 	return nil
 }
@@ -340,24 +365,27 @@ func (j *streamJoin) process(r *Record, side byte, out Emitter) {
 	if side == sideRight {
 		other, lo, hi = sideLeft, t-j.after, t+j.before
 	}
-	pre := appendSideKey(j.kbuf[:0], other, key)
-	start := putTime(append([]byte(nil), pre...), lo)
-	end := putTime(pre, hi+1)
-	j.kbuf = end
+	h := maphash.String(j.seed, key)
 	j.found = j.found[:0]
-	if err := j.kv.Scan(start, end, func(k, val []byte) bool {
-		j.found = append(j.found, joinHit{key: append([]byte(nil), k...), val: append([]byte(nil), val...)})
-		return true
-	}); err != nil {
-		out.DeadLetter(r, ReasonError, fmt.Errorf("join %s: state: %w", j.as, err))
-		return
+	if j.keys[sideIndex(other)][h] > 0 {
+		pre := appendSideKey(j.kbuf[:0], other, key)
+		start := putTime(append([]byte(nil), pre...), lo)
+		end := putTime(pre, hi+1)
+		j.kbuf = end
+		if err := j.kv.Scan(start, end, func(k, val []byte) bool {
+			j.found = append(j.found, joinHit{key: append([]byte(nil), k...), val: append([]byte(nil), val...)})
+			return true
+		}); err != nil {
+			out.DeadLetter(r, ReasonError, fmt.Errorf("join %s: state: %w", j.as, err))
+			return
+		}
 	}
 	// Buffer the record before emitting: a later step may change it.
 	var flags byte
 	if len(j.found) > 0 {
 		flags = joinMatched
 	}
-	if err := j.insert(r, side, key, t, flags); err != nil {
+	if err := j.insert(r, side, key, h, t, flags); err != nil {
 		out.DeadLetter(r, ReasonError, fmt.Errorf("join %s: state: %w", j.as, err))
 		return
 	}
@@ -441,7 +469,7 @@ func appendSideKey(b []byte, side byte, key string) []byte {
 }
 
 // insert buffers r on its side, with its expiry index entry.
-func (j *streamJoin) insert(r *Record, side byte, key string, t int64, flags byte) error {
+func (j *streamJoin) insert(r *Record, side byte, key string, h uint64, t int64, flags byte) error {
 	j.seq++
 	var sb [8]byte
 	if j.seq > j.seqEnd {
@@ -459,9 +487,11 @@ func (j *streamJoin) insert(r *Record, side byte, key string, t int64, flags byt
 	if err != nil {
 		return err
 	}
-	if si := sideIndex(side); j.oldKnown[si] && t < j.oldest[si] {
+	si := sideIndex(side)
+	if j.oldKnown[si] && t < j.oldest[si] {
 		j.oldest[si] = t
 	}
+	j.keys[si][h]++ // before the writes: a count is never short
 	if err := j.kv.Set(j.ibuf, nil); err != nil {
 		j.oldKnown[sideIndex(side)] = false
 		return err
@@ -540,6 +570,12 @@ func (j *streamJoin) expire(side byte, wm, span int64, out Emitter) {
 		if j.kv.Delete(j.kbuf) != nil || j.kv.Delete(ik) != nil {
 			j.oldKnown[si] = false
 			return
+		}
+		h := maphash.Bytes(j.seed, key)
+		if n := j.keys[si][h] - 1; n > 0 {
+			j.keys[si][h] = n
+		} else {
+			delete(j.keys[si], h)
 		}
 	}
 	j.gone[si], j.goneKnown[si] = cut, true

@@ -2,6 +2,7 @@ package operators
 
 import (
 	"fmt"
+	"hash/maphash"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -402,6 +403,41 @@ func TestStreamJoinBufferedMembersFollowTheRoute(t *testing.T) {
 	}
 	if _, err := decodeSide(b, w2); err == nil {
 		t.Fatal("decoded with other members: the bytes were not scanned")
+	}
+}
+
+// TestStreamJoinRebuildFindsPartners: the step skips the partner scan for
+// a key with nothing buffered on the other side (its per-side key
+// counts); a step built again on the same KV counts what the KV holds, so
+// a record buffered before the rebuild is still found, of either side,
+// and a key whose records expired is not counted any more.
+func TestStreamJoinRebuildFindsPartners(t *testing.T) {
+	kv := NewMemKV()
+	build := func() TwoInputs {
+		return NewStreamJoin(StreamInput{Topic: "auth"}, mustCompile(t, "value.k"), mustCompile(t, "value.k"),
+			Interval{Before: time.Minute, After: time.Minute}, 0, JoinInner, "auth", kv)
+	}
+	c := &joinCollect{as: "auth"}
+	j := build()
+	j.ProcessOther(joinRecord(t, joinEvent{id: "r1", key: "a", t: 1000}), c)
+	j.Process(joinRecord(t, joinEvent{id: "l1", key: "b", t: 1000}), c)
+	j.Process(joinRecord(t, joinEvent{id: "l0", key: "c", t: 1000}), c)
+	j = build()
+	j.Process(joinRecord(t, joinEvent{id: "l2", key: "a", t: 2000}), c)
+	j.ProcessOther(joinRecord(t, joinEvent{id: "r2", key: "b", t: 2000}), c)
+	j.(Timed).Advance(200_000, c) // everything expires
+	j = build()
+	j.ProcessOther(joinRecord(t, joinEvent{id: "r3", key: "c", t: 200_000}), c)
+	slices.Sort(c.out)
+	if want := []string{"l1|r2", "l2|r1"}; !slices.Equal(c.out, want) {
+		t.Fatalf("outputs %v, want %v", c.out, want)
+	}
+	sj := j.(*streamJoin)
+	if n := len(sj.keys[0]) + len(sj.keys[1]); n != 1 || sj.keys[1][maphash.String(sj.seed, "c")] != 1 {
+		t.Fatalf("key counts after the expiry: %v", sj.keys)
+	}
+	if len(c.errs) > 0 {
+		t.Fatal(c.errs)
 	}
 }
 
