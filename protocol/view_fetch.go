@@ -216,6 +216,11 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 	defer viewScratches.Put(sc)
 	sc.noEmpty, sc.dropped = !vr.emptyOK, 0
 	defer func() { vr.delay = vr.delayIfEmpty(resp, sc.dropped) }()
+	// The view of each topic (nil for a topic no view applies to) and
+	// the name its client uses.
+	views := make([]View, len(resp.Topics))
+	clients := make([]string, len(resp.Topics))
+	var jobs []*viewJob
 	for ti := range resp.Topics {
 		t := &resp.Topics[ti]
 		real := t.Topic
@@ -236,6 +241,24 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 			}
 			continue
 		}
+		views[ti], clients[ti] = v, client
+		for pi := range t.Partitions {
+			pp := &t.Partitions[pi]
+			eachViewBatch(pp.RecordBatches, func(b []byte) {
+				jobs = append(jobs, &viewJob{v: v, partition: pp.Partition, b: b, done: make(chan struct{})})
+			})
+		}
+	}
+	if sc.jobs = startViewJobs(jobs, func() *decodeMeter { return p.newMeter(done, p.guardBufs) }); sc.jobs != nil {
+		defer func() { sc.jobs.stop(); sc.jobs = nil }()
+	}
+	for ti := range resp.Topics {
+		t := &resp.Topics[ti]
+		v := views[ti]
+		if v == nil {
+			continue
+		}
+		client := clients[ti]
 		var c viewCounts
 		for pi := range t.Partitions {
 			pp := &t.Partitions[pi]

@@ -1,0 +1,190 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// viewPartitionOn rewrites in through v with w workers (view_par.go), as
+// viewFetchResponse does for a response of one partition; each worker's
+// meter is newMeter's.
+func viewPartitionOn(w int, v View, in []byte, newMeter func() *decodeMeter, sc *viewScratch, c *viewCounts) ([]byte, error) {
+	var jobs []*viewJob
+	eachViewBatch(in, func(b []byte) {
+		jobs = append(jobs, &viewJob{v: v, b: b, done: make(chan struct{})})
+	})
+	if len(jobs) > 0 {
+		sc.jobs = startViewJobsN(jobs, w, newMeter)
+		defer func() { sc.jobs.stop(); sc.jobs = nil }()
+	}
+	return viewPartition(nil, v, 0, in, newMeter(), sc, c)
+}
+
+// randomViewInput is a partition's batches drawn from every case
+// viewPartition tells apart: kept, filtered, failed and null records,
+// whole batches filtered out (runs of them, at the start and the end),
+// each codec, control batches, a bad CRC, an old message format, a batch
+// over the decode budget, and a trailing partial batch.
+// overBudget reports whether it holds the batch over the budget (which
+// comes out as an error record, not as the view makes its records).
+func randomViewInput(tb testing.TB, rng *rand.Rand) (in []byte, overBudget bool) {
+	codecs := []kgo.CompressionCodec{kgo.NoCompression(), kgo.GzipCompression(), kgo.SnappyCompression(), kgo.Lz4Compression(), kgo.ZstdCompression()}
+	vals := []string{"ab", "abc", "abc", "!x", "", "<nil>", "abcd", "secret-xy"}
+	off := int64(rng.IntN(5))
+	for range 1 + rng.IntN(8) {
+		switch k := rng.IntN(12); {
+		case k == 0:
+			in = append(in, controlBatch(tb, off)...)
+			off++
+		case k == 1:
+			b := viewBatchSeed(tb, off, kgo.NoCompression(), "secret-ab", "secret-cd")
+			b[len(b)-1] ^= 1 // bad CRC
+			in = append(in, b...)
+			off += 4
+		case k == 2:
+			legacy := make([]byte, 12+14+4)
+			binary.BigEndian.PutUint64(legacy, uint64(off))
+			binary.BigEndian.PutUint32(legacy[8:], uint32(len(legacy)-12))
+			legacy[16] = 1
+			in = append(in, legacy...)
+			off++
+		case k == 3:
+			in = append(in, viewBatchSeed(tb, off, kgo.GzipCompression(), strings.Repeat("s", 8<<10))...) // over the budget
+			off += 2
+			overBudget = true
+		case k <= 6:
+			// All filtered out.
+			n := 1 + rng.IntN(3)
+			in = append(in, viewBatchSeed(tb, off, codecs[rng.IntN(len(codecs))], slices.Repeat([]string{"abc"}, n)...)...)
+			off += int64(2 * n)
+		default:
+			n := 1 + rng.IntN(20)
+			vs := make([]string, n)
+			for i := range vs {
+				vs[i] = vals[rng.IntN(len(vals))]
+			}
+			in = append(in, viewBatchSeed(tb, off, codecs[rng.IntN(len(codecs))], vs...)...)
+			off += int64(2 * n)
+		}
+	}
+	if rng.IntN(4) == 0 {
+		b := viewBatchSeed(tb, off, kgo.NoCompression(), "ab", "ab")
+		in = append(in, b[:len(b)/2]...) // cut by the broker's byte limit
+	}
+	return in, overBudget
+}
+
+// TestViewWorkersSameAsInLine: the workers write exactly the bytes the
+// rewrite in line writes, and count the same, for random partitions of
+// every kind of batch, for clients that can and cannot read an empty
+// batch; the in-line output is itself checked against an independent
+// decode (checkViewOutput).
+func TestViewWorkersSameAsInLine(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 28))
+	newMeter := func() *decodeMeter { return testMeter(4<<10, 100) }
+	for i := range 300 {
+		in, overBudget := randomViewInput(t, rng)
+		noEmpty := i%2 == 1
+		var c1, c2 viewCounts
+		sc1 := &viewScratch{noEmpty: noEmpty}
+		want, err := viewPartition(nil, oddView{}, 0, in, newMeter(), sc1, &c1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc2 := &viewScratch{noEmpty: noEmpty}
+		got, err := viewPartitionOn(1+i%4, oddView{}, in, newMeter, sc2, &c2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) || c1 != c2 || sc1.dropped != sc2.dropped {
+			t.Fatalf("input %d (%d bytes): with workers %d bytes %+v dropped %d, in line %d bytes %+v dropped %d", i, len(in), len(got), c2, sc2.dropped, len(want), c1, sc1.dropped)
+		}
+		if bytes.Contains(got, []byte("secret")) {
+			t.Fatalf("input %d: an undecodable batch passed through", i)
+		}
+		if ref, ok := refDecode(bytes.Clone(in)); ok && !noEmpty && !overBudget {
+			out, ok := refDecode(got)
+			if !ok {
+				t.Fatalf("input %d: the output does not decode", i)
+			}
+			checkViewOutput(t, ref, out)
+		}
+	}
+}
+
+// TestViewWorkersStopOnError: when the connection closes while a worker
+// waits for the global decode budget, the partition's rewrite returns
+// the error, and no worker outlives it (the response's buffer is given
+// back to the pool right after, so a worker still reading it would read
+// another response).
+func TestViewWorkersStopOnError(t *testing.T) {
+	var in []byte
+	for i := range 6 {
+		in = append(in, viewBatchSeed(t, int64(100*i), kgo.ZstdCompression(), strings.Repeat("ab", 2<<10), "ab")...)
+	}
+	before := runtime.NumGoroutine()
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	global := &heldBudget{max: 1 << 20, gauge: m.decodedBytes, waits: m.decodedWaits}
+	global.acquire(1<<20, nil) // all of it, by another request: every decode waits
+	done := make(chan struct{})
+	newMeter := func() *decodeMeter {
+		return &decodeMeter{global: global, done: done, maxCost: 1 << 20, maxRecs: 100, bufs: &decompressBufs{}}
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := viewPartitionOn(3, oddView{}, in, newMeter, &viewScratch{}, &viewCounts{})
+		errc <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	close(done)
+	select {
+	case err := <-errc:
+		if err == nil || !strings.Contains(err.Error(), "connection closed") {
+			t.Fatalf("err %v, want the closed connection's", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rewrite did not end when the connection closed")
+	}
+	for deadline := time.Now().Add(5 * time.Second); runtime.NumGoroutine() > before; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines after the rewrite, %d before", runtime.NumGoroutine(), before)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestViewWorkerPanicRaisedInConnection: a panic in a worker is not lost
+// and does not kill the process: it is raised again in the goroutine that
+// waits for that batch (the connection's, which survive() turns into a
+// closed connection), with the worker's stack.
+func TestViewWorkerPanicRaisedInConnection(t *testing.T) {
+	var in []byte
+	for i := range 4 {
+		in = append(in, viewBatchSeed(t, int64(10*i), kgo.NoCompression(), "ab")...)
+	}
+	jobs := []*viewJob{}
+	eachViewBatch(in, func(b []byte) { jobs = append(jobs, &viewJob{v: oddView{}, b: b, done: make(chan struct{})}) })
+	j := startViewJobsN(jobs, 2, func() *decodeMeter { return nil }) // a nil meter: viewBatch panics
+	defer j.stop()
+	sc := &viewScratch{jobs: j}
+	defer func() {
+		p := recover()
+		if p == nil || !strings.Contains(p.(string), "view worker") {
+			t.Fatalf("recovered %v, want the worker's panic", p)
+		}
+	}()
+	_, _ = viewPartition(nil, oddView{}, 0, in, testMeter(1<<20, 100), sc, &viewCounts{})
+	t.Fatal("no panic")
+}
