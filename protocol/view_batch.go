@@ -222,6 +222,7 @@ type viewScratch struct {
 	noEmpty bool
 	dropped int
 	raw     []byte // the kept records, encoded, before compression
+	val     []byte // ViewRecord.Scratch: a record's new value until encoded
 	recs    []ViewRecord
 	hdrs    []kmsg.Header
 	comp    compressors
@@ -285,8 +286,13 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 	raw := sc.raw[:0]
 	for i := range recs {
 		r := &recs[i]
+		r.Scratch = sc.val[:0]
 		orig := *r
 		keep, aerr := applyView(v, r)
+		if cap(r.Scratch) > cap(sc.val) {
+			sc.val = r.Scratch[:0]
+		}
+		r.Scratch = nil
 		if aerr != nil {
 			r.Key, r.Value, r.Headers = orig.Key, nil, []kmsg.Header{{Key: ViewErrorHeader, Value: []byte(aerr.Error())}}
 			keep = true

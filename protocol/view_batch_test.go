@@ -16,7 +16,7 @@ import (
 )
 
 // oddView keeps records whose value has an even length, upper-casing
-// them, filters the others, and fails records whose value starts with
+// them (in ViewRecord.Scratch), filters the others, and fails records whose value starts with
 // "!"; its headers get one more.
 type oddView struct{}
 
@@ -30,7 +30,18 @@ func (oddView) Apply(r *ViewRecord) (bool, error) {
 		return false, nil
 	}
 	if r.Value != nil {
-		r.Value = bytes.ToUpper(r.Value)
+		// Built in the caller's scratch buffer, as the rules adapter
+		// does: the caller must encode it before the next record.
+		out := append(r.Scratch[:0], r.Value...)
+		if out == nil {
+			out = []byte{} // an empty value stays one, not a null
+		}
+		for i, c := range out {
+			if 'a' <= c && c <= 'z' {
+				out[i] = c - 'a' + 'A'
+			}
+		}
+		r.Value, r.Scratch = out, out
 	}
 	r.Headers = append(slices.Clone(r.Headers), kmsg.Header{Key: "seen", Value: []byte("1")})
 	return true, nil
