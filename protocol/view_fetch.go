@@ -249,7 +249,7 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 			})
 		}
 	}
-	if sc.jobs = startViewJobs(jobs, func() *decodeMeter { return p.newMeter(done, p.guardBufs) }); sc.jobs != nil {
+	if sc.jobs = startViewJobs(jobs, p.held, func() *decodeMeter { return p.newMeter(done, p.guardBufs) }); sc.jobs != nil {
 		defer func() { sc.jobs.stop(); sc.jobs = nil }()
 	}
 	for ti := range resp.Topics {

@@ -11,10 +11,11 @@ package protocol
 // folding those that were all filtered out as it does without workers.
 //
 // Bounds: at most 2×workers batches are rewritten ahead of the one
-// viewPartition waits for, so a response holds at most that many
-// rewritten batches besides its output; each worker decodes under its
-// own meter (decode.go), charged to the global decode budget as the
-// connections' decodes are. A worker's panic is raised again in the
+// viewPartition waits for, and each takes room for its output in
+// proxy.max_held_bytes (without waiting: the connection holds its
+// response there already; with no room, viewPartition rewrites that
+// batch in line); each worker decodes under its own meter (decode.go),
+// charged to the global decode budget as the connections' decodes are. A worker's panic is raised again in the
 // connection's goroutine, which closes that connection as any panic of
 // its loops does.
 
@@ -42,6 +43,11 @@ type viewJob struct {
 	err      error
 	panicked any
 	done     chan struct{}
+	// charged is what the job holds of proxy.max_held_bytes for its
+	// output until taken; inline: there was no room, and take's caller
+	// rewrites the batch itself (into the response's output directly).
+	charged int64
+	inline  bool
 }
 
 // viewJobs rewrites the batches of one response on workers, handing the
@@ -50,6 +56,7 @@ type viewJobs struct {
 	jobs     []*viewJob
 	next     int // the job take hands back next
 	newMeter func() *decodeMeter
+	held     *heldBudget   // proxy.max_held_bytes; nil: not bounded (tests)
 	slots    chan struct{} // one per job fed and not taken yet
 	feed     chan *viewJob
 	quit     chan struct{}
@@ -97,17 +104,17 @@ func eachViewBatch(in []byte, f func(b []byte)) {
 // startViewJobs starts the workers on the jobs (when there are at least
 // two and more than one core); nil when the batches are better rewritten
 // in line.
-func startViewJobs(jobs []*viewJob, newMeter func() *decodeMeter) *viewJobs {
+func startViewJobs(jobs []*viewJob, held *heldBudget, newMeter func() *decodeMeter) *viewJobs {
 	w := viewWorkers(len(jobs))
 	if w < 2 {
 		return nil
 	}
-	return startViewJobsN(jobs, w, newMeter)
+	return startViewJobsN(jobs, w, held, newMeter)
 }
 
 // startViewJobsN starts w workers on the jobs.
-func startViewJobsN(jobs []*viewJob, w int, newMeter func() *decodeMeter) *viewJobs {
-	j := &viewJobs{jobs: jobs, newMeter: newMeter, slots: make(chan struct{}, 2*w), feed: make(chan *viewJob),
+func startViewJobsN(jobs []*viewJob, w int, held *heldBudget, newMeter func() *decodeMeter) *viewJobs {
+	j := &viewJobs{jobs: jobs, newMeter: newMeter, held: held, slots: make(chan struct{}, 2*w), feed: make(chan *viewJob),
 		quit: make(chan struct{})}
 	j.wg.Add(1 + w)
 	go j.dispatch()
@@ -125,6 +132,20 @@ func (j *viewJobs) dispatch() {
 		case j.slots <- struct{}{}:
 		case <-j.quit:
 			return
+		}
+		// A batch rewritten ahead holds its output besides the
+		// response's: it takes room in proxy.max_held_bytes, without
+		// waiting (the connection already holds its response there);
+		// with no room the connection rewrites it in line when it gets
+		// to it, as without workers.
+		if j.held != nil && j.held.max > 0 {
+			est := viewOutCap(jb.b)
+			if !j.held.tryAcquire(est) {
+				jb.inline = true
+				close(jb.done)
+				continue
+			}
+			jb.charged = est
 		}
 		select {
 		case j.feed <- jb:
@@ -152,7 +173,7 @@ func (j *viewJobs) run(jb *viewJob, sc *viewScratch) {
 	}()
 	m := j.newMeter()
 	defer m.endPart()
-	out := getViewOut(len(jb.b) + len(jb.b)/16 + 128)
+	out := getViewOut(int(viewOutCap(jb.b)))
 	jb.out, jb.kind, jb.err = viewBatch(out, jb.v, jb.partition, jb.b, m, sc, &jb.c)
 }
 
@@ -180,12 +201,24 @@ func (j *viewJobs) stop() {
 	for _, jb := range j.jobs[j.next:] {
 		select {
 		case <-jb.done:
-			putViewOut(jb.out)
-			jb.out = nil
+			j.release(jb)
 		default:
 		}
 	}
 }
+
+// release gives back a job's output buffer and what it held.
+func (j *viewJobs) release(jb *viewJob) {
+	putViewOut(jb.out)
+	jb.out = nil
+	if jb.charged > 0 {
+		j.held.release(jb.charged)
+		jb.charged = 0
+	}
+}
+
+// viewOutCap is the room a batch's rewrite starts with.
+func viewOutCap(b []byte) int64 { return int64(len(b) + len(b)/16 + 128) }
 
 // batch appends what viewBatch makes of b to dst: the workers' result
 // when they run, or viewBatch's in line.
@@ -194,7 +227,10 @@ func (sc *viewScratch) batch(dst []byte, v View, partition int32, b []byte, m *d
 		return viewBatch(dst, v, partition, b, m, sc, c)
 	}
 	jb := sc.jobs.take(b)
-	defer func() { putViewOut(jb.out); jb.out = nil }()
+	if jb.inline {
+		return viewBatch(dst, v, partition, b, m, sc, c)
+	}
+	defer sc.jobs.release(jb)
 	c.kept += jb.c.kept
 	c.filtered += jb.c.filtered
 	c.errors += jb.c.errors

@@ -18,12 +18,18 @@ import (
 // viewFetchResponse does for a response of one partition; each worker's
 // meter is newMeter's.
 func viewPartitionOn(w int, v View, in []byte, newMeter func() *decodeMeter, sc *viewScratch, c *viewCounts) ([]byte, error) {
+	return viewPartitionHeld(w, nil, v, in, newMeter, sc, c)
+}
+
+// viewPartitionHeld is viewPartitionOn with the batches rewritten ahead
+// held in held.
+func viewPartitionHeld(w int, held *heldBudget, v View, in []byte, newMeter func() *decodeMeter, sc *viewScratch, c *viewCounts) ([]byte, error) {
 	var jobs []*viewJob
 	eachViewBatch(in, func(b []byte) {
 		jobs = append(jobs, &viewJob{v: v, b: b, done: make(chan struct{})})
 	})
 	if len(jobs) > 0 {
-		sc.jobs = startViewJobsN(jobs, w, newMeter)
+		sc.jobs = startViewJobsN(jobs, w, held, newMeter)
 		defer func() { sc.jobs.stop(); sc.jobs = nil }()
 	}
 	return viewPartition(nil, v, 0, in, newMeter(), sc, c)
@@ -176,7 +182,7 @@ func TestViewWorkerPanicRaisedInConnection(t *testing.T) {
 	}
 	jobs := []*viewJob{}
 	eachViewBatch(in, func(b []byte) { jobs = append(jobs, &viewJob{v: oddView{}, b: b, done: make(chan struct{})}) })
-	j := startViewJobsN(jobs, 2, func() *decodeMeter { return nil }) // a nil meter: viewBatch panics
+	j := startViewJobsN(jobs, 2, nil, func() *decodeMeter { return nil }) // a nil meter: viewBatch panics
 	defer j.stop()
 	sc := &viewScratch{jobs: j}
 	defer func() {
@@ -187,4 +193,41 @@ func TestViewWorkerPanicRaisedInConnection(t *testing.T) {
 	}()
 	_, _ = viewPartition(nil, oddView{}, 0, in, testMeter(1<<20, 100), sc, &viewCounts{})
 	t.Fatal("no panic")
+}
+
+// TestViewWorkersWithinHeldBytes: a batch rewritten ahead takes room for
+// its output in proxy.max_held_bytes, without waiting for it; with no
+// room the connection rewrites it in line. The output is the same
+// whatever the room, every byte taken is given back, and the budget is
+// never passed.
+func TestViewWorkersWithinHeldBytes(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in []byte
+	for i := range 8 {
+		in = append(in, viewBatchSeed(t, int64(100*i), kgo.ZstdCompression(), strings.Repeat("ab", 200), "abc", "ab")...)
+	}
+	newMeter := func() *decodeMeter { return testMeter(1<<20, 100) }
+	want, err := viewPartition(nil, oddView{}, 0, in, newMeter(), &viewScratch{}, &viewCounts{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := viewOutCap(in[:len(in)/8])
+	for _, room := range []int64{0, one, 3 * one, 100 * one} {
+		held := &heldBudget{max: 1 << 20, gauge: m.heldBytes, waits: m.heldWaits}
+		held.acquire(held.max-room, nil) // the rest is held by responses
+		base := held.used
+		got, err := viewPartitionHeld(4, held, oddView{}, in, newMeter, &viewScratch{}, &viewCounts{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("room %d: the output differs from the in-line rewrite's", room)
+		}
+		if held.used != base || held.peakBytes() > held.max {
+			t.Errorf("room %d: %d bytes held after (%d before), peak %d of %d", room, held.used, base, held.peakBytes(), held.max)
+		}
+	}
 }
