@@ -25,10 +25,17 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 )
 
 // maxViewWorkers bounds the workers of one response.
 const maxViewWorkers = 8
+
+// minViewParallelBytes is the least a response's batches must weigh to be
+// rewritten on workers: below it (a consumer at the end of a log, a few
+// records per fetch) handing batches to goroutines costs more than the
+// rewrite itself, so they are rewritten in line.
+const minViewParallelBytes = 64 << 10
 
 // viewJob is one batch of a response to rewrite.
 type viewJob struct {
@@ -102,18 +109,29 @@ func eachViewBatch(in []byte, f func(b []byte)) {
 }
 
 // startViewJobs starts the workers on the jobs (when there are at least
-// two and more than one core); nil when the batches are better rewritten
-// in line.
+// two, more than one core, and minViewParallelBytes of batches); nil when
+// the batches are better rewritten in line.
 func startViewJobs(jobs []*viewJob, held *heldBudget, newMeter func() *decodeMeter) *viewJobs {
 	w := viewWorkers(len(jobs))
 	if w < 2 {
 		return nil
 	}
+	size := 0
+	for _, jb := range jobs {
+		size += len(jb.b)
+	}
+	if size < minViewParallelBytes {
+		return nil
+	}
 	return startViewJobsN(jobs, w, held, newMeter)
 }
 
+// viewJobsStarted counts the responses rewritten on workers (tests).
+var viewJobsStarted atomic.Int64
+
 // startViewJobsN starts w workers on the jobs.
 func startViewJobsN(jobs []*viewJob, w int, held *heldBudget, newMeter func() *decodeMeter) *viewJobs {
+	viewJobsStarted.Add(1)
 	j := &viewJobs{jobs: jobs, newMeter: newMeter, held: held, slots: make(chan struct{}, 2*w), feed: make(chan *viewJob),
 		quit: make(chan struct{})}
 	j.wg.Add(1 + w)

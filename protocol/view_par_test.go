@@ -231,3 +231,32 @@ func TestViewWorkersWithinHeldBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestViewWorkersThroughProxy: a group consuming a view through the proxy
+// gets exactly what the view makes of each record when its fetch
+// responses are large enough to be rewritten on workers (several
+// partitions, several batches each, uncompressed and zstd).
+func TestViewWorkersThroughProxy(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	upstream := startKfake(t, "-topics", "big:3")
+	tp := startProxy(t, upstream, func(c *Config) { c.MaxHeldBytes = 64 << 20 })
+	tp.SetViews(testViews{{name: "big.view", topic: "big"}})
+	at := map[pOff]int{}
+	for k, codec := range []kgo.CompressionCodec{kgo.NoCompression(), kgo.ZstdCompression(), kgo.NoCompression()} {
+		for o, i := range produceDirect(t, upstream, "big", 2000*k, 2000, codec) {
+			at[o] = i
+		}
+	}
+	want := 0
+	for _, i := range at {
+		if _, kept, _ := viewExpect(i); kept {
+			want++
+		}
+	}
+	before := viewJobsStarted.Load()
+	got := consumeView(t, tp.Addr(), "c1", "gw", "big.view", want)
+	checkViewRecords(t, got, at, "big.view", 0)
+	if viewJobsStarted.Load() == before {
+		t.Errorf("no fetch response was rewritten on workers")
+	}
+}
