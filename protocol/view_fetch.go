@@ -220,7 +220,7 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 	// the name its client uses.
 	views := make([]View, len(resp.Topics))
 	clients := make([]string, len(resp.Topics))
-	var jobs []*viewJob
+	batches, size := 0, 0
 	for ti := range resp.Topics {
 		t := &resp.Topics[ti]
 		real := t.Topic
@@ -243,13 +243,23 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 		}
 		views[ti], clients[ti] = v, client
 		for pi := range t.Partitions {
-			pp := &t.Partitions[pi]
-			eachViewBatch(pp.RecordBatches, func(b []byte) {
-				jobs = append(jobs, &viewJob{v: v, partition: pp.Partition, b: b, done: make(chan struct{})})
-			})
+			eachViewBatch(t.Partitions[pi].RecordBatches, func(b []byte) { batches, size = batches+1, size+len(b) })
 		}
 	}
-	if sc.jobs = startViewJobs(jobs, p.held, func() *decodeMeter { return p.newMeter(done, p.guardBufs) }); sc.jobs != nil {
+	if viewParallel(batches, size) {
+		jobs := make([]*viewJob, 0, batches)
+		for ti, v := range views {
+			if v == nil {
+				continue
+			}
+			for pi := range resp.Topics[ti].Partitions {
+				pp := &resp.Topics[ti].Partitions[pi]
+				eachViewBatch(pp.RecordBatches, func(b []byte) {
+					jobs = append(jobs, &viewJob{v: v, partition: pp.Partition, b: b, done: make(chan struct{})})
+				})
+			}
+		}
+		sc.jobs = startViewJobsN(jobs, viewWorkers(batches), p.held, func() *decodeMeter { return p.newMeter(done, p.guardBufs) })
 		defer func() { sc.jobs.stop(); sc.jobs = nil }()
 	}
 	for ti := range resp.Topics {

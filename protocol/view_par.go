@@ -108,22 +108,11 @@ func eachViewBatch(in []byte, f func(b []byte)) {
 	}
 }
 
-// startViewJobs starts the workers on the jobs (when there are at least
-// two, more than one core, and minViewParallelBytes of batches); nil when
-// the batches are better rewritten in line.
-func startViewJobs(jobs []*viewJob, held *heldBudget, newMeter func() *decodeMeter) *viewJobs {
-	w := viewWorkers(len(jobs))
-	if w < 2 {
-		return nil
-	}
-	size := 0
-	for _, jb := range jobs {
-		size += len(jb.b)
-	}
-	if size < minViewParallelBytes {
-		return nil
-	}
-	return startViewJobsN(jobs, w, held, newMeter)
+// viewParallel reports whether a response of n batches weighing size
+// bytes is rewritten on workers: at least two batches, more than one
+// core, and minViewParallelBytes of batches.
+func viewParallel(n, size int) bool {
+	return viewWorkers(n) >= 2 && size >= minViewParallelBytes
 }
 
 // viewJobsStarted counts the responses rewritten on workers (tests).
