@@ -15,9 +15,9 @@ package protocol
 // proxy.max_held_bytes (without waiting: the connection holds its
 // response there already; with no room, viewPartition rewrites that
 // batch in line); each worker decodes under its own meter (decode.go),
-// charged to the global decode budget as the connections' decodes are. A worker's panic is raised again in the
-// connection's goroutine, which closes that connection as any panic of
-// its loops does.
+// charged to the global decode budget as the connections' decodes are.
+// A worker's panic is raised again in the connection's goroutine, which
+// closes that connection as any panic of its loops does.
 
 import (
 	"encoding/binary"
@@ -157,6 +157,7 @@ func (j *viewJobs) dispatch() {
 		select {
 		case j.feed <- jb:
 		case <-j.quit:
+			j.release(jb) // fed to no worker: its room goes back now
 			return
 		}
 	}

@@ -129,9 +129,9 @@ func TestViewWorkersSameAsInLine(t *testing.T) {
 
 // TestViewWorkersStopOnError: when the connection closes while a worker
 // waits for the global decode budget, the partition's rewrite returns
-// the error, and no worker outlives it (the response's buffer is given
-// back to the pool right after, so a worker still reading it would read
-// another response).
+// the error, no worker outlives it (the response's buffer is given back
+// to the pool right after, so a worker still reading it would read
+// another response), and no room in proxy.max_held_bytes stays taken.
 func TestViewWorkersStopOnError(t *testing.T) {
 	var in []byte
 	for i := range 6 {
@@ -148,9 +148,10 @@ func TestViewWorkersStopOnError(t *testing.T) {
 	newMeter := func() *decodeMeter {
 		return &decodeMeter{global: global, done: done, maxCost: 1 << 20, maxRecs: 100, bufs: &decompressBufs{}}
 	}
+	held := &heldBudget{max: 64 << 20, gauge: m.heldBytes, waits: m.heldWaits}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := viewPartitionOn(3, oddView{}, in, newMeter, &viewScratch{}, &viewCounts{})
+		_, err := viewPartitionHeld(3, held, oddView{}, in, newMeter, &viewScratch{}, &viewCounts{})
 		errc <- err
 	}()
 	time.Sleep(50 * time.Millisecond)
@@ -168,6 +169,13 @@ func TestViewWorkersStopOnError(t *testing.T) {
 			t.Fatalf("%d goroutines after the rewrite, %d before", runtime.NumGoroutine(), before)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// The room the batches rewritten ahead took is all given back.
+	held.mu.Lock()
+	used := held.used
+	held.mu.Unlock()
+	if used != 0 {
+		t.Errorf("%d bytes of proxy.max_held_bytes still held", used)
 	}
 }
 
@@ -258,5 +266,58 @@ func TestViewWorkersThroughProxy(t *testing.T) {
 	checkViewRecords(t, got, at, "big.view", 0)
 	if viewJobsStarted.Load() == before {
 		t.Errorf("no fetch response was rewritten on workers")
+	}
+}
+
+// blockingView holds each record until release is closed.
+type blockingView struct{ entered, release chan struct{} }
+
+func (blockingView) Name() string  { return "b" }
+func (blockingView) Topic() string { return "t" }
+func (v blockingView) Apply(*ViewRecord) (bool, error) {
+	select {
+	case v.entered <- struct{}{}:
+	default:
+	}
+	<-v.release
+	return true, nil
+}
+
+// TestViewWorkersStopGivesBackRoom: stopping the workers (the connection
+// answered or closed) gives back the room in proxy.max_held_bytes of
+// every batch that took some: taken, rewritten and not taken, and taken
+// but fed to no worker yet.
+func TestViewWorkersStopGivesBackRoom(t *testing.T) {
+	m, err := newMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := &heldBudget{max: 64 << 20, gauge: m.heldBytes, waits: m.heldWaits}
+	v := blockingView{entered: make(chan struct{}, 1), release: make(chan struct{})}
+	var jobs []*viewJob
+	for i := range 4 {
+		b := viewBatchSeed(t, int64(10*i), kgo.NoCompression(), "ab")
+		jobs = append(jobs, &viewJob{v: v, b: b, done: make(chan struct{})})
+	}
+	j := startViewJobsN(jobs, 1, held, func() *decodeMeter { return testMeter(1<<20, 100) })
+	<-v.entered // the one worker holds the first batch; the dispatcher waits to feed the second
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		held.mu.Lock()
+		used := held.used
+		held.mu.Unlock()
+		if used == viewOutCap(jobs[0].b)+viewOutCap(jobs[1].b) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes held, want the first two batches' room", used)
+		}
+	}
+	stopped := make(chan struct{})
+	go func() { j.stop(); close(stopped) }()
+	time.Sleep(20 * time.Millisecond)
+	close(v.release)
+	<-stopped
+	if held.used != 0 {
+		t.Errorf("%d bytes of proxy.max_held_bytes still held after stop", held.used)
 	}
 }
