@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -320,4 +321,44 @@ func TestViewWorkersStopGivesBackRoom(t *testing.T) {
 	if held.used != 0 {
 		t.Errorf("%d bytes of proxy.max_held_bytes still held after stop", held.used)
 	}
+}
+
+// FuzzViewDecompress: the one-call zstd decode of a view (viewDecompress)
+// gives what the streaming decode gives (decompress), bytes and error
+// alike, and charges the meter the same, for any input: frames with and
+// without a declared size, several frames, frames that lie about their
+// size, and garbage.
+func FuzzViewDecompress(f *testing.F) {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(1))
+	if err != nil {
+		f.Fatal(err)
+	}
+	plain := []byte(strings.Repeat(`{"card":"4111-1111-1111-1111","status":"ok"}`, 40))
+	one := enc.EncodeAll(plain, nil) // declares its size
+	f.Add(one)
+	f.Add(append(slices.Clone(one), one...)) // two frames
+	var stream bytes.Buffer
+	sw, _ := zstd.NewWriter(&stream, zstd.WithEncoderConcurrency(1))
+	sw.Write(plain)
+	sw.Close()
+	f.Add(stream.Bytes()) // no declared size
+	lie := slices.Clone(one)
+	lie[5]-- // a declared size one short (single-segment frame: the size byte after the descriptor)
+	f.Add(lie)
+	f.Add(enc.EncodeAll(nil, nil))
+	f.Add([]byte{0x28, 0xb5, 0x2f, 0xfd})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		m1, m2 := testMeter(64<<10, 100), testMeter(64<<10, 100)
+		got, err1 := m1.viewDecompress(in, 4)
+		want, err2 := m2.decompress(in, 4)
+		if (err1 == nil) != (err2 == nil) || (err1 != nil && err1.Error() != err2.Error()) {
+			t.Fatalf("errors: one call %v, streaming %v", err1, err2)
+		}
+		if err1 == nil && !bytes.Equal(got, want) {
+			t.Fatalf("one call %d bytes, streaming %d", len(got), len(want))
+		}
+		if m1.cost != m2.cost {
+			t.Fatalf("charged %d, streaming %d", m1.cost, m2.cost)
+		}
+	})
 }
