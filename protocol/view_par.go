@@ -108,11 +108,17 @@ func eachViewBatch(in []byte, f func(b []byte)) {
 	}
 }
 
+// minViewJobBytes is the least a response's batches must weigh on
+// average to be rewritten on workers: a batch of a record or two (a
+// producer without linger) is rewritten in less time than it takes to
+// hand it to a worker and back.
+const minViewJobBytes = 8 << 10
+
 // viewParallel reports whether a response of n batches weighing size
 // bytes is rewritten on workers: at least two batches, more than one
-// core, and minViewParallelBytes of batches.
+// core, minViewParallelBytes of batches, minViewJobBytes a batch.
 func viewParallel(n, size int) bool {
-	return viewWorkers(n) >= 2 && size >= minViewParallelBytes
+	return viewWorkers(n) >= 2 && size >= minViewParallelBytes && size >= n*minViewJobBytes
 }
 
 // viewJobsStarted counts the responses rewritten on workers (tests).
