@@ -303,6 +303,7 @@ func (d *Driver) SendTo(topic string, in DriverInput) error {
 	d.lastIn = d.now
 	t.processOther(kr)
 	t.pos = off + 1
+	d.r.mx.addOther(topic, 1)
 	d.settle()
 	return nil
 }

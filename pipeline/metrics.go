@@ -53,7 +53,7 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2, 18)
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		recordsIn: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtproxy_pipeline_records_in_total", Help: "Source records read by a route, per partition.",
+			Name: "rtproxy_pipeline_records_in_total", Help: "Records read by a route, per partition of every topic it reads: the source's (partition=\"<p>\") and each stream join's second topic's (partition=\"<topic>:<p>\").",
 		}, []string{"route", "partition"}),
 		recordsOut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_pipeline_records_out_total", Help: "Records written to a route's sink and acknowledged.",
