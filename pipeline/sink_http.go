@@ -133,10 +133,7 @@ func buildHTTPSink(r *route, spec *rules.HTTPSink, name string) (*httpSink, erro
 	if timeout <= 0 {
 		timeout = rules.DefaultHTTPTimeout
 	}
-	met, err := httpMetricsOn(r.m.cfg.Registerer)
-	if err != nil {
-		return nil, err
-	}
+	met := r.m.met.http
 	s := &httpSink{r: r, spec: spec, name: name, headers: hs, slots: make(chan struct{}, inFlight),
 		cl: &http.Client{Transport: tr, Timeout: timeout}, lanes: map[*task]*httpLane{},
 		met: met.of(r.name, name)}
