@@ -32,6 +32,10 @@ type segment struct {
 	other   *otherInput
 	others  []*segment
 	nparts  int  // partitions of topic (for markers sent to it)
+	// hold is how far behind the watermark its keyed step emits
+	// (Traits.HoldsWatermark, a stream join): the frontier it passes on
+	// to the next segment is held back by as much.
+	hold int64
 	timed   bool // a step of the segment reacts to the watermark
 	markers bool // a later segment is timed: send it watermark markers
 	// sourceShaped: the values this segment reads still have the source's
@@ -174,6 +178,15 @@ func (t *task) frontier() (int64, bool) {
 	return t.front.frontier, t.front.has
 }
 
+// passOn is the frontier f as the next segment gets it: held back by what
+// the segment's keyed step may still emit behind it.
+func (t *task) passOn(f int64) int64 {
+	if f == minWatermark {
+		return f
+	}
+	return f - t.seg.hold
+}
+
 // observeEvent notes a source record's event time.
 func (t *task) observeEvent(ev int64) {
 	f := ev - t.r.def.Source.Watermark.Milliseconds()
@@ -206,6 +219,7 @@ func (t *task) sendMarkers(now time.Time, force bool) {
 	if !ok {
 		return
 	}
+	f = t.passOn(f)
 	t.front.Lock()
 	if len(t.front.sent) < next.nparts {
 		for len(t.front.sent) < next.nparts {
