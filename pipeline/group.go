@@ -338,6 +338,7 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 		t.mIn = r.m.met.recordsIn.WithLabelValues(r.name, t.label)
 	case seg.other != nil:
 		t.label = fmt.Sprintf("%s:%d", seg.topic, p)
+		t.mIn = r.m.met.recordsIn.WithLabelValues(r.name, t.label)
 	default:
 		t.label = fmt.Sprintf("%d:%d", seg.idx, p)
 		t.stepName = taskStepName(seg.keyStep, p)

@@ -409,6 +409,12 @@ type RouteStatus struct {
 	// every source record it processed.
 	TappedRecords int64   `json:"tapped_records"`
 	TappedShare   float64 `json:"tapped_share"`
+	// RecordsIn are the records this instance's version of the route read
+	// from every topic it reads (its source, and the second topic of each
+	// stream join), as rtproxy_pipeline_records_in_total summed over its
+	// partitions; RecordsInByTopic the same per topic.
+	RecordsIn        int64            `json:"records_in"`
+	RecordsInByTopic map[string]int64 `json:"records_in_by_topic,omitempty"`
 }
 
 // OwnedPartition is one partition a route's instance owns in its group.

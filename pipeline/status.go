@@ -65,6 +65,7 @@ func (r *route) status() RouteStatus {
 	s.Delivery = d.Sink.Delivery
 	s.Transaction = r.txnStatus()
 	s.TappedRecords = r.mx.nTapped.Load()
+	s.RecordsIn, s.RecordsInByTopic = r.mx.recordsIn(d.Source.Topic)
 	if in := r.mx.in.Load(); in > 0 {
 		s.TappedShare = float64(s.TappedRecords) / float64(in)
 	}
