@@ -178,3 +178,18 @@ func (m *metrics) forgetRoute(route string) {
 		v.DeletePartialMatch(only)
 	}
 }
+
+// forgetSinks deletes the series of the sinks of route named (their
+// `sink` label): the per-sink records and errors, and an HTTP sink's
+// requests, retries and latencies. Only series of those sinks go; the
+// route's other sinks keep theirs, and their counts.
+func (m *metrics) forgetSinks(route string, sinks []string) {
+	for _, s := range sinks {
+		only := prometheus.Labels{"route": route, "sink": s}
+		for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+			m.sinkOut, m.sinkWriteErrors, m.http.requests, m.http.retries, m.http.latency,
+		} {
+			v.DeletePartialMatch(only)
+		}
+	}
+}

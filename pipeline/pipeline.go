@@ -267,6 +267,9 @@ func (m *Manager) reconcile() {
 	}
 	var stop []*route
 	var start []*rules.Route
+	// was: the version before of each route that starts again, swapped
+	// or removed earlier (its sinks' series are still on the registry).
+	was := map[string]*rules.Route{}
 	for name, r := range m.mu.routes {
 		d, ok := want[name]
 		if !ok {
@@ -280,11 +283,15 @@ func (m *Manager) reconcile() {
 			delete(m.mu.routes, name)
 			m.mu.swapping[name] = r
 			start = append(start, d)
+			was[name] = r.def
 		}
 	}
 	for name, d := range want {
 		if _, ok := m.mu.routes[name]; !ok && !containsRoute(start, name) {
 			start = append(start, d)
+			if old, ok := m.mu.stopped[name]; ok {
+				was[name] = old
+			}
 		}
 	}
 	m.mu.Unlock()
@@ -298,6 +305,13 @@ func (m *Manager) reconcile() {
 	}
 	wg.Wait()
 	for _, d := range start {
+		// The sinks the new version no longer has: the old version has
+		// stopped (nothing counts on them any more), so their series go
+		// before the new one runs; a sink that stays keeps its series,
+		// and the new version's outlets count on in them.
+		if old := was[d.Name]; old != nil {
+			m.met.forgetSinks(d.Name, goneSinks(old, d))
+		}
 		r := newRoute(m, d)
 		m.mu.Lock()
 		m.mu.routes[d.Name] = r
