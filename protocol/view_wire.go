@@ -89,11 +89,13 @@ type viewConn struct {
 	byID  map[[16]byte]string
 	hit   map[string]bool
 	hitID map[[16]byte]bool
-	// sess are the view topics of the connection's fetch session (KIP-227)
-	// by client name, with the real topic each reads: an incremental
-	// fetch names only what changed, and the response may carry any
-	// topic of the session.
-	sess map[string]string
+	// sess are the topics of the connection's fetch session (KIP-227)
+	// by client name, with the real topic each reads and its partitions,
+	// while the session holds a view topic (nil otherwise, and when the
+	// proxy did not see the session start): an incremental fetch names
+	// only what changed, and the response may carry any topic of the
+	// session.
+	sess map[string]*sessTopic
 	// saslMech is the mechanism of the last SaslHandshake.
 	saslMech string
 	// software is the client software name ApiVersions v3+ declared
@@ -130,6 +132,13 @@ func (pr *pair) viewClient(vs *Views, h RequestHeader) (Views, *viewConn) {
 	return orViews(vs), st
 }
 
+// sessTopic is one topic of a fetch session as the proxy follows it.
+type sessTopic struct {
+	real  string
+	view  bool // a view's name (virtual or in place), not the real topic as stored
+	parts map[int32]struct{}
+}
+
 // viewReq is what a response to a request that named a view needs.
 type viewReq struct {
 	views  Views
@@ -140,6 +149,13 @@ type viewReq struct {
 	byRealID map[[16]byte]string
 	// meta is set for Metadata.
 	meta *metaView
+	// fan is set for a Fetch that names one real topic under several
+	// names (view_names.go): by real topic (its name, or its id's 16
+	// bytes from v13 on), the names it was asked under.
+	fan map[string]*fanTopic
+	// multi is set for ListOffsets, OffsetForLeaderEpoch and OffsetFetch
+	// naming a view: by scope and real topic, the names it was asked by.
+	multi map[string][]*multiName
 	// Fetch: emptyOK when the client can read a batch of no records;
 	// maxWait is the request's; delay holds the response (delayIfEmpty).
 	emptyOK bool
@@ -283,13 +299,17 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 	case *kmsg.MetadataRequest:
 		changed = pr.viewMetadataRequest(vr, st, r)
 	case *kmsg.ListOffsetsRequest:
-		for i := range r.Topics {
-			changed = pr.toReal(vr, st, &r.Topics[i].Topic, new([16]byte), false) || changed
-		}
+		r.Topics, changed = mergeNames(vr, "", r.Topics, func(t *kmsg.ListOffsetsRequestTopic) *string { return &t.Topic },
+			func(t *kmsg.ListOffsetsRequestTopic) *[]kmsg.ListOffsetsRequestTopicPartition { return &t.Partitions },
+			func(p *kmsg.ListOffsetsRequestTopicPartition) int32 { return p.Partition },
+			func(a, b *kmsg.ListOffsetsRequestTopicPartition) bool {
+				return a.Timestamp == b.Timestamp && a.MaxNumOffsets == b.MaxNumOffsets
+			})
 	case *kmsg.OffsetForLeaderEpochRequest:
-		for i := range r.Topics {
-			changed = pr.toReal(vr, st, &r.Topics[i].Topic, new([16]byte), false) || changed
-		}
+		r.Topics, changed = mergeNames(vr, "", r.Topics, func(t *kmsg.OffsetForLeaderEpochRequestTopic) *string { return &t.Topic },
+			func(t *kmsg.OffsetForLeaderEpochRequestTopic) *[]kmsg.OffsetForLeaderEpochRequestTopicPartition { return &t.Partitions },
+			func(p *kmsg.OffsetForLeaderEpochRequestTopicPartition) int32 { return p.Partition },
+			func(a, b *kmsg.OffsetForLeaderEpochRequestTopicPartition) bool { return a.LeaderEpoch == b.LeaderEpoch })
 	case *kmsg.OffsetCommitRequest:
 		for i := range r.Topics {
 			t := &r.Topics[i]
@@ -301,14 +321,23 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 			changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, r.Version >= 6) || changed
 		}
 	case *kmsg.OffsetFetchRequest:
-		for i := range r.Topics {
-			changed = pr.toReal(vr, st, &r.Topics[i].Topic, new([16]byte), false) || changed
-		}
+		var named bool
+		r.Topics, changed = mergeNames(vr, "", r.Topics, func(t *kmsg.OffsetFetchRequestTopic) *string { return &t.Topic },
+			func(t *kmsg.OffsetFetchRequestTopic) *[]int32 { return &t.Partitions },
+			func(p *int32) int32 { return *p }, func(a, b *int32) bool { return true })
 		for g := range r.Groups {
-			for i := range r.Groups[g].Topics {
-				t := &r.Groups[g].Topics[i]
-				changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, r.Version >= 10) || changed
+			if r.Version >= 10 { // by topic id
+				for i := range r.Groups[g].Topics {
+					t := &r.Groups[g].Topics[i]
+					changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, true) || changed
+				}
+				continue
 			}
+			gr := &r.Groups[g]
+			gr.Topics, named = mergeNames(vr, gr.Group, gr.Topics, func(t *kmsg.OffsetFetchRequestGroupTopic) *string { return &t.Topic },
+				func(t *kmsg.OffsetFetchRequestGroupTopic) *[]int32 { return &t.Partitions },
+				func(p *int32) int32 { return *p }, func(a, b *int32) bool { return true })
+			changed = changed || named
 		}
 	}
 	if !changed {
@@ -344,13 +373,25 @@ func (pr *pair) viewResponse(req inflight, frame []byte) ([]byte, error) {
 	case *kmsg.MetadataResponse:
 		pr.p.viewMetadataResponse(vr, resp)
 	case *kmsg.ListOffsetsResponse:
-		for i := range resp.Topics {
-			vr.toClient(&resp.Topics[i].Topic, new([16]byte), false)
-		}
+		resp.Topics = fanNames(vr, "", resp.Topics, func(t *kmsg.ListOffsetsResponseTopic) *string { return &t.Topic },
+			func(t *kmsg.ListOffsetsResponseTopic) *[]kmsg.ListOffsetsResponseTopicPartition { return &t.Partitions },
+			func(p *kmsg.ListOffsetsResponseTopicPartition) int32 { return p.Partition },
+			func(p int32) kmsg.ListOffsetsResponseTopicPartition {
+				pr.p.vm.refused.WithLabelValues("ListOffsets").Inc()
+				rp := kmsg.NewListOffsetsResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p, kerr.InvalidRequest.Code
+				return rp
+			})
 	case *kmsg.OffsetForLeaderEpochResponse:
-		for i := range resp.Topics {
-			vr.toClient(&resp.Topics[i].Topic, new([16]byte), false)
-		}
+		resp.Topics = fanNames(vr, "", resp.Topics, func(t *kmsg.OffsetForLeaderEpochResponseTopic) *string { return &t.Topic },
+			func(t *kmsg.OffsetForLeaderEpochResponseTopic) *[]kmsg.OffsetForLeaderEpochResponseTopicPartition { return &t.Partitions },
+			func(p *kmsg.OffsetForLeaderEpochResponseTopicPartition) int32 { return p.Partition },
+			func(p int32) kmsg.OffsetForLeaderEpochResponseTopicPartition {
+				pr.p.vm.refused.WithLabelValues("OffsetForLeaderEpoch").Inc()
+				rp := kmsg.NewOffsetForLeaderEpochResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p, kerr.InvalidRequest.Code
+				return rp
+			})
 	case *kmsg.OffsetCommitResponse:
 		for i := range resp.Topics {
 			t := &resp.Topics[i]
@@ -362,14 +403,21 @@ func (pr *pair) viewResponse(req inflight, frame []byte) ([]byte, error) {
 			vr.toClient(&t.Topic, &t.TopicID, resp.Version >= 6)
 		}
 	case *kmsg.OffsetFetchResponse:
-		for i := range resp.Topics {
-			vr.toClient(&resp.Topics[i].Topic, new([16]byte), false)
-		}
+		resp.Topics = fanNames(vr, "", resp.Topics, func(t *kmsg.OffsetFetchResponseTopic) *string { return &t.Topic },
+			func(t *kmsg.OffsetFetchResponseTopic) *[]kmsg.OffsetFetchResponseTopicPartition { return &t.Partitions },
+			func(p *kmsg.OffsetFetchResponseTopicPartition) int32 { return p.Partition }, nil)
 		for g := range resp.Groups {
-			for i := range resp.Groups[g].Topics {
-				t := &resp.Groups[g].Topics[i]
-				vr.toClient(&t.Topic, &t.TopicID, resp.Version >= 10)
+			gr := &resp.Groups[g]
+			if resp.Version >= 10 {
+				for i := range gr.Topics {
+					t := &gr.Topics[i]
+					vr.toClient(&t.Topic, &t.TopicID, true)
+				}
+				continue
 			}
+			gr.Topics = fanNames(vr, gr.Group, gr.Topics, func(t *kmsg.OffsetFetchResponseGroupTopic) *string { return &t.Topic },
+				func(t *kmsg.OffsetFetchResponseGroupTopic) *[]kmsg.OffsetFetchResponseGroupTopicPartition { return &t.Partitions },
+				func(p *kmsg.OffsetFetchResponseGroupTopicPartition) int32 { return p.Partition }, nil)
 		}
 	}
 	out := getBuf(len(frame) + len(frame)/16)[:0]

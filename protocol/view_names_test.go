@@ -1,0 +1,300 @@
+package protocol
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
+)
+
+// One real topic under several names in one fetch (or one fetch session):
+// the real name, a view on it and a second view on it. Each name gets its
+// own records: the real name the originals, each view what it makes of
+// them (its header names it).
+
+// checkNamed checks the records fetched under one name: the originals for
+// the real topic, the view's records (testView, its name in the "view"
+// header) for a view; want counts the records expected.
+func checkNamed(t *testing.T, name string, recs []refRecord, at map[pOff]int, partition int32) int {
+	t.Helper()
+	n := 0
+	for _, r := range recs {
+		i, ok := at[pOff{partition, r.offset}]
+		if !ok {
+			t.Errorf("%s: record at %d/%d was not produced", name, partition, r.offset)
+			continue
+		}
+		n++
+		if name == "pay" {
+			if string(r.value) != viewInput(i) {
+				t.Errorf("pay: got %s at %d, want the original %s", r.value, r.offset, viewInput(i))
+			}
+			for _, h := range r.headers {
+				if h.Key == "view" || h.Key == ViewErrorHeader {
+					t.Errorf("pay: the original record %d carries a view's header %v", i, h)
+				}
+			}
+			continue
+		}
+		value, kept, isErr := viewExpect(i)
+		switch {
+		case !kept:
+			t.Errorf("%s: record %d should have been filtered out", name, i)
+		case isErr:
+			if r.value != nil {
+				t.Errorf("%s: error record %d has value %q", name, i, r.value)
+			}
+		default:
+			if string(r.value) != value {
+				t.Errorf("%s: record %d is %s, want %s", name, i, r.value, value)
+			}
+			if len(r.headers) != 2 || r.headers[1].Key != "view" || string(r.headers[1].Value) != name {
+				t.Errorf("%s: record %d headers %v, want the view's own", name, i, r.headers)
+			}
+		}
+	}
+	return n
+}
+
+func wantNamed(name string, at map[pOff]int, from int64) int {
+	n := 0
+	for k, i := range at {
+		if k.o < from {
+			continue
+		}
+		if _, kept, _ := viewExpect(i); kept || name == "pay" {
+			n++
+		}
+	}
+	return n
+}
+
+// A raw fetch (by name up to v12, by id from v13 on; without a session and
+// with one, full then incremental) naming pay, pay.analytics and pay.b,
+// each at an offset of its own: every name gets its own records from its
+// own offset, and the fetch session the client holds stays right.
+func TestViewFetchOneTopicUnderSeveralNames(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	tp := startProxy(t, upstream, nil)
+	tp.SetViews(testViews{{name: "pay.analytics", topic: "pay"}, {name: "pay.b", topic: "pay"}})
+	at := produceDirect(t, upstream, "pay", 0, 30, kgo.ZstdCompression())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	md, err := kadm.NewClient(cl).Metadata(ctx, "pay", "pay.analytics", "pay.b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string][16]byte{}
+	for name, mt := range md.Topics {
+		ids[name] = mt.ID
+	}
+	leader := md.Topics["pay"].Partitions[0].Leader
+	names := []string{"pay", "pay.analytics", "pay.b"}
+
+	for _, version := range []int16{4, 12, 13, 17} {
+		for _, session := range []bool{false, true} {
+			if session && version < 7 {
+				continue
+			}
+			t.Run(fmt.Sprintf("v%d_session_%v", version, session), func(t *testing.T) {
+				versions := kversion.Stable()
+				versions.SetMaxKeyVersion(int16(kmsg.Fetch), version)
+				cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("c"), kgo.MaxVersions(versions))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cl.Close()
+				offsets := map[string]int64{"pay": 0, "pay.analytics": 5, "pay.b": 12}
+				var sessionID, epoch int32 = 0, -1
+				if session {
+					epoch = 0
+				}
+				var resp *kmsg.FetchResponse
+				fetch := func(which ...string) map[string][]refRecord {
+					req := kmsg.NewPtrFetchRequest()
+					req.Version, req.ReplicaID, req.MaxWaitMillis, req.MaxBytes = version, -1, 50, 1<<20
+					req.SessionID, req.SessionEpoch = sessionID, epoch
+					for _, name := range which {
+						rt := kmsg.NewFetchRequestTopic()
+						rt.Topic, rt.TopicID = name, ids[name]
+						rp := kmsg.NewFetchRequestTopicPartition()
+						rp.FetchOffset, rp.PartitionMaxBytes, rp.LogStartOffset = offsets[name], 1<<20, -1
+						rt.Partitions = append(rt.Partitions, rp)
+						req.Topics = append(req.Topics, rt)
+					}
+					resp, err = req.RequestWith(ctx, cl.Broker(int(leader)))
+					if err != nil {
+						t.Fatal(err)
+					}
+					if resp.ErrorCode != 0 {
+						t.Fatalf("fetch error %v", kerr.ErrorForCode(resp.ErrorCode))
+					}
+					got := map[string][]refRecord{}
+					nextOffsets := map[string]int64{}
+					defer func() { maps.Copy(offsets, nextOffsets) }()
+					for _, rt := range resp.Topics {
+						name := rt.Topic
+						if version >= 13 {
+							name = ""
+							for n, id := range ids {
+								if id == rt.TopicID {
+									name = n
+								}
+							}
+						}
+						if !slices.Contains(names, name) {
+							t.Fatalf("the answer names a topic the client did not ask for: %q %v", rt.Topic, rt.TopicID)
+						}
+						for _, p := range rt.Partitions {
+							if p.ErrorCode != 0 {
+								t.Errorf("%s: partition error %v", name, kerr.ErrorForCode(p.ErrorCode))
+							}
+							batches, ok := refDecode(p.RecordBatches)
+							if !ok {
+								t.Fatalf("%s: record batches do not decode", name)
+							}
+							if _, dup := got[name]; dup {
+								t.Errorf("%s answered twice", name)
+							}
+							got[name] = []refRecord{}
+							next := offsets[name]
+							for _, b := range batches {
+								for _, r := range b.recs {
+									if r.offset >= offsets[name] { // as clients skip what is before their offset
+										got[name] = append(got[name], r)
+									}
+								}
+								next = max(next, b.base+int64(b.lastDelta)+1)
+							}
+							nextOffsets[name] = next
+						}
+					}
+					return got
+				}
+				from := maps.Clone(offsets)
+				got := fetch(names...)
+				for _, name := range names {
+					if _, ok := got[name]; !ok {
+						t.Errorf("%s: not in the answer", name)
+					}
+					if n, want := checkNamed(t, name, got[name], at, 0), wantNamed(name, at, from[name]); n != want {
+						t.Errorf("%s: %d records from %d, want %d", name, n, from[name], want)
+					}
+				}
+				if !session {
+					return
+				}
+				// The session goes on: incremental fetches name what moved.
+				sessionID = resp.SessionID
+				if sessionID != 0 {
+					epoch = 1
+				}
+				end := int64(len(at)) // one partition
+				offsets = map[string]int64{"pay": end, "pay.analytics": end, "pay.b": end}
+				more := produceDirect(t, upstream, "pay", 100*int(version), 6, kgo.NoCompression())
+				for k, i := range more {
+					at[k] = i // later subtests read these too
+				}
+				seen := map[string]int{}
+				for range 5 {
+					got = fetch(names...)
+					if sessionID != 0 {
+						epoch++
+					}
+					for name, recs := range got {
+						seen[name] += checkNamed(t, name, recs, at, 0)
+					}
+					if seen["pay"] == 6 {
+						break
+					}
+				}
+				for _, name := range names {
+					if want := wantNamed(name, more, 0); seen[name] != want {
+						t.Errorf("%s: the next fetches got %d records, want %d", name, seen[name], want)
+					}
+				}
+			})
+		}
+	}
+}
+
+// A franz-go consumer of pay, pay.analytics and pay.b at once (one fetch,
+// one fetch session per broker, by topic id): each topic gets its own
+// records, all of them.
+func TestViewConsumeTopicAndItsViews(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:2")
+	tp := startProxy(t, upstream, nil)
+	tp.SetViews(testViews{{name: "pay.analytics", topic: "pay"}, {name: "pay.b", topic: "pay"}})
+	at := produceDirect(t, upstream, "pay", 0, 60, kgo.SnappyCompression())
+	for _, fv := range []int16{12, 17} {
+		t.Run(fmt.Sprintf("fetch_v%d", fv), func(t *testing.T) {
+			versions := kversion.Stable()
+			versions.SetMaxKeyVersion(int16(kmsg.Fetch), fv)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("c"), kgo.MaxVersions(versions),
+				kgo.ConsumeTopics("pay", "pay.analytics", "pay.b"), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+				kgo.FetchMaxWait(100*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			want := map[string]int{}
+			total := 0
+			for _, name := range []string{"pay", "pay.analytics", "pay.b"} {
+				want[name] = wantNamed(name, at, 0)
+				total += want[name]
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			byName := map[string][]refRecord{}
+			n := 0
+			for n < total && ctx.Err() == nil {
+				fs := cl.PollFetches(ctx)
+				fs.EachError(func(tp string, p int32, err error) {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("fetch %s[%d]: %v", tp, p, err)
+					}
+				})
+				fs.EachRecord(func(r *kgo.Record) {
+					n++
+					hs := make([]kmsg.Header, 0, len(r.Headers))
+					for _, h := range r.Headers {
+						hs = append(hs, kmsg.Header{Key: h.Key, Value: h.Value})
+					}
+					byName[r.Topic] = append(byName[r.Topic], refRecord{offset: r.Offset, key: fmt.Sprintf("%d", r.Partition), value: r.Value, headers: hs})
+				})
+			}
+			for name, recs := range byName {
+				got := 0
+				for _, p := range []int32{0, 1} {
+					var part []refRecord
+					for _, r := range recs {
+						if r.key == fmt.Sprint(p) {
+							part = append(part, r)
+						}
+					}
+					got += checkNamed(t, name, part, at, p)
+				}
+				if got != want[name] {
+					t.Errorf("%s: %d records, want %d", name, got, want[name])
+				}
+			}
+			if len(byName) != 3 {
+				t.Errorf("records came under %d names, want 3", len(byName))
+			}
+		})
+	}
+}
