@@ -307,7 +307,9 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 			})
 	case *kmsg.OffsetForLeaderEpochRequest:
 		r.Topics, changed = mergeNames(vr, "", r.Topics, func(t *kmsg.OffsetForLeaderEpochRequestTopic) *string { return &t.Topic },
-			func(t *kmsg.OffsetForLeaderEpochRequestTopic) *[]kmsg.OffsetForLeaderEpochRequestTopicPartition { return &t.Partitions },
+			func(t *kmsg.OffsetForLeaderEpochRequestTopic) *[]kmsg.OffsetForLeaderEpochRequestTopicPartition {
+				return &t.Partitions
+			},
 			func(p *kmsg.OffsetForLeaderEpochRequestTopicPartition) int32 { return p.Partition },
 			func(a, b *kmsg.OffsetForLeaderEpochRequestTopicPartition) bool { return a.LeaderEpoch == b.LeaderEpoch })
 	case *kmsg.OffsetCommitRequest:
@@ -384,7 +386,9 @@ func (pr *pair) viewResponse(req inflight, frame []byte) ([]byte, error) {
 			})
 	case *kmsg.OffsetForLeaderEpochResponse:
 		resp.Topics = fanNames(vr, "", resp.Topics, func(t *kmsg.OffsetForLeaderEpochResponseTopic) *string { return &t.Topic },
-			func(t *kmsg.OffsetForLeaderEpochResponseTopic) *[]kmsg.OffsetForLeaderEpochResponseTopicPartition { return &t.Partitions },
+			func(t *kmsg.OffsetForLeaderEpochResponseTopic) *[]kmsg.OffsetForLeaderEpochResponseTopicPartition {
+				return &t.Partitions
+			},
 			func(p *kmsg.OffsetForLeaderEpochResponseTopicPartition) int32 { return p.Partition },
 			func(p int32) kmsg.OffsetForLeaderEpochResponseTopicPartition {
 				pr.p.vm.refused.WithLabelValues("OffsetForLeaderEpoch").Inc()
@@ -416,7 +420,9 @@ func (pr *pair) viewResponse(req inflight, frame []byte) ([]byte, error) {
 				continue
 			}
 			gr.Topics = fanNames(vr, gr.Group, gr.Topics, func(t *kmsg.OffsetFetchResponseGroupTopic) *string { return &t.Topic },
-				func(t *kmsg.OffsetFetchResponseGroupTopic) *[]kmsg.OffsetFetchResponseGroupTopicPartition { return &t.Partitions },
+				func(t *kmsg.OffsetFetchResponseGroupTopic) *[]kmsg.OffsetFetchResponseGroupTopicPartition {
+					return &t.Partitions
+				},
 				func(p *kmsg.OffsetFetchResponseGroupTopicPartition) int32 { return p.Partition }, nil)
 		}
 	}
