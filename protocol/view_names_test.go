@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -294,6 +295,104 @@ func TestViewConsumeTopicAndItsViews(t *testing.T) {
 			}
 			if len(byName) != 3 {
 				t.Errorf("records came under %d names, want 3", len(byName))
+			}
+		})
+	}
+}
+
+// A fetch session forgets one partition of a view topic (a rebalance took
+// it away) and keeps the other: the session's later answers still carry
+// the kept partition under the view's name, through the view; never the
+// real topic's records in clear.
+func TestViewSessionForgetsSomePartitions(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:2")
+	tp := startProxy(t, upstream, nil)
+	tp.SetViews(testViews{{name: "pay.analytics", topic: "pay"}})
+	for _, version := range []int16{12, 17} {
+		t.Run(fmt.Sprintf("v%d", version), func(t *testing.T) {
+			versions := kversion.Stable()
+			versions.SetMaxKeyVersion(int16(kmsg.Fetch), version)
+			cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("c"), kgo.MaxVersions(versions))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cl.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			md, err := kadm.NewClient(cl).Metadata(ctx, "pay.analytics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			vt := md.Topics["pay.analytics"]
+			if vt.Partitions[0].Leader != vt.Partitions[1].Leader {
+				t.Skip("the partitions have different leaders: one session cannot hold both")
+			}
+			ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, "pay.analytics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			end0, _ := ends.Lookup("pay.analytics", 0)
+			end1, _ := ends.Lookup("pay.analytics", 1)
+			fetch := func(sessionID, epoch int32, parts []int32, forget []int32) *kmsg.FetchResponse {
+				req := kmsg.NewPtrFetchRequest()
+				req.Version, req.ReplicaID, req.MaxWaitMillis, req.MaxBytes = version, -1, 50, 1<<20
+				req.SessionID, req.SessionEpoch = sessionID, epoch
+				if len(parts) > 0 {
+					rt := kmsg.NewFetchRequestTopic()
+					rt.Topic, rt.TopicID = "pay.analytics", vt.ID
+					for _, p := range parts {
+						rp := kmsg.NewFetchRequestTopicPartition()
+						rp.Partition, rp.PartitionMaxBytes, rp.LogStartOffset = p, 1<<20, -1
+						rp.FetchOffset = []int64{end0.Offset, end1.Offset}[p]
+						rt.Partitions = append(rt.Partitions, rp)
+					}
+					req.Topics = append(req.Topics, rt)
+				}
+				if len(forget) > 0 {
+					ft := kmsg.NewFetchRequestForgottenTopic()
+					ft.Topic, ft.TopicID, ft.Partitions = "pay.analytics", vt.ID, forget
+					req.ForgottenTopics = append(req.ForgottenTopics, ft)
+				}
+				resp, err := req.RequestWith(ctx, cl.Broker(int(vt.Partitions[0].Leader)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp
+			}
+			first := fetch(0, 0, []int32{0, 1}, nil)
+			if first.SessionID == 0 {
+				t.Fatal("no fetch session")
+			}
+			fetch(first.SessionID, 1, nil, []int32{1})
+			produceDirect(t, upstream, "pay", 0, 4, kgo.NoCompression(), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			var got int
+			for epoch := int32(2); epoch < 8 && got == 0; epoch++ {
+				resp := fetch(first.SessionID, epoch, nil, nil)
+				if resp.ErrorCode != 0 {
+					t.Fatalf("fetch: %v", kerr.ErrorForCode(resp.ErrorCode))
+				}
+				for _, rt := range resp.Topics {
+					if rt.Topic == "pay" || (version >= 13 && rt.TopicID != vt.ID) {
+						t.Fatalf("the session's answer names the real topic (%q %v)", rt.Topic, rt.TopicID)
+					}
+					for _, p := range rt.Partitions {
+						batches, ok := refDecode(p.RecordBatches)
+						if !ok {
+							t.Fatal("batches do not decode")
+						}
+						for _, b := range batches {
+							for _, r := range b.recs {
+								got++
+								if strings.Contains(string(r.value), "4111-1111") {
+									t.Errorf("a record in clear: %s", r.value)
+								}
+							}
+						}
+					}
+				}
+			}
+			if got == 0 {
+				t.Errorf("the kept partition's new records never arrived")
 			}
 		})
 	}
