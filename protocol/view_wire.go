@@ -38,6 +38,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -96,6 +98,9 @@ type viewConn struct {
 	// only what changed, and the response may carry any topic of the
 	// session.
 	sess map[string]*sessTopic
+	// cgSubs are the KIP-848 subscriptions of the connection's members
+	// to virtual topics, by group: real topic -> the view's name.
+	cgSubs map[string]map[string]string
 	// saslMech is the mechanism of the last SaslHandshake.
 	saslMech string
 	// software is the client software name ApiVersions v3+ declared
@@ -156,6 +161,12 @@ type viewReq struct {
 	// multi is set for ListOffsets, OffsetForLeaderEpoch and OffsetFetch
 	// naming a view: by scope and real topic, the names it was asked by.
 	multi map[string][]*multiName
+	// allOffsets are the client's virtual topics (name -> real topic)
+	// for an OffsetFetch of every topic of a group.
+	allOffsets map[string]string
+	allGroups  []string // the groups asked for every topic (v8+)
+	// admin is set for the other requests that name topics (view_admin.go).
+	admin *viewAdmin
 	// Fetch: emptyOK when the client can read a batch of no records;
 	// maxWait is the request's; delay holds the response (delayIfEmpty).
 	emptyOK bool
@@ -254,7 +265,7 @@ func viewKey(key int16) bool {
 		kmsg.OffsetFetch, kmsg.OffsetForLeaderEpoch:
 		return true
 	}
-	return false
+	return viewAdminKey(key)
 }
 
 // viewRequest rewrites a request that names a view (virtual topics to
@@ -327,6 +338,19 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 		r.Topics, changed = mergeNames(vr, "", r.Topics, func(t *kmsg.OffsetFetchRequestTopic) *string { return &t.Topic },
 			func(t *kmsg.OffsetFetchRequestTopic) *[]int32 { return &t.Partitions },
 			func(p *int32) int32 { return *p }, func(a, b *int32) bool { return true })
+		if len(st.virt) > 0 {
+			// Every topic of a group: the client's virtual topics are
+			// listed too, with the offsets of the real topics they read
+			// (as Metadata lists both).
+			for _, g := range r.Groups {
+				if g.Topics == nil {
+					vr.allGroups = append(vr.allGroups, g.Group)
+				}
+			}
+			if (r.Version < 8 && r.Topics == nil) || len(vr.allGroups) > 0 {
+				vr.allOffsets, changed = st.virt, true
+			}
+		}
 		for g := range r.Groups {
 			if r.Version >= 10 { // by topic id
 				for i := range r.Groups[g].Topics {
@@ -341,6 +365,9 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 				func(p *int32) int32 { return *p }, func(a, b *int32) bool { return true })
 			changed = changed || named
 		}
+	}
+	if viewAdminKey(h.APIKey) {
+		changed = pr.viewAdminRequest(vr, st, req)
 	}
 	if !changed {
 		return frame, 0, nil, nil
@@ -407,6 +434,7 @@ func (pr *pair) viewResponse(req inflight, frame []byte) ([]byte, error) {
 			vr.toClient(&t.Topic, &t.TopicID, resp.Version >= 6)
 		}
 	case *kmsg.OffsetFetchResponse:
+		pr.allOffsets(vr, resp)
 		resp.Topics = fanNames(vr, "", resp.Topics, func(t *kmsg.OffsetFetchResponseTopic) *string { return &t.Topic },
 			func(t *kmsg.OffsetFetchResponseTopic) *[]kmsg.OffsetFetchResponseTopicPartition { return &t.Partitions },
 			func(p *kmsg.OffsetFetchResponseTopicPartition) int32 { return p.Partition }, nil)
@@ -426,11 +454,58 @@ func (pr *pair) viewResponse(req inflight, frame []byte) ([]byte, error) {
 				func(p *kmsg.OffsetFetchResponseGroupTopicPartition) int32 { return p.Partition }, nil)
 		}
 	}
+	if vr.admin != nil {
+		pr.viewAdminResponse(vr, r)
+	}
 	out := getBuf(len(frame) + len(frame)/16)[:0]
 	out = append(out, frame[:hdrEnd]...)
 	out = r.AppendTo(out)
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
 	return out, nil
+}
+
+// allOffsets adds the client's virtual topics to the answer to an
+// OffsetFetch of every topic of a group, with the offsets of the real
+// topics they read.
+func (pr *pair) allOffsets(vr *viewReq, resp *kmsg.OffsetFetchResponse) {
+	if len(vr.allOffsets) == 0 {
+		return
+	}
+	names := slices.Sorted(maps.Keys(vr.allOffsets))
+	if resp.Version < 8 {
+		n := len(resp.Topics)
+		for _, name := range names {
+			for _, t := range resp.Topics[:n] {
+				if t.Topic == vr.allOffsets[name] {
+					t.Topic = name
+					resp.Topics = append(resp.Topics, t)
+				}
+			}
+		}
+		return
+	}
+	for g := range resp.Groups {
+		gr := &resp.Groups[g]
+		if !slices.Contains(vr.allGroups, gr.Group) {
+			continue
+		}
+		n := len(gr.Topics)
+		for _, name := range names {
+			real := vr.allOffsets[name]
+			for _, t := range gr.Topics[:n] {
+				if resp.Version >= 10 {
+					if rn, ok := pr.p.TopicName(t.TopicID); !ok || rn != real {
+						continue
+					}
+					t.TopicID = viewTopicID(name)
+				} else if t.Topic != real {
+					continue
+				}
+				t.Topic = name
+				gr.Topics = append(gr.Topics, t)
+			}
+		}
+	}
 }
 
 // viewRefuses reports whether a Produce to topic (the client's name, or
