@@ -308,14 +308,16 @@ func (pr *pair) poisonShare(vr *viewReq, st *viewConn, id *[16]byte) {
 func (pr *pair) viewConsumerHeartbeat(vr *viewReq, st *viewConn, r *kmsg.ConsumerGroupHeartbeatRequest) bool {
 	a := vr.admin
 	if r.SubscribedTopicNames != nil {
-		byReal := map[string]string{}
+		byReal, seen := map[string]string{}, map[string]string{}
 		subs := make([]string, 0, len(r.SubscribedTopicNames))
 		for _, n := range r.SubscribedTopicNames {
 			real, virtual := vr.virtualView(n)
 			if !virtual {
 				real = n
 			}
-			if prev, dup := byReal[real]; dup && prev != n {
+			prev, dup := seen[real]
+			seen[real] = n
+			if dup && prev != n {
 				a.refusal = fmt.Sprintf("rtproxy: %q and %q read one topic (%q); one member cannot subscribe to both (a broker assigns a partition once)", prev, n, real)
 				pr.refuse(vr, n)
 				r.Group = ""

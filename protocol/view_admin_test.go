@@ -247,3 +247,150 @@ func direct(t *testing.T, upstream []string) *kgo.Client {
 	t.Cleanup(cl.Close)
 	return cl
 }
+
+// A KIP-848 consumer group (franz-go's ServerSideBalancer) consumes a
+// virtual topic: the subscription goes to the real topic, the assignment
+// comes back under the view's topic id, and the records through the view;
+// the group commits and a new member resumes. A member subscribing to a
+// topic and its view is refused with a message.
+func TestViewKIP848Group(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:2")
+	tp := startProxy(t, upstream, nil)
+	tp.SetViews(testViews{{name: "pay.analytics", topic: "pay"}})
+	at := produceDirect(t, upstream, "pay", 0, 40, kgo.NoCompression())
+	want := 0
+	for _, i := range at {
+		if _, kept, _ := viewExpect(i); kept {
+			want++
+		}
+	}
+	got := consumeView(t, tp.Addr(), "c", "g848", "pay.analytics", want, kgo.ServerSideBalancer())
+	checkViewRecords(t, got, at, "pay.analytics", 0)
+	more := produceDirect(t, upstream, "pay", 1000, 20, kgo.NoCompression())
+	want2 := 0
+	for _, i := range more {
+		if _, kept, _ := viewExpect(i); kept {
+			want2++
+		}
+	}
+	got2 := consumeView(t, tp.Addr(), "c", "g848", "pay.analytics", want2, kgo.ServerSideBalancer())
+	checkViewRecords(t, got2, more, "pay.analytics", 1000)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := kadm.NewClient(cl).Metadata(ctx, "pay", "pay.analytics"); err != nil {
+		t.Fatal(err)
+	}
+	req := kmsg.NewPtrConsumerGroupHeartbeatRequest()
+	req.Version = 1
+	req.Group, req.MemberID, req.MemberEpoch, req.RebalanceTimeoutMillis = "g-both", "m-0123456789abcdef0123", 0, 5000
+	req.SubscribedTopicNames = []string{"pay", "pay.analytics"}
+	req.Topics = []kmsg.ConsumerGroupHeartbeatRequestTopic{}
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ErrorCode != kerr.InvalidRequest.Code || resp.ErrorMessage == nil || !strings.Contains(*resp.ErrorMessage, "read one topic") {
+		t.Errorf("a member subscribing to pay and its view: %v %v", kerr.ErrorForCode(resp.ErrorCode), resp.ErrorMessage)
+	}
+}
+
+// Share groups (KIP-932) cannot read a view: a franz-go share consumer of
+// the in-place view gets no record in clear (its heartbeat is refused), and
+// a ShareFetch naming the topic is answered INVALID_TOPIC_EXCEPTION for its
+// partitions without the records.
+func TestViewShareGroupRefused(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	tp := startProxy(t, upstream, nil)
+	tp.SetViews(testViews{{name: "pay", topic: "pay", clients: []string{"analyst"}}})
+	// A share group starts at the end of the log: records are produced
+	// once its consumers had time to join.
+	produceLater := func() {
+		time.AfterFunc(1500*time.Millisecond, func() { produceDirect(t, upstream, "pay", 0, 10, kgo.NoCompression()) })
+	}
+	// Share groups work through the proxy for a client the view does not
+	// name: it gets the originals.
+	other, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("someone"), kgo.ShareGroup("sg-other"),
+		kgo.ConsumeTopics("pay"), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	produceLater()
+	octx, ocancel := context.WithTimeout(context.Background(), 10*time.Second)
+	n := 0
+	for n < 10 && octx.Err() == nil {
+		n += len(other.PollFetches(octx).Records())
+	}
+	ocancel()
+	other.Close()
+	if n != 10 {
+		t.Fatalf("a share consumer the view does not name got %d records, want 10", n)
+	}
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("analyst"), kgo.ShareGroup("sg"),
+		kgo.ConsumeTopics("pay"), kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	produceLater()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+	defer cancel()
+	var sawErr error
+	for ctx.Err() == nil {
+		fs := cl.PollFetches(ctx)
+		fs.EachRecord(func(r *kgo.Record) {
+			t.Errorf("a share consumer of the view got a record: %s", r.Value)
+		})
+		fs.EachError(func(_ string, _ int32, err error) {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				sawErr = err
+			}
+		})
+	}
+	if v := metricValue(t, tp.vm.refused.WithLabelValues("ShareGroupHeartbeat")); v == 0 {
+		t.Errorf("the share group's heartbeat was not refused (error seen: %v)", sawErr)
+	}
+
+	// A raw ShareFetch by the real topic's id.
+	raw, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("analyst"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel2()
+	md, err := kadm.NewClient(raw).Metadata(ctx2, "pay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sreq := kmsg.NewPtrShareFetchRequest()
+	sreq.GroupID, sreq.MemberID, sreq.ShareSessionEpoch = kmsg.StringPtr("sg2"), kmsg.StringPtr("m-0123456789abcdef0123"), 0
+	sreq.MaxWaitMillis, sreq.MaxBytes, sreq.MaxRecords, sreq.BatchSize = 10, 1<<20, 100, 100
+	st := kmsg.NewShareFetchRequestTopic()
+	st.TopicID = md.Topics["pay"].ID
+	st.Partitions = append(st.Partitions, kmsg.NewShareFetchRequestTopicPartition())
+	sreq.Topics = append(sreq.Topics, st)
+	sresp, err := sreq.RequestWith(ctx2, raw.Broker(int(md.Topics["pay"].Partitions[0].Leader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sresp.Topics) != 1 || len(sresp.Topics[0].Partitions) != 1 {
+		t.Fatalf("ShareFetch: %v %+v", kerr.ErrorForCode(sresp.ErrorCode), sresp.Topics)
+	}
+	for _, rt := range sresp.Topics {
+		if rt.TopicID != md.Topics["pay"].ID {
+			t.Errorf("ShareFetch answer names %v", rt.TopicID)
+		}
+		for _, p := range rt.Partitions {
+			if p.ErrorCode != kerr.InvalidTopicException.Code || len(p.Records) != 0 {
+				t.Errorf("ShareFetch of the view: %v, %d bytes of records", kerr.ErrorForCode(p.ErrorCode), len(p.Records))
+			}
+		}
+	}
+}
