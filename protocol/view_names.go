@@ -356,3 +356,47 @@ func fanNames[T, P any](vr *viewReq, scope string, topics []T, name func(*T) *st
 	}
 	return out
 }
+
+// A group keeps one committed offset per real partition, and the offsets
+// of a view are kept under its real topic (OffsetCommit): one commit that
+// names a real topic under two names (a topic and its view, two views of
+// one topic) cannot keep both. The later names' partitions are taken out
+// of the request and answered INVALID_TOPIC_EXCEPTION, counted and logged.
+// (One group should not consume a topic and a view of it: docs/RULES.md.)
+
+// commitRefusal is a topic taken out of a commit.
+type commitRefusal struct {
+	name  string
+	id    [16]byte
+	parts []int32
+}
+
+// splitCommit takes out of a commit's topics those that name a real topic
+// already named under another name.
+func splitCommit[T any](pr *pair, vr *viewReq, st *viewConn, topics []T, byID bool, ref func(*T) (*string, *[16]byte),
+	parts func(*T) []int32) []T {
+	seen := map[string]string{}
+	kept := topics[:0]
+	for _, t := range topics {
+		name, id := ref(&t)
+		client, ok := pr.resolveName(st, *name, *id, byID)
+		if !ok {
+			kept = append(kept, t)
+			continue
+		}
+		real := client
+		if v := vr.views.Lookup(client, vr.client); v != nil {
+			real = v.Topic()
+		}
+		if prev, dup := seen[real]; dup && prev != client {
+			vr.commitRefused = append(vr.commitRefused, commitRefusal{name: client, id: *id, parts: parts(&t)})
+			pr.p.vm.refused.WithLabelValues("OffsetCommit").Inc()
+			pr.p.log.Warn("refused a commit naming one topic under two names", "topic", client, "also", prev, "real", real,
+				"client", pr.clientAddr, "client_id", vr.client.ClientID)
+			continue
+		}
+		seen[real] = client
+		kept = append(kept, t)
+	}
+	return kept
+}

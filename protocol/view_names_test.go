@@ -397,3 +397,124 @@ func TestViewSessionForgetsSomePartitions(t *testing.T) {
 		})
 	}
 }
+
+// ListOffsets, OffsetFetch and OffsetCommit naming pay and its view in one
+// request: the offsets are asked once and answered under each name
+// (another timestamp under the second name: INVALID_REQUEST, as a broker
+// answers a partition named twice); a commit cannot keep two offsets of
+// one partition in one group, so the second name's is refused and the
+// first name's offset is the one kept.
+func TestViewOffsetsOneTopicUnderTwoNames(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	tp := startProxy(t, upstream, nil)
+	tp.SetViews(testViews{{name: "pay.analytics", topic: "pay"}})
+	produceDirect(t, upstream, "pay", 0, 10, kgo.NoCompression())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	md, err := kadm.NewClient(cl).Metadata(ctx, "pay", "pay.analytics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := cl.Broker(int(md.Topics["pay"].Partitions[0].Leader))
+
+	lo := func(tsPay, tsView int64) map[string]kmsg.ListOffsetsResponseTopicPartition {
+		req := kmsg.NewPtrListOffsetsRequest()
+		req.ReplicaID = -1
+		for name, ts := range map[string]int64{"pay": tsPay, "pay.analytics": tsView} {
+			rt := kmsg.NewListOffsetsRequestTopic()
+			rt.Topic = name
+			rp := kmsg.NewListOffsetsRequestTopicPartition()
+			rp.Timestamp = ts
+			rt.Partitions = append(rt.Partitions, rp)
+			req.Topics = append(req.Topics, rt)
+		}
+		resp, err := req.RequestWith(ctx, leader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]kmsg.ListOffsetsResponseTopicPartition{}
+		for _, rt := range resp.Topics {
+			if _, dup := out[rt.Topic]; dup || len(rt.Partitions) != 1 {
+				t.Fatalf("ListOffsets answer: %+v", resp.Topics)
+			}
+			out[rt.Topic] = rt.Partitions[0]
+		}
+		return out
+	}
+	same := lo(-1, -1)
+	for _, name := range []string{"pay", "pay.analytics"} {
+		if p := same[name]; p.ErrorCode != 0 || p.Offset != 10 {
+			t.Errorf("ListOffsets latest of %s: %+v", name, p)
+		}
+	}
+	other := lo(-1, -2)
+	if len(other) != 2 {
+		t.Fatalf("ListOffsets at two timestamps: %+v", other)
+	}
+	var answered, refused int
+	for _, p := range other {
+		switch {
+		case p.ErrorCode == kerr.InvalidRequest.Code:
+			refused++
+		case p.ErrorCode == 0 && p.Offset == 10:
+			answered++
+		}
+	}
+	if answered != 1 || refused != 1 {
+		t.Errorf("ListOffsets at two timestamps: %+v", other)
+	}
+
+	creq := kmsg.NewPtrOffsetCommitRequest()
+	creq.Group, creq.Generation = "g2", -1
+	for name, off := range map[string]int64{"pay": 7, "pay.analytics": 4} {
+		rt := kmsg.NewOffsetCommitRequestTopic()
+		rt.Topic, rt.TopicID = name, md.Topics[name].ID
+		rp := kmsg.NewOffsetCommitRequestTopicPartition()
+		rp.Offset = off
+		rt.Partitions = append(rt.Partitions, rp)
+		creq.Topics = append(creq.Topics, rt)
+	}
+	kept := creq.Topics[0].Topic
+	keptAt := creq.Topics[0].Partitions[0].Offset
+	cresp, err := creq.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	codes := map[string]int16{}
+	for _, rt := range cresp.Topics {
+		name := rt.Topic
+		if cresp.Version >= 10 {
+			for n, mt := range md.Topics {
+				if [16]byte(mt.ID) == rt.TopicID {
+					name = n
+				}
+			}
+		}
+		for _, p := range rt.Partitions {
+			codes[name] = p.ErrorCode
+		}
+	}
+	for _, name := range []string{"pay", "pay.analytics"} {
+		want := kerr.InvalidTopicException.Code
+		if name == kept {
+			want = 0
+		}
+		if c, ok := codes[name]; !ok || c != want {
+			t.Errorf("commit under %s: code %d (answered %v), want %d", name, c, ok, want)
+		}
+	}
+	fo, err := kadm.NewClient(cl).FetchOffsetsForTopics(ctx, "g2", "pay", "pay.analytics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"pay", "pay.analytics"} {
+		if o, ok := fo.Lookup(name, 0); !ok || o.At != keptAt {
+			t.Errorf("committed offset under %s: %+v, want %d", name, o, keptAt)
+		}
+	}
+}

@@ -161,6 +161,9 @@ type viewReq struct {
 	// multi is set for ListOffsets, OffsetForLeaderEpoch and OffsetFetch
 	// naming a view: by scope and real topic, the names it was asked by.
 	multi map[string][]*multiName
+	// commitRefused are the topics taken out of an OffsetCommit or
+	// TxnOffsetCommit (view_names.go).
+	commitRefused []commitRefusal
 	// allOffsets are the client's virtual topics (name -> real topic)
 	// for an OffsetFetch of every topic of a group.
 	allOffsets map[string]string
@@ -324,11 +327,29 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 			func(p *kmsg.OffsetForLeaderEpochRequestTopicPartition) int32 { return p.Partition },
 			func(a, b *kmsg.OffsetForLeaderEpochRequestTopicPartition) bool { return a.LeaderEpoch == b.LeaderEpoch })
 	case *kmsg.OffsetCommitRequest:
+		r.Topics = splitCommit(pr, vr, st, r.Topics, r.Version >= 10, func(t *kmsg.OffsetCommitRequestTopic) (*string, *[16]byte) { return &t.Topic, &t.TopicID },
+			func(t *kmsg.OffsetCommitRequestTopic) []int32 {
+				ps := make([]int32, 0, len(t.Partitions))
+				for _, p := range t.Partitions {
+					ps = append(ps, p.Partition)
+				}
+				return ps
+			})
+		changed = len(vr.commitRefused) > 0
 		for i := range r.Topics {
 			t := &r.Topics[i]
 			changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, r.Version >= 10) || changed
 		}
 	case *kmsg.TxnOffsetCommitRequest:
+		r.Topics = splitCommit(pr, vr, st, r.Topics, r.Version >= 6, func(t *kmsg.TxnOffsetCommitRequestTopic) (*string, *[16]byte) { return &t.Topic, &t.TopicID },
+			func(t *kmsg.TxnOffsetCommitRequestTopic) []int32 {
+				ps := make([]int32, 0, len(t.Partitions))
+				for _, p := range t.Partitions {
+					ps = append(ps, p.Partition)
+				}
+				return ps
+			})
+		changed = len(vr.commitRefused) > 0
 		for i := range r.Topics {
 			t := &r.Topics[i]
 			changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, r.Version >= 6) || changed
@@ -428,10 +449,26 @@ func (pr *pair) viewResponse(req inflight, frame []byte) ([]byte, error) {
 			t := &resp.Topics[i]
 			vr.toClient(&t.Topic, &t.TopicID, resp.Version >= 10)
 		}
+		for _, c := range vr.commitRefused {
+			t := kmsg.NewOffsetCommitResponseTopic()
+			t.Topic, t.TopicID = c.name, c.id
+			for _, p := range c.parts {
+				t.Partitions = append(t.Partitions, kmsg.OffsetCommitResponseTopicPartition{Partition: p, ErrorCode: kerr.InvalidTopicException.Code})
+			}
+			resp.Topics = append(resp.Topics, t)
+		}
 	case *kmsg.TxnOffsetCommitResponse:
 		for i := range resp.Topics {
 			t := &resp.Topics[i]
 			vr.toClient(&t.Topic, &t.TopicID, resp.Version >= 6)
+		}
+		for _, c := range vr.commitRefused {
+			t := kmsg.NewTxnOffsetCommitResponseTopic()
+			t.Topic, t.TopicID = c.name, c.id
+			for _, p := range c.parts {
+				t.Partitions = append(t.Partitions, kmsg.TxnOffsetCommitResponseTopicPartition{Partition: p, ErrorCode: kerr.InvalidTopicException.Code})
+			}
+			resp.Topics = append(resp.Topics, t)
 		}
 	case *kmsg.OffsetFetchResponse:
 		pr.allOffsets(vr, resp)
