@@ -12,7 +12,9 @@ package protocol
 // that holds one, is decoded, rewritten and its response read whole.
 // Metadata, ListOffsets, OffsetCommit, TxnOffsetCommit, OffsetFetch and
 // OffsetForLeaderEpoch requests are decoded (they are small and rare) and
-// rewritten when they name a virtual topic; Produce to a virtual topic is
+// rewritten when they name a virtual topic (a real topic named under
+// several names: view_names.go), as are the other requests that name
+// topics (view_admin.go: answered from the real topic, or refused); Produce to a virtual topic is
 // refused in the proxy (guard.go's refused partitions) with
 // INVALID_TOPIC_EXCEPTION and a message, its records never reaching a
 // broker.
