@@ -19,6 +19,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 func TestViewsAdminThroughBinary(t *testing.T) {
@@ -151,6 +152,39 @@ func TestViewsAdminThroughBinary(t *testing.T) {
 			if r.Value != nil && (strings.Contains(*r.Value, "4111-1111") || strings.Contains(*r.Value, `"status":"test"`)) {
 				t.Errorf("vpay.analytics %d/%d: %s in clear", r.Partition, r.Offset, *r.Value)
 			}
+		}
+	})
+
+	t.Run("a view over Avro values", func(t *testing.T) {
+		// A value in the Confluent wire format (schema id 42, an Avro
+		// record {status, card}): the json view withholds it and says why.
+		avro := []byte{0, 0, 0, 0, 42, 4, 'o', 'k', 32}
+		avro = append(avro, "4111111111111111"...)
+		cl := NewClient(t, k.Addrs, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+		r := &kgo.Record{Topic: "vpay", Partition: 1, Value: avro}
+		if err := cl.ProduceSync(context.Background(), r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+		cl.Close()
+		cons := NewClient(t, []string{p.Addr}, kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{
+			"vpay.analytics": {1: kgo.NewOffset().At(r.Offset)}}))
+		defer cons.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		var got *kgo.Record
+		for got == nil && ctx.Err() == nil {
+			cons.PollFetches(ctx).EachRecord(func(rec *kgo.Record) {
+				if rec.Offset == r.Offset {
+					got = rec
+				}
+			})
+		}
+		if got == nil {
+			t.Fatal("the Avro record never arrived through the view")
+		}
+		if got.Value != nil || len(got.Headers) != 1 || got.Headers[0].Key != "rtproxy-view-error" ||
+			!strings.Contains(string(got.Headers[0].Value), "Confluent wire format (schema id 42") {
+			t.Errorf("the Avro record through the view: value %q headers %v", got.Value, got.Headers)
 		}
 	})
 }
