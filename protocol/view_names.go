@@ -22,7 +22,11 @@ package protocol
 // full one again (every client does so). The same happens to an
 // incremental fetch that would put a second name of a real topic into the
 // session the connection holds, or that brings a view into a session the
-// proxy did not follow from its start (its topics are not known).
+// proxy did not follow from its start (its topics are not known), and to
+// the first incremental fetch after the view set changed (a reload, or the
+// client's identity): its session was opened under the old set, and a view
+// that now applies to one of its topics would not see an answer the fetch
+// does not name.
 
 import (
 	"encoding/binary"
@@ -50,6 +54,15 @@ type fanName struct {
 // topic its session holds under another name, or brings a view into a
 // session the proxy does not follow.
 func (pr *pair) fetchCollides(vr *viewReq, st *viewConn, r *kmsg.FetchRequest, full bool) bool {
+	if st.fresh {
+		// The first fetch since the view set changed: a session opened
+		// before holds topics a view may now apply to, unnamed in an
+		// incremental fetch.
+		st.fresh = false
+		if !full {
+			return true
+		}
+	}
 	byID := r.Version >= 13
 	seen := make(map[string]string, len(r.Topics))
 	anyView := false

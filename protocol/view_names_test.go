@@ -518,3 +518,76 @@ func TestViewOffsetsOneTopicUnderTwoNames(t *testing.T) {
 		}
 	}
 }
+
+// A view comes into force (a reload) while a client's fetch session holds
+// the topic it masks in place: the session was opened without the view,
+// and an incremental fetch that names nothing would carry the topic's new
+// records as stored. The first fetch after the change closes the session
+// instead, and the client's next, full fetch goes through the view.
+func TestViewAddedDuringSession(t *testing.T) {
+	upstream := startKfake(t, "-topics", "pay:1")
+	tp := startProxy(t, upstream, nil)
+	tp.SetViews(testViews{{name: "other", topic: "other"}}) // views in force, none for pay
+	v12 := kversion.Stable()
+	v12.SetMaxKeyVersion(int16(kmsg.Fetch), 12)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(tp.Addr()), kgo.ClientID("analyst"), kgo.MaxVersions(v12))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	md, err := kadm.NewClient(cl).Metadata(ctx, "pay")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := cl.Broker(int(md.Topics["pay"].Partitions[0].Leader))
+	fetch := func(sessionID, epoch int32, named bool) *kmsg.FetchResponse {
+		req := kmsg.NewPtrFetchRequest()
+		req.Version, req.ReplicaID, req.MaxWaitMillis, req.MaxBytes = 12, -1, 50, 1<<20
+		req.SessionID, req.SessionEpoch = sessionID, epoch
+		if named {
+			rt := kmsg.NewFetchRequestTopic()
+			rt.Topic = "pay"
+			rp := kmsg.NewFetchRequestTopicPartition()
+			rp.PartitionMaxBytes, rp.LogStartOffset = 1<<20, -1
+			rt.Partitions = append(rt.Partitions, rp)
+			req.Topics = append(req.Topics, rt)
+		}
+		resp, err := req.RequestWith(ctx, leader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	clear := func(resp *kmsg.FetchResponse) (n int) {
+		for _, rt := range resp.Topics {
+			for _, p := range rt.Partitions {
+				batches, _ := refDecode(p.RecordBatches)
+				for _, b := range batches {
+					for _, r := range b.recs {
+						n++
+						if strings.Contains(string(r.value), "4111-1111") {
+							t.Errorf("a record in clear: %s", r.value)
+						}
+					}
+				}
+			}
+		}
+		return n
+	}
+	first := fetch(0, 0, true)
+	if first.SessionID == 0 {
+		t.Fatal("no session")
+	}
+	tp.SetViews(testViews{{name: "pay", topic: "pay", clients: []string{"analyst"}}})
+	produceDirect(t, upstream, "pay", 1, 3, kgo.NoCompression())
+	next := fetch(first.SessionID, 1, false)
+	clear(next)
+	if next.SessionID != 0 {
+		t.Errorf("the session stayed open (%d) across the view's arrival", next.SessionID)
+	}
+	if n := clear(fetch(0, 0, true)); n == 0 {
+		t.Errorf("the full fetch after got no record")
+	}
+}

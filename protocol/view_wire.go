@@ -100,6 +100,10 @@ type viewConn struct {
 	// only what changed, and the response may carry any topic of the
 	// session.
 	sess map[string]*sessTopic
+	// fresh: the view set (or who the client is) changed since the
+	// connection's last fetch; a fetch session opened before holds topics
+	// under what the old set made of them (view_names.go).
+	fresh bool
 	// cgSubs are the KIP-848 subscriptions of the connection's members
 	// to virtual topics, by group: real topic -> the view's name.
 	cgSubs map[string]map[string]string
@@ -122,7 +126,7 @@ func (pr *pair) viewClient(vs *Views, h RequestHeader) (Views, *viewConn) {
 		principal = *p
 	}
 	if st.set != vs || string(h.ClientID) != st.client.ClientID || principal != st.client.Principal || st.virt == nil {
-		st.set = vs
+		st.set, st.fresh = vs, true
 		st.client = ViewClient{ClientID: string(h.ClientID), Principal: principal, TLSSubject: pr.tlsSubject}
 		set := orViews(vs)
 		st.virt = set.Virtual(st.client)
@@ -283,7 +287,7 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 		return frame, rest, nil, nil
 	}
 	vs, st := pr.viewClient(vsp, h)
-	if h.APIKey == int16(kmsg.Fetch) && len(st.sess) == 0 && rest == 0 &&
+	if h.APIKey == int16(kmsg.Fetch) && len(st.sess) == 0 && !st.fresh && rest == 0 &&
 		!pr.fetchNamesView(vs, st, h, frame[4+h.BodyOffset:]) {
 		return frame, rest, nil, nil // the fast path: no view in this fetch
 	}
