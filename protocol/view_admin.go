@@ -4,7 +4,8 @@ package protocol
 // table in docs/RULES.md, "Views and the other requests"):
 //
 //   - read-only ones are answered for the virtual topic from the real one
-//     (DescribeConfigs, DescribeProducers), as is OffsetDelete (a group's
+//     (DescribeTopicPartitions, DescribeConfigs, DescribeProducers), as
+//     is OffsetDelete (a group's
 //     offsets of a view are kept under the real topic, OffsetCommit);
 //   - the ones that change a topic (DeleteTopics, CreatePartitions,
 //     DeleteRecords, AlterConfigs, IncrementalAlterConfigs) or add it to a
@@ -68,7 +69,7 @@ type txRefusal struct {
 
 func viewAdminKey(key int16) bool {
 	switch kmsg.Key(key) {
-	case kmsg.DescribeConfigs, kmsg.AlterConfigs, kmsg.IncrementalAlterConfigs, kmsg.DeleteTopics, kmsg.CreateTopics,
+	case kmsg.DescribeTopicPartitions, kmsg.DescribeConfigs, kmsg.AlterConfigs, kmsg.IncrementalAlterConfigs, kmsg.DeleteTopics, kmsg.CreateTopics,
 		kmsg.CreatePartitions, kmsg.DeleteRecords, kmsg.OffsetDelete, kmsg.DescribeProducers, kmsg.AddPartitionsToTxn,
 		kmsg.ConsumerGroupHeartbeat, kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge:
 		return true
@@ -127,6 +128,37 @@ func (pr *pair) viewAdminRequest(vr *viewReq, st *viewConn, req kmsg.Request) bo
 			kept = append(kept, res)
 		}
 		r.Resources = kept
+		for real, names := range a.described {
+			if len(names) == 1 && names[0] == real {
+				delete(a.described, real)
+			}
+		}
+		return len(a.described) > 0
+	case *kmsg.DescribeTopicPartitionsRequest:
+		kept := r.Topics[:0]
+		seen := map[string]bool{}
+		for _, t := range r.Topics {
+			real, virtual := vr.virtualView(t.Topic)
+			if !virtual {
+				real = t.Topic
+			}
+			if a.described == nil {
+				a.described = map[string][]string{}
+			}
+			a.described[real] = append(a.described[real], t.Topic)
+			if seen[real] {
+				continue
+			}
+			seen[real] = true
+			t.Topic = real
+			kept = append(kept, t)
+		}
+		r.Topics = kept
+		if r.Cursor != nil {
+			if real, virtual := vr.virtualView(r.Cursor.Topic); virtual {
+				r.Cursor.Topic = real
+			}
+		}
 		for real, names := range a.described {
 			if len(names) == 1 && names[0] == real {
 				delete(a.described, real)
@@ -392,6 +424,28 @@ func (pr *pair) viewAdminResponse(vr *viewReq, resp kmsg.Response) {
 			}
 		}
 		r.Resources = out
+	case *kmsg.DescribeTopicPartitionsResponse:
+		out := make([]kmsg.DescribeTopicPartitionsResponseTopic, 0, len(r.Topics))
+		for _, t := range r.Topics {
+			var names []string
+			if t.Topic != nil {
+				names = a.described[*t.Topic]
+			}
+			if len(names) == 0 {
+				out = append(out, t)
+				continue
+			}
+			real := *t.Topic
+			for _, n := range names {
+				c := t
+				c.Topic = kmsg.StringPtr(n)
+				if n != real {
+					c.TopicID, c.IsInternal = viewTopicID(n), false
+				}
+				out = append(out, c)
+			}
+		}
+		r.Topics = out
 	case *kmsg.AlterConfigsResponse:
 		for _, n := range a.refused {
 			res := kmsg.NewAlterConfigsResponseResource()

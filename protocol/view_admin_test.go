@@ -190,6 +190,26 @@ func TestViewReadOnlyAdminRequests(t *testing.T) {
 		t.Errorf("DescribeConfigs: configs by name %v, want the real topic's for the view", got)
 	}
 
+	dtp := kmsg.NewPtrDescribeTopicPartitionsRequest()
+	dtp.ResponsePartitionLimit = 100
+	for _, n := range []string{"pay.analytics", "pay"} {
+		dtp.Topics = append(dtp.Topics, kmsg.DescribeTopicPartitionsRequestTopic{Topic: n})
+	}
+	dtpResp, err := dtp.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	described := map[string]kmsg.DescribeTopicPartitionsResponseTopic{}
+	for _, rt := range dtpResp.Topics {
+		if rt.Topic != nil {
+			described[*rt.Topic] = rt
+		}
+	}
+	if v, r := described["pay.analytics"], described["pay"]; v.ErrorCode != 0 || len(v.Partitions) != 2 || v.TopicID != viewTopicID("pay.analytics") ||
+		r.ErrorCode != 0 || len(r.Partitions) != 2 || r.TopicID == v.TopicID {
+		t.Errorf("DescribeTopicPartitions: %+v", dtpResp.Topics)
+	}
+
 	dp, err := adm.DescribeProducers(ctx, kadm.TopicsSet{"pay.analytics": {0: {}, 1: {}}})
 	if err != nil {
 		t.Fatal(err)
