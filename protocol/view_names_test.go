@@ -305,7 +305,7 @@ func TestViewConsumeTopicAndItsViews(t *testing.T) {
 // the kept partition under the view's name, through the view; never the
 // real topic's records in clear.
 func TestViewSessionForgetsSomePartitions(t *testing.T) {
-	upstream := startKfake(t, "-topics", "pay:2")
+	upstream := startKfake(t, "-topics", "pay:4") // 4 partitions on 3 brokers: two share a leader
 	tp := startProxy(t, upstream, nil)
 	tp.SetViews(testViews{{name: "pay.analytics", topic: "pay"}})
 	for _, version := range []int16{12, 17} {
@@ -324,15 +324,24 @@ func TestViewSessionForgetsSomePartitions(t *testing.T) {
 				t.Fatal(err)
 			}
 			vt := md.Topics["pay.analytics"]
-			if vt.Partitions[0].Leader != vt.Partitions[1].Leader {
-				t.Skip("the partitions have different leaders: one session cannot hold both")
+			keep, forget := int32(-1), int32(-1)
+			for a := int32(0); a < 4 && keep < 0; a++ {
+				for b := a + 1; b < 4; b++ {
+					if vt.Partitions[a].Leader == vt.Partitions[b].Leader {
+						keep, forget = a, b
+						break
+					}
+				}
+			}
+			if keep < 0 {
+				t.Fatalf("no two partitions share a leader: %+v", vt.Partitions)
 			}
 			ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, "pay.analytics")
 			if err != nil {
 				t.Fatal(err)
 			}
-			end0, _ := ends.Lookup("pay.analytics", 0)
-			end1, _ := ends.Lookup("pay.analytics", 1)
+			endOf := map[int32]int64{}
+			ends.Each(func(o kadm.ListedOffset) { endOf[o.Partition] = o.Offset })
 			fetch := func(sessionID, epoch int32, parts []int32, forget []int32) *kmsg.FetchResponse {
 				req := kmsg.NewPtrFetchRequest()
 				req.Version, req.ReplicaID, req.MaxWaitMillis, req.MaxBytes = version, -1, 50, 1<<20
@@ -343,7 +352,7 @@ func TestViewSessionForgetsSomePartitions(t *testing.T) {
 					for _, p := range parts {
 						rp := kmsg.NewFetchRequestTopicPartition()
 						rp.Partition, rp.PartitionMaxBytes, rp.LogStartOffset = p, 1<<20, -1
-						rp.FetchOffset = []int64{end0.Offset, end1.Offset}[p]
+						rp.FetchOffset = endOf[p]
 						rt.Partitions = append(rt.Partitions, rp)
 					}
 					req.Topics = append(req.Topics, rt)
@@ -353,18 +362,27 @@ func TestViewSessionForgetsSomePartitions(t *testing.T) {
 					ft.Topic, ft.TopicID, ft.Partitions = "pay.analytics", vt.ID, forget
 					req.ForgottenTopics = append(req.ForgottenTopics, ft)
 				}
-				resp, err := req.RequestWith(ctx, cl.Broker(int(vt.Partitions[0].Leader)))
+				resp, err := req.RequestWith(ctx, cl.Broker(int(vt.Partitions[keep].Leader)))
 				if err != nil {
 					t.Fatal(err)
 				}
 				return resp
 			}
-			first := fetch(0, 0, []int32{0, 1}, nil)
+			first := fetch(0, 0, []int32{keep, forget}, nil)
 			if first.SessionID == 0 {
 				t.Fatal("no fetch session")
 			}
-			fetch(first.SessionID, 1, nil, []int32{1})
-			produceDirect(t, upstream, "pay", 0, 4, kgo.NoCompression(), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			fetch(first.SessionID, 1, nil, []int32{forget})
+			prod, err := kgo.NewClient(kgo.SeedBrokers(upstream...), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 4 {
+				if err := prod.ProduceSync(ctx, &kgo.Record{Topic: "pay", Partition: keep, Value: []byte(viewInput(i))}).FirstErr(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			prod.Close()
 			var got int
 			for epoch := int32(2); epoch < 8 && got == 0; epoch++ {
 				resp := fetch(first.SessionID, epoch, nil, nil)
