@@ -8,7 +8,8 @@ package protocol
 //     is OffsetDelete (a group's
 //     offsets of a view are kept under the real topic, OffsetCommit);
 //   - the ones that change a topic (DeleteTopics, CreatePartitions,
-//     DeleteRecords, AlterConfigs, IncrementalAlterConfigs) or add it to a
+//     DeleteRecords, AlterConfigs, IncrementalAlterConfigs, ElectLeaders,
+//     AlterPartitionAssignments, AlterReplicaLogDirs) or add it to a
 //     transaction (AddPartitionsToTxn; Produce is refused in guard.go) are
 //     refused for a virtual topic: its entries are taken out of the
 //     request, so the broker never sees them (nor acts on a real topic
@@ -70,7 +71,7 @@ type txRefusal struct {
 func viewAdminKey(key int16) bool {
 	switch kmsg.Key(key) {
 	case kmsg.DescribeTopicPartitions, kmsg.DescribeConfigs, kmsg.AlterConfigs, kmsg.IncrementalAlterConfigs, kmsg.DeleteTopics, kmsg.CreateTopics,
-		kmsg.CreatePartitions, kmsg.DeleteRecords, kmsg.OffsetDelete, kmsg.DescribeProducers, kmsg.AddPartitionsToTxn,
+		kmsg.CreatePartitions, kmsg.DeleteRecords, kmsg.ElectLeaders, kmsg.AlterPartitionAssignments, kmsg.AlterReplicaLogDirs, kmsg.OffsetDelete, kmsg.DescribeProducers, kmsg.AddPartitionsToTxn,
 		kmsg.ConsumerGroupHeartbeat, kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge:
 		return true
 	}
@@ -249,6 +250,52 @@ func (pr *pair) viewAdminRequest(vr *viewReq, st *viewConn, req kmsg.Request) bo
 			kept = append(kept, t)
 		}
 		r.Topics = kept
+	case *kmsg.ElectLeadersRequest:
+		kept := r.Topics[:0]
+		for _, t := range r.Topics {
+			if _, virtual := vr.virtualView(t.Topic); virtual {
+				pr.refuse(vr, t.Topic)
+				for _, p := range t.Partitions {
+					a.addPart(t.Topic, p)
+				}
+				continue
+			}
+			kept = append(kept, t)
+		}
+		if r.Topics != nil {
+			r.Topics = kept
+		}
+	case *kmsg.AlterPartitionAssignmentsRequest:
+		kept := r.Topics[:0]
+		for _, t := range r.Topics {
+			if _, virtual := vr.virtualView(t.Topic); virtual {
+				pr.refuse(vr, t.Topic)
+				for _, p := range t.Partitions {
+					a.addPart(t.Topic, p.Partition)
+				}
+				continue
+			}
+			kept = append(kept, t)
+		}
+		r.Topics = kept
+	case *kmsg.AlterReplicaLogDirsRequest:
+		for i := range r.Dirs {
+			d := &r.Dirs[i]
+			kept := d.Topics[:0]
+			for _, t := range d.Topics {
+				if _, virtual := vr.virtualView(t.Topic); virtual {
+					if _, seen := a.partsOf[t.Topic]; !seen {
+						pr.refuse(vr, t.Topic)
+					}
+					for _, p := range t.Partitions {
+						a.addPart(t.Topic, p)
+					}
+					continue
+				}
+				kept = append(kept, t)
+			}
+			d.Topics = kept
+		}
 	case *kmsg.AddPartitionsToTxnRequest:
 		kept := r.Topics[:0]
 		for _, t := range r.Topics {
@@ -490,6 +537,39 @@ func (pr *pair) viewAdminResponse(vr *viewReq, resp kmsg.Response) {
 			for _, p := range a.partsOf[n] {
 				rp := kmsg.NewDeleteRecordsResponseTopicPartition()
 				rp.Partition, rp.LowWatermark, rp.ErrorCode = p, -1, code
+				t.Partitions = append(t.Partitions, rp)
+			}
+			r.Topics = append(r.Topics, t)
+		}
+	case *kmsg.ElectLeadersResponse:
+		for _, n := range a.refused {
+			t := kmsg.NewElectLeadersResponseTopic()
+			t.Topic = n
+			for _, p := range a.partsOf[n] {
+				rp := kmsg.NewElectLeadersResponseTopicPartition()
+				rp.Partition, rp.ErrorCode, rp.ErrorMessage = p, code, kmsg.StringPtr(refusalMessage(n))
+				t.Partitions = append(t.Partitions, rp)
+			}
+			r.Topics = append(r.Topics, t)
+		}
+	case *kmsg.AlterPartitionAssignmentsResponse:
+		for _, n := range a.refused {
+			t := kmsg.NewAlterPartitionAssignmentsResponseTopic()
+			t.Topic = n
+			for _, p := range a.partsOf[n] {
+				rp := kmsg.NewAlterPartitionAssignmentsResponseTopicPartition()
+				rp.Partition, rp.ErrorCode, rp.ErrorMessage = p, code, kmsg.StringPtr(refusalMessage(n))
+				t.Partitions = append(t.Partitions, rp)
+			}
+			r.Topics = append(r.Topics, t)
+		}
+	case *kmsg.AlterReplicaLogDirsResponse:
+		for _, n := range a.refused {
+			t := kmsg.NewAlterReplicaLogDirsResponseTopic()
+			t.Topic = n
+			for _, p := range a.partsOf[n] {
+				rp := kmsg.NewAlterReplicaLogDirsResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p, code
 				t.Partitions = append(t.Partitions, rp)
 			}
 			r.Topics = append(r.Topics, t)

@@ -121,6 +121,45 @@ func TestViewDestructiveRequestsRefused(t *testing.T) {
 		t.Errorf("AddPartitionsToTxn: %+v", aresp.Topics)
 	}
 
+	// The operators' requests on partitions.
+	ereq := kmsg.NewPtrElectLeadersRequest()
+	ereq.TimeoutMillis = 5000
+	ereq.Topics = []kmsg.ElectLeadersRequestTopic{{Topic: "shadow", Partitions: []int32{0, 1}}}
+	eresp, err := ereq.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(eresp.Topics) != 1 || eresp.Topics[0].Topic != "shadow" || len(eresp.Topics[0].Partitions) != 2 {
+		t.Errorf("ElectLeaders: %+v", eresp.Topics)
+	} else {
+		p := eresp.Topics[0].Partitions[0]
+		isRefused("ElectLeaders", kerr.ErrorForCode(p.ErrorCode), p.ErrorMessage)
+	}
+	rreq := kmsg.NewPtrAlterPartitionAssignmentsRequest()
+	rreq.TimeoutMillis = 5000
+	rreq.Topics = []kmsg.AlterPartitionAssignmentsRequestTopic{{Topic: "shadow", Partitions: []kmsg.AlterPartitionAssignmentsRequestTopicPartition{{Partition: 0, Replicas: []int32{0}}}}}
+	rresp, err := rreq.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rresp.Topics) != 1 || rresp.Topics[0].Topic != "shadow" || len(rresp.Topics[0].Partitions) != 1 {
+		t.Errorf("AlterPartitionAssignments: %+v", rresp.Topics)
+	} else {
+		p := rresp.Topics[0].Partitions[0]
+		isRefused("AlterPartitionAssignments", kerr.ErrorForCode(p.ErrorCode), p.ErrorMessage)
+	}
+	lreq := kmsg.NewPtrAlterReplicaLogDirsRequest()
+	lreq.Dirs = []kmsg.AlterReplicaLogDirsRequestDir{{Dir: "/tmp/x", Topics: []kmsg.AlterReplicaLogDirsRequestDirTopic{{Topic: "shadow", Partitions: []int32{1}}}}}
+	lresp, err := lreq.RequestWith(ctx, cl.Broker(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lresp.Topics) != 1 || lresp.Topics[0].Topic != "shadow" || len(lresp.Topics[0].Partitions) != 1 {
+		t.Errorf("AlterReplicaLogDirs: %+v", lresp.Topics)
+	} else {
+		isRefused("AlterReplicaLogDirs", kerr.ErrorForCode(lresp.Topics[0].Partitions[0].ErrorCode), nil)
+	}
+
 	// Nothing happened to the real topics.
 	md, err := dadm.Metadata(ctx, "shadow", "pay")
 	if err != nil {

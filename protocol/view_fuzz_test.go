@@ -52,7 +52,7 @@ func FuzzViewBatchesFrom(f *testing.F) {
 // fuzzViewKeys are the requests views rewrite.
 var fuzzViewKeys = []kmsg.Key{kmsg.Fetch, kmsg.Metadata, kmsg.ListOffsets, kmsg.OffsetCommit, kmsg.TxnOffsetCommit, kmsg.OffsetFetch,
 	kmsg.OffsetForLeaderEpoch, kmsg.DescribeTopicPartitions, kmsg.DescribeConfigs, kmsg.AlterConfigs, kmsg.IncrementalAlterConfigs, kmsg.DeleteTopics,
-	kmsg.CreateTopics, kmsg.CreatePartitions, kmsg.DeleteRecords, kmsg.OffsetDelete, kmsg.DescribeProducers, kmsg.AddPartitionsToTxn,
+	kmsg.CreateTopics, kmsg.CreatePartitions, kmsg.DeleteRecords, kmsg.ElectLeaders, kmsg.AlterPartitionAssignments, kmsg.AlterReplicaLogDirs, kmsg.OffsetDelete, kmsg.DescribeProducers, kmsg.AddPartitionsToTxn,
 	kmsg.ConsumerGroupHeartbeat, kmsg.ShareGroupHeartbeat, kmsg.ShareFetch, kmsg.ShareAcknowledge}
 
 // FuzzViewRequests: any request of the kinds views rewrite, and any
