@@ -106,3 +106,41 @@ func TestStateLeftByAnEarlierRunOpensAtStart(t *testing.T) {
 		t.Fatal("a broken store: New accepted it, want it refused at the start")
 	}
 }
+
+// TestStateOpenFailureIsTheRoutesError: when the first route cannot open
+// the store (here its directory is a file by then), the route shows state
+// error with the reason and retries; the proxy runs on.
+func TestStateOpenFailureIsTheRoutesError(t *testing.T) {
+	dir := t.TempDir() + "/pipelines"
+	m, err := New(testConfig(Config{Seeds: []string{"127.0.0.1:1"}, StateDir: dir, Registerer: prometheus.NewRegistry()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, []byte("not a directory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	m.Apply([]*rules.Route{newRouteDef("pay", "h1", "in", "out")})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rs := m.Routes()
+		if len(rs) == 1 && rs[0].State == "error" && strings.Contains(rs[0].LastError, "open state "+dir) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("routes %+v: want pay in state error, its last error the failed open of %s", rs, dir)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if m.store() != nil {
+		t.Fatal("a failed open left a store")
+	}
+}
