@@ -138,7 +138,8 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pipeline: state for a test: %w", err)
 	}
-	m := &Manager{cfg: Config{StateDir: dir, Logger: cfg.Logger}, log: cfg.Logger, db: db, met: met}
+	m := &Manager{cfg: Config{StateDir: dir, Logger: cfg.Logger}, log: cfg.Logger, met: met}
+	m.db.Store(db)
 	d := &Driver{dir: dir, now: cfg.Start, lastIn: cfg.Start, next: make([]int64, cfg.Partitions),
 		ends: map[string][]int64{}, keyed: map[string]map[int32]*task{},
 		other: map[string][]*task{}, otherNext: map[string][]int64{}, reg: reg}
@@ -372,7 +373,7 @@ func (d *Driver) Errors() string {
 // Close releases the driver's state.
 func (d *Driver) Close() error {
 	d.r.cancel()
-	err := d.r.m.db.Close()
+	err := d.r.m.store().Close()
 	if errors.Is(err, state.ErrBroken) {
 		err = nil
 	}

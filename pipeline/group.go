@@ -402,7 +402,7 @@ func (r *route) buildTaskChain(t *task) error {
 		return err
 	}
 	t.inbox = map[int32]origin{}
-	err = r.m.db.SnapshotReader(r.name, t.inboxName).Each(func(k, v []byte) error {
+	err = r.m.store().SnapshotReader(r.name, t.inboxName).Each(func(k, v []byte) error {
 		p, o, err := decodeInboxEntry(k, v)
 		if err != nil {
 			return err

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,8 +102,15 @@ var ErrClosed = errors.New("pipeline: manager closed")
 type Manager struct {
 	cfg Config
 	log *slog.Logger
-	db  *state.DB
 	met *metrics
+
+	// db is the state store, nil until the first route opens it, or
+	// opened by New when the state directory holds an earlier run's state
+	// (statestore.go). dbMu serializes the open; dbClosed is set when Run
+	// closes it, so no route opens it again.
+	db       atomic.Pointer[state.DB]
+	dbMu     sync.Mutex
+	dbClosed bool
 
 	recent recentDeadLetters // the last dead letters per route (recentdl.go)
 
@@ -125,8 +133,9 @@ type Manager struct {
 	}
 }
 
-// New opens the state directory and returns a Manager that runs nothing
-// until Run.
+// New returns a Manager that runs nothing until Run. It opens the state
+// directory when an earlier run left state in it; otherwise the first route
+// to start opens it (statestore.go).
 func New(cfg Config) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -174,18 +183,22 @@ func New(cfg Config) (*Manager, error) {
 			return nil, err
 		}
 	}
-	db, err := state.OpenWithOptions(cfg.StateDir, cfg.Logger, cfg.StateOptions)
+	m := &Manager{cfg: cfg, log: cfg.Logger, met: met}
+	// Opened here only when an earlier run left state (statestore.go);
+	// otherwise by the first route that starts.
+	held, err := holdsState(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: open state %s: %w", cfg.StateDir, err)
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, db: db, met: met}
+	if held {
+		if _, err := m.openState(); err != nil {
+			return nil, err
+		}
+	}
 	if err := cfg.Registerer.Register(newCostCollector(m)); err != nil {
-		db.Close()
+		m.closeState()
 		return nil, fmt.Errorf("pipeline metrics: %w", err)
 	}
-	// Whatever write finds the store broken (a checkpoint, a final one at a
-	// reload, a drop), the gauge says so at once.
-	db.OnBroken(func(error) { met.stateFailed.Set(1) })
 	m.mu.routes = map[string]*route{}
 	m.mu.stopped = map[string]*rules.Route{}
 	m.mu.swapping = map[string]*route{}
@@ -224,7 +237,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	wg.Wait()
 	m.applyMu.Unlock()
 	m.shared.close()
-	if err := m.db.Close(); err != nil {
+	if err := m.closeState(); err != nil {
 		if errors.Is(err, state.ErrBroken) {
 			// Reported when it happened, and shown by every route since;
 			// the last checkpoint on disk is where the next run starts.

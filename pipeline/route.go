@@ -423,7 +423,7 @@ func (r *route) stopNow() {
 // next run replays from the last checkpoint: at least once, never lost.
 func (r *route) discardUncommitted() {
 	r.cp.pending = nil
-	cuts, n, err := r.m.db.Discard(r.name)
+	cuts, n, err := r.m.store().Discard(r.name)
 	if err != nil {
 		r.log.Error("uncommitted state not discarded", "err", err)
 		return

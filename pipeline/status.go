@@ -51,8 +51,11 @@ func (r *route) status() RouteStatus {
 		s.State = "error"
 	}
 	s.LastError = r.st.lastErr
-	if err := r.m.db.Broken(); err != nil {
-		s.State, s.LastError = "error", err.Error()
+	// Before the first setup opened the store there is nothing to break.
+	if db := r.m.store(); db != nil {
+		if err := db.Broken(); err != nil {
+			s.State, s.LastError = "error", err.Error()
+		}
 	}
 	s.CheckpointPauseMs = float64(r.st.lastPause) / 1e6
 	s.MaxCheckpointPauseMs = float64(r.st.maxPause) / 1e6
