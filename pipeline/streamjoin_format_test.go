@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -214,5 +215,28 @@ func TestStreamJoinAvroStream(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.met.deadLetters.WithLabelValues("auths.json", "decode")); got != 0 {
 		t.Errorf("the JSON route counted %v decode dead letters, want 0", got)
+	}
+}
+
+// TestStreamJoinAvroStreamWithoutRegistryWaits: a route whose only
+// registry format is its stream join's, run with no registry, holds its
+// records (none is a dead letter) and says in /routes that the stream's
+// format needs one, as a route reading Avro from its source does.
+func TestStreamJoinAvroStreamWithoutRegistryWaits(t *testing.T) {
+	b := startBroker(t, map[string]int{"payments": 1, "auths.nr": 1})
+	b.produce(t, &kgo.Record{Topic: "auths.nr", Key: []byte("k"), Value: []byte{0, 0, 0, 0, 1, 2}})
+	def := writeRule(t, t.TempDir(), "nr.yaml", fmt.Sprintf(streamJoinFormatRoute, "auths.nr", "avro"))
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir()}, def)
+	waitFor(t, 30*time.Second, "/routes to say the stream needs a registry", func() bool {
+		for _, s := range m.Routes() {
+			if s.Name == "auths.nr" && strings.Contains(s.LastError, "auths.nr[0] waits at offset 0") &&
+				strings.Contains(s.LastError, "join.stream.format avro") && strings.Contains(s.LastError, "need a schema registry") {
+				return true
+			}
+		}
+		return false
+	})
+	if got := b.consume(t, "auths.nr.dlq", 0, time.Second, 500*time.Millisecond); len(got) != 0 {
+		t.Fatalf("%d dead letters while the route has no registry", len(got))
 	}
 }
