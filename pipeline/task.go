@@ -29,13 +29,13 @@ type segment struct {
 	changelog string          // of a keyed segment
 	// other is set on the segment of a stream join's second topic
 	// (otherinput.go); others are those that write to this keyed segment.
-	other   *otherInput
-	others  []*segment
-	nparts  int  // partitions of topic (for markers sent to it)
+	other  *otherInput
+	others []*segment
+	nparts int // partitions of topic (for markers sent to it)
 	// hold is how far behind the watermark its keyed step emits
 	// (Traits.HoldsWatermark, a stream join): the frontier it passes on
 	// to the next segment is held back by as much.
-	hold int64
+	hold    int64
 	timed   bool // a step of the segment reacts to the watermark
 	markers bool // a later segment is timed: send it watermark markers
 	// sourceShaped: the values this segment reads still have the source's
