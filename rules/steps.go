@@ -954,6 +954,9 @@ func (p *stepParse) value(key *operators.Key) string {
 		if in.EventTime != nil {
 			et = canonical(in.EventTime.Source)
 		}
+		if in.MessageIndexes != "" {
+			return fmt.Sprintf("{topic=%s event_time=%s format=%s message_indexes=%s}", in.Topic, et, in.Format, in.MessageIndexes)
+		}
 		return fmt.Sprintf("{topic=%s event_time=%s format=%s}", in.Topic, et, in.Format)
 	case operators.TypeInterval:
 		iv := p.args.Interval(key.Name)

@@ -95,6 +95,14 @@ func TestStreamJoinRegistryFormats(t *testing.T) {
 		if in == nil || in.Format != c.format || in.MessageIndexes != c.indexes {
 			t.Fatalf("%s: input %+v", c.stream, in)
 		}
+		// The step's definition (its fingerprint) names how the stream is read.
+		def := "format=" + c.format
+		if c.indexes != "" {
+			def += " message_indexes=" + c.indexes
+		}
+		if !strings.Contains(r.Steps[0].Def, def+"}") {
+			t.Fatalf("%s: definition %q does not end the stream with %q", c.stream, r.Steps[0].Def, def)
+		}
 		if r.Source.Format != FormatJSON || r.UsesRegistry() != Format(c.format).Registry() {
 			t.Fatalf("%s: source %s, uses the registry: %v", c.stream, r.Source.Format, r.UsesRegistry())
 		}
