@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -238,5 +239,52 @@ func TestStreamJoinAvroStreamWithoutRegistryWaits(t *testing.T) {
 	})
 	if got := b.consume(t, "auths.nr.dlq", 0, time.Second, 500*time.Millisecond); len(got) != 0 {
 		t.Fatalf("%d dead letters while the route has no registry", len(got))
+	}
+}
+
+// TestStreamJoinProtobufStreamIndexes: the stream's message_indexes is
+// its decoder's, apart from the source's: a value of the file's second
+// message with its indexes written unsigned (count 1, index 1) decodes as
+// that message under `message_indexes: unsigned`, and is refused (a
+// decode error, so a dead letter) under the default zigzag.
+func TestStreamJoinProtobufStreamIndexes(t *testing.T) {
+	reg := testkit.StartRegistry(t, "")
+	srcl, err := sr.NewClient(sr.URLs(reg.URL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const file = "syntax = \"proto3\";\npackage rtproxy.it;\nmessage A { string id = 1; }\nmessage B { string name = 1; }\n"
+	ss, err := srcl.CreateSchema(context.Background(), "auths.pb-value", sr.Schema{Schema: file, Type: sr.TypeProtobuf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	value := []byte{0, byte(ss.ID >> 24), byte(ss.ID >> 16), byte(ss.ID >> 8), byte(ss.ID), 0x01, 0x01, 0x0a, 0x01, 'x'}
+	dir := t.TempDir()
+	for _, c := range []struct {
+		indexes string
+		want    string // the decoded value, "" for a decode error
+	}{{"unsigned", `{"name":"x"}`}, {"", ""}} {
+		stream := "{ topic: auths.pb, format: protobuf }"
+		if c.indexes != "" {
+			stream = "{ topic: auths.pb, format: protobuf, message_indexes: " + c.indexes + " }"
+		}
+		def := writeRule(t, dir, "pb.yaml", "route: pb\nsource: { topic: payments }\nsink: { topic: out }\nsteps:\n  - join: { stream: "+stream+
+			", on: value.a, other: value.id, within: { before: 1m }, grace: 1s, as: a }\n")
+		cd := newCodec(serde.Config{URL: reg.URL, Timeout: 2 * time.Second}, def)
+		if cd == nil || cd.err != nil || cd.dec != nil || cd.others[def.Steps[0].Index] == nil {
+			t.Fatalf("%q: codec %+v", c.indexes, cd)
+		}
+		v, err := cd.others[def.Steps[0].Index].Decode(context.Background(), value)
+		if c.want == "" {
+			var de *serde.DecodeError
+			if !errors.As(err, &de) {
+				t.Fatalf("zigzag: %v, %v; want a decode error", v, err)
+			}
+			continue
+		}
+		got, _ := json.Marshal(v)
+		if err != nil || string(got) != c.want {
+			t.Fatalf("%q: %s, %v; want %s", c.indexes, got, err, c.want)
+		}
 	}
 }
