@@ -93,7 +93,7 @@ type task struct {
 	resetPoint       // where an exactly-once task goes back to (txn.go)
 	hwm        atomic.Int64
 	label      string
-	mIn        prometheus.Counter // source tasks only
+	mIn        prometheus.Counter // tasks reading an input: the source, a stream join's second topic
 
 	// keyer evaluates the next segment's key (a private instance: an
 	// expression program is not shared between goroutines).
@@ -420,6 +420,9 @@ func (t *task) dispatch(recs []*kgo.Record, tapped bool) bool {
 			n++
 		}
 		r.cut.RUnlock()
+	}
+	if t.seg.other != nil && n > 0 {
+		r.mx.addOther(t.seg.topic, int64(n))
 	}
 	if t.seg.idx == 0 {
 		r.mx.in.Add(int64(n))
