@@ -63,7 +63,8 @@ const (
 
 // StreamInput is the second input of a stream join: the topic, how its
 // records' event time is read (nil: the record timestamp) and their
-// format ("json" or "raw").
+// format ("json", "raw", or "avro" / "protobuf" in the Confluent wire
+// format, decoded through the route's schema registry, as the source's).
 type StreamInput struct {
 	Topic     string
 	EventTime *Expr
@@ -74,6 +75,10 @@ type StreamInput struct {
 	// The pipeline decodes the stream's records with only these
 	// (Record.SetJSONMembers); set by the rules loader.
 	Members jsoncodec.Fields
+	// MessageIndexes is how Protobuf values write their message indexes
+	// ("zigzag" or "unsigned", as source.message_indexes); set only with
+	// format protobuf.
+	MessageIndexes string
 }
 
 // Interval is a stream join's `within`: a right record matches a left one
@@ -100,7 +105,7 @@ func init() {
 		Summary: "Joins the route's records with the records of a second topic whose key is equal and whose event time is within an interval of theirs (a stream-stream interval join); both sides wait in the step's state for `within` + `grace`.",
 		Keys: []Key{
 			{Name: "stream", Type: TypeStream, Required: true,
-				Doc:   "The second input: `{ topic: T, event_time: EXPR, format: json }` (`event_time` reads the stream's records; without it, their timestamp).",
+				Doc:   "The second input: `{ topic: T, event_time: EXPR, format: json | raw | avro | protobuf, message_indexes: zigzag | unsigned }` (`event_time` reads the stream's records; without it, their timestamp; `avro` and `protobuf` are decoded through the route's schema registry as `source.format` is, `message_indexes` as `source.message_indexes`).",
 				Needs: "the second topic, e.g. `stream: { topic: authorizations, event_time: value.ts }`"},
 			{Name: "on", Type: TypeExpr, Required: true,
 				Doc:   "The key of the route's records (the left side): strings as they are, numbers without a trailing `.0`; null matches nothing.",
@@ -149,8 +154,13 @@ steps:
 			if within.Before < 0 || within.After < 0 {
 				errs = append(errs, &KeyError{Key: "within", Msg: "`within.before` and `within.after` must not be negative"})
 			}
-			if in.Format != "" && in.Format != "json" && in.Format != "raw" {
-				errs = append(errs, &KeyError{Key: "stream", Msg: fmt.Sprintf("`stream.format` must be json or raw, not %s", in.Format)})
+			switch in.Format {
+			case "", "json", "raw", "avro", "protobuf":
+			default:
+				errs = append(errs, &KeyError{Key: "stream", Msg: fmt.Sprintf("`stream.format` must be json, raw, avro or protobuf, not %s", in.Format)})
+			}
+			if in.MessageIndexes != "" && in.Format != "protobuf" {
+				errs = append(errs, &KeyError{Key: "stream", Msg: "`stream.message_indexes` is for `stream.format: protobuf`"})
 			}
 			if len(errs) > 0 {
 				return nil, errs

@@ -108,6 +108,16 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 		for i := range cp.Switch {
 			cp.Switch[i].Sink.Format = rules.FormatJSON
 		}
+		// A stream join's second topic too: its records are given as
+		// the tree they decode into.
+		cp.Steps = slices.Clone(def.Steps)
+		for i := range cp.Steps {
+			if in := cp.Steps[i].Input; in != nil && rules.Format(in.Format).Registry() {
+				c := *in
+				c.Format, c.MessageIndexes = string(rules.FormatJSON), ""
+				cp.Steps[i].Input = &c
+			}
+		}
 		def = &cp
 	}
 	if cfg.Partitions <= 0 {

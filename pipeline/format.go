@@ -31,6 +31,10 @@ const reasonEncode operators.Reason = "encode"
 // codec is a route's reader and writer of registry formats.
 type codec struct {
 	dec *serde.Decoder // source.format avro | protobuf
+	// others are the decoders of stream joins' second topics of format
+	// avro | protobuf, by the join's step index (StepSpec.Index). They
+	// share the source's registry client, so its schema cache.
+	others map[int]*serde.Decoder
 	// encs are the encoders of the route's sinks, by sink (rules.Route.Sinks,
 	// a switch's branches): nil for a sink that writes JSON.
 	encs []*serde.Encoder
@@ -48,7 +52,7 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 	}
 	rc := registryConfig(cfg, d)
 	if !rc.Set() {
-		return &codec{err: fmt.Errorf("source.format %s / sink.format %s need a schema registry: set schema_registry.url in the proxy config or `schema_registry:` in %s", d.Source.Format, sinkFormats(d), d.File)}
+		return &codec{err: fmt.Errorf("source.format %s%s / sink.format %s need a schema registry: set schema_registry.url in the proxy config or `schema_registry:` in %s", d.Source.Format, streamFormats(d), sinkFormats(d), d.File)}
 	}
 	reg, err := serde.NewRegistry(rc, os.LookupEnv)
 	if err != nil {
@@ -60,6 +64,20 @@ func newCodec(cfg serde.Config, d *rules.Route) *codec {
 		if x, err := serde.ParseIndexEncoding(d.Source.MessageIndexes); err == nil {
 			c.dec.WithIndexes(x)
 		}
+	}
+	for i := range d.Steps {
+		in := d.Steps[i].Input
+		if in == nil || !rules.Format(in.Format).Registry() {
+			continue
+		}
+		dec := serde.NewDecoder(reg, rules.Format(in.Format).Serde())
+		if x, err := serde.ParseIndexEncoding(in.MessageIndexes); err == nil {
+			dec.WithIndexes(x)
+		}
+		if c.others == nil {
+			c.others = map[int]*serde.Decoder{}
+		}
+		c.others[d.Steps[i].Index] = dec
 	}
 	for _, s := range d.Sinks() {
 		var enc *serde.Encoder
@@ -83,6 +101,31 @@ func sinkFormats(d *rules.Route) string {
 	return strings.Join(fs, ", ")
 }
 
+// streamFormats names the registry formats of d's stream joins' second
+// topics, for messages.
+func streamFormats(d *rules.Route) string {
+	var b strings.Builder
+	for i := range d.Steps {
+		if in := d.Steps[i].Input; in != nil && rules.Format(in.Format).Registry() {
+			fmt.Fprintf(&b, " / step %d join.stream.format %s", d.Steps[i].Index, in.Format)
+		}
+	}
+	return b.String()
+}
+
+// decoder is the decoder of the values task t reads: the source's, a
+// second input's of a registry format, nil for JSON or raw values and for
+// the repartition topics (their values are the pipeline's own).
+func (c *codec) decoder(t *task) *serde.Decoder {
+	if o := t.seg.other; o != nil {
+		return c.others[o.step.Index]
+	}
+	if t.seg.idx == 0 {
+		return c.dec
+	}
+	return nil
+}
+
 // enc is the encoder of sink i, nil for one that writes JSON.
 func (c *codec) enc(i int) *serde.Encoder {
 	if c == nil || i >= len(c.encs) {
@@ -91,8 +134,9 @@ func (c *codec) enc(i int) *serde.Encoder {
 	return c.encs[i]
 }
 
-// ready reports whether kr can be processed without a registry request.
-func (c *codec) ready(kr *kgo.Record, source bool) bool {
+// ready reports whether kr can be processed without a registry request;
+// dec decodes its value (nil: it is not decoded here).
+func (c *codec) ready(kr *kgo.Record, dec *serde.Decoder) bool {
 	if c.err != nil {
 		return false
 	}
@@ -101,15 +145,15 @@ func (c *codec) ready(kr *kgo.Record, source bool) bool {
 			return false
 		}
 	}
-	if source && c.dec != nil {
-		_, ok := c.dec.Ready(kr.Value)
+	if dec != nil {
+		_, ok := dec.Ready(kr.Value)
 		return ok
 	}
 	return true
 }
 
 // fetch asks the registry for what kr needs.
-func (c *codec) fetch(ctx context.Context, kr *kgo.Record, source bool) error {
+func (c *codec) fetch(ctx context.Context, kr *kgo.Record, dec *serde.Decoder) error {
 	if c.err != nil {
 		return c.err
 	}
@@ -120,8 +164,8 @@ func (c *codec) fetch(ctx context.Context, kr *kgo.Record, source bool) error {
 			}
 		}
 	}
-	if source && c.dec != nil {
-		return c.dec.Fetch(ctx, kr.Value)
+	if dec != nil {
+		return dec.Fetch(ctx, kr.Value)
 	}
 	return nil
 }
@@ -142,17 +186,14 @@ func (r *route) awaitSchema(t *task, kr *kgo.Record) bool {
 	if c == nil {
 		return true
 	}
-	if t.seg.other != nil {
-		return true // a second input is json or raw (otherinput.go)
-	}
-	source := t.seg.idx == 0
-	if c.ready(kr, source) {
+	dec := c.decoder(t)
+	if c.ready(kr, dec) {
 		return true
 	}
 	wait := schemaRetryMin
 	shown := ""
 	for {
-		err := c.fetch(r.ctx, kr, source)
+		err := c.fetch(r.ctx, kr, dec)
 		if err == nil {
 			if shown != "" {
 				r.clearError(shown)
@@ -176,22 +217,24 @@ func (r *route) awaitSchema(t *task, kr *kgo.Record) bool {
 	}
 }
 
-// decodeValue sets rec.Value from the framed value of kr; false when the
-// record went to the dead letters.
-func (r *route) decodeValue(rec *operators.Record, kr *kgo.Record, tk *ticket) bool {
+// decodeValue sets rec.Value from the framed value of kr with dec (the
+// source's, or a stream join's second topic's); false when the record went
+// to the dead letters, at step (the dead letter's rtproxy-step: "source",
+// or the join's label).
+func (r *route) decodeValue(dec *serde.Decoder, rec *operators.Record, kr *kgo.Record, tk *ticket, step string) bool {
 	// awaitSchema made the schema cached, and a cached schema (or refusal)
 	// is never dropped for one the registry cannot give: Decode asks the
 	// registry no more. Background, so it waits for a lookup another task
 	// has in flight rather than fail with the route's context.
 	wait := schemaRetryMin
 	for {
-		v, err := r.plan.codec.dec.Decode(context.Background(), kr.Value)
+		v, err := dec.Decode(context.Background(), kr.Value)
 		if err == nil {
 			rec.Value = v
 			return true
 		}
 		if !serde.IsUnavailable(err) {
-			r.deadLetter(rec, operators.ReasonDecode, err, "source", tk)
+			r.deadLetter(rec, operators.ReasonDecode, err, step, tk)
 			return false
 		}
 		r.noteError(fmt.Errorf("%s[%d] waits at offset %d: %w (retrying)", kr.Topic, kr.Partition, kr.Offset, err))

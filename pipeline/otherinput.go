@@ -6,7 +6,8 @@ package pipeline
 // the records of the route, the records of a second topic. That topic is a
 // segment of its own (segment.other): the route's group consumes it with
 // the source, each of its partitions is a task like a source task, and
-// the task runs no step. It decodes each record (json or raw), reads its
+// the task runs no step. It decodes each record (json, raw, or avro /
+// protobuf through the route's registry: codec.others), reads its
 // event time (stream.event_time), and writes it to the join's repartition
 // topic keyed by the step's `other` key, its envelope flagged envOther,
 // so the task that owns the key's partition holds both sides of it and
@@ -116,6 +117,11 @@ func (t *task) processOther(kr *kgo.Record) {
 	case kr.Value == nil:
 	case in.Format == string(rules.FormatRaw):
 		rec.Value = string(kr.Value)
+	case rules.Format(in.Format).Registry():
+		// awaitSchema made its schema cached, as for the source.
+		if !r.decodeValue(r.plan.codec.others[t.seg.other.step.Index], rec, kr, tk, label) {
+			return
+		}
 	case in.Members != nil:
 		// Only what `other`, `event_time` and the steps after the join
 		// read (rules: streamMembers); the rest is checked, not decoded.

@@ -98,7 +98,7 @@ func (rawFormat) members() jsoncodec.Fields { return nil }
 type registryFormat struct{}
 
 func (registryFormat) decode(r *route, rec *operators.Record, kr *kgo.Record, tk *ticket) bool {
-	return r.decodeValue(rec, kr, tk)
+	return r.decodeValue(r.plan.codec.dec, rec, kr, tk, "source")
 }
 
 func (registryFormat) sourceBytes(*operators.Record) ([]byte, bool) { return nil, false }

@@ -41,13 +41,19 @@ func (l *loader) readFormat(x *keyVal, what string, allowed ...Format) (Format, 
 }
 
 // UsesRegistry reports whether the route reads or writes values through a
-// schema registry (a guard: checks values of a registry format).
+// schema registry (a guard: checks values of a registry format): its
+// source, a stream join's second topic, or a sink.
 func (r *Route) UsesRegistry() bool {
 	if r.Guard != nil {
 		return r.Guard.Format.Registry()
 	}
 	if r.Source.Format.Registry() {
 		return true
+	}
+	for i := range r.Steps {
+		if in := r.Steps[i].Input; in != nil && Format(in.Format).Registry() {
+			return true
+		}
 	}
 	for _, s := range r.Sinks() {
 		if s.Format.Registry() {

@@ -1028,6 +1028,9 @@ func (p *stepParse) value(key *operators.Key) string {
 		if in.EventTime != nil {
 			et = canonical(in.EventTime.Source)
 		}
+		if in.MessageIndexes != "" {
+			return fmt.Sprintf("{topic=%s event_time=%s format=%s message_indexes=%s}", in.Topic, et, in.Format, in.MessageIndexes)
+		}
 		return fmt.Sprintf("{topic=%s event_time=%s format=%s}", in.Topic, et, in.Format)
 	case operators.TypeInterval:
 		iv := p.args.Interval(key.Name)
@@ -1220,7 +1223,7 @@ func otherScope() *scope {
 }
 
 // streamKeys are the keys of a stream join's `stream:`.
-var streamKeys = []string{"topic", "event_time", "format"}
+var streamKeys = []string{"topic", "event_time", "format", "message_indexes"}
 
 // stream reads a stream join's `stream: { topic, event_time, format }`.
 func (p *stepParse) stream(x *keyVal, what string) (operators.StreamInput, bool) {
@@ -1248,10 +1251,13 @@ func (p *stepParse) stream(x *keyVal, what string) (operators.StreamInput, bool)
 		ok = false
 	}
 	if fm := f["format"]; fm != nil {
-		s, good := l.oneOf(fm, what+".format", string(FormatJSON), string(FormatRaw))
+		s, good := l.readFormat(fm, what+".format", FormatJSON, FormatRaw, FormatAvro, FormatProtobuf)
 		ok = ok && good
-		in.Format = s
+		in.Format = string(s)
 	}
+	nerr := len(l.errs)
+	in.MessageIndexes = l.messageIndexes(f["message_indexes"], what, Format(in.Format))
+	ok = ok && len(l.errs) == nerr
 	if et := f["event_time"]; et != nil {
 		sc := otherScope()
 		if in.Format == string(FormatRaw) {

@@ -32,8 +32,12 @@ func TestStreamJoinRefusals(t *testing.T) {
 			"r.yaml:5:30: `join.stream.topic` is where the route writes; reading it would feed the join its own outputs (near `out`)"},
 		{"  - join: { stream: { topic: a }, on: value.a, other: value.b, within: {}, grace: 1s, as: x }\n",
 			"r.yaml:5:64: `join.within` needs `before` or `after` (or both), e.g. `within: { before: 5m, after: 1m }` (near `within`)"},
-		{"  - join: { stream: { topic: a, format: avro }, on: value.a, other: value.b, within: { after: 1m }, grace: 1s, as: x }\n",
-			"r.yaml:5:41: `join.stream.format` must be one of json, raw (near `avro`)"},
+		{"  - join: { stream: { topic: a, format: xml }, on: value.a, other: value.b, within: { after: 1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:41: `join.stream.format` must be one of json, raw, avro, protobuf (near `xml`)"},
+		{"  - join: { stream: { topic: a, format: avro, message_indexes: zigzag }, on: value.a, other: value.b, within: { after: 1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:47: `join.stream.message_indexes` is for `join.stream.format: protobuf` (near `message_indexes`)"},
+		{"  - join: { stream: { topic: a, format: protobuf, message_indexes: signed }, on: value.a, other: value.b, within: { after: 1m }, grace: 1s, as: x }\n",
+			"r.yaml:5:68: `join.stream.message_indexes` must be one of zigzag, unsigned; did you mean `unsigned`? (near `signed`)"},
 		{"  - join: { stream: { topic: a }, on: value.a, other: value.b, within: { after: -1m }, grace: 1s, as: x }\n",
 			"r.yaml:5:81: `join.within.after` must not be negative (near `-1m`)"},
 		{"  - join: { stream: { topic: a, evnt_time: value.t }, on: value.a, other: value.b, within: { after: 1m }, grace: 1s, as: x }\n",
@@ -117,5 +121,41 @@ func TestStreamJoinStreamMembers(t *testing.T) {
 	}
 	if m := r.Steps[0].Input.Members; m != nil {
 		t.Fatalf("raw stream: members %v", m)
+	}
+}
+
+// TestStreamJoinRegistryFormats: the stream may be Avro or Protobuf in
+// the Confluent wire format (with message_indexes for Protobuf, zigzag by
+// default), as the source may; a route whose only registry format is its
+// stream's uses the registry.
+func TestStreamJoinRegistryFormats(t *testing.T) {
+	for _, c := range []struct{ stream, format, indexes string }{
+		{"{ topic: auths, event_time: value.ts, format: avro }", "avro", ""},
+		{"{ topic: auths, event_time: value.ts, format: protobuf }", "protobuf", "zigzag"},
+		{"{ topic: auths, format: protobuf, message_indexes: unsigned }", "protobuf", "unsigned"},
+		{"{ topic: auths }", "json", ""},
+	} {
+		dir := t.TempDir()
+		writeFiles(t, dir, map[string]string{"r.yaml": streamJoinBase +
+			"  - join: { stream: " + c.stream + ", on: value.auth_id, other: value.id, within: { before: 5m }, grace: 1s, as: auth }\n"})
+		r, err := LoadFile(filepath.Join(dir, "r.yaml"))
+		if err != nil {
+			t.Fatalf("%s: %v", c.stream, err)
+		}
+		in := r.Steps[0].Input
+		if in == nil || in.Format != c.format || in.MessageIndexes != c.indexes {
+			t.Fatalf("%s: input %+v", c.stream, in)
+		}
+		// The step's definition (its fingerprint) names how the stream is read.
+		def := "format=" + c.format
+		if c.indexes != "" {
+			def += " message_indexes=" + c.indexes
+		}
+		if !strings.Contains(r.Steps[0].Def, def+"}") {
+			t.Fatalf("%s: definition %q does not end the stream with %q", c.stream, r.Steps[0].Def, def)
+		}
+		if r.Source.Format != FormatJSON || r.UsesRegistry() != Format(c.format).Registry() {
+			t.Fatalf("%s: source %s, uses the registry: %v", c.stream, r.Source.Format, r.UsesRegistry())
+		}
 	}
 }
