@@ -220,6 +220,13 @@ type Traits struct {
 	// the route's group reads it too, and its records are keyed into the
 	// step's repartition topic as the other side.
 	TwoInputs bool
+	// HoldsWatermark is how far behind the watermark it was given the step
+	// may emit (millis): the steps after it, in the segments that follow,
+	// see the watermark held back by this much, so what it emits is not
+	// late to them. A stream join emits a pair up to `grace` behind the
+	// watermark, and a record that matched nothing once the watermark has
+	// passed its window plus `grace`.
+	HoldsWatermark int64
 	// Value is what later steps see of the value.
 	Value ValueEffect
 }

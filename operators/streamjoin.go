@@ -152,12 +152,28 @@ steps:
 				New: func(env BuildEnv) (Step, error) {
 					return NewStreamJoin(in, on, other, within, grace, kind, as, env.KV), nil
 				},
-				Traits: Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true},
+				Traits: Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true,
+					HoldsWatermark: joinHold(within, grace, kind)},
 				Binds:  as,
 				Input:  &in,
 			}, nil
 		},
 	})
+}
+
+// joinHold is how far behind the watermark a stream join emits: a pair
+// once its later record comes, up to grace behind; with left, a route
+// record that matched nothing once the watermark passes tL + after +
+// grace; with outer, a stream record too, at tR + before + grace.
+func joinHold(within Interval, grace time.Duration, kind JoinKind) int64 {
+	h := grace.Milliseconds()
+	switch kind {
+	case JoinLeft:
+		h += within.After.Milliseconds()
+	case JoinOuter:
+		h += max(within.After, within.Before).Milliseconds()
+	}
+	return h
 }
 
 // streamJoin is the step; one instance per owned partition of its

@@ -153,13 +153,17 @@ type cutSeen struct {
 // all of: nothing is pending; the last group commit succeeded (else the
 // next cut commits it again); the same tasks at the same positions (a
 // record dispatched moves its task's pos, filtered or not); no write made
-// (outputs, dead letters, markers, repartition records: outbox.made); no
+// (outputs, dead letters, repartition records: outbox.made); no
 // idle advance of a watermark (moves); no keyed-state write since the last
-// freeze (PendingBytes).
+// freeze (PendingBytes); and for an exactly-once route, nothing written in
+// the open transaction (txn.produced, which counts the watermark markers
+// outbox.made leaves out: a marker the idle loop sent after the last cut
+// stayed in a transaction no tick committed, and the windows behind it
+// never closed; docs/ARCHITECTURE.md, invariant 80).
 func (cp *checkpointer) unchanged() bool {
 	r := cp.r
 	l := cp.last
-	if l == nil || len(cp.pending) > 0 || r.grp.commitFailed.Load() {
+	if l == nil || len(cp.pending) > 0 || r.grp.commitFailed.Load() || r.txn.produced.Load() != 0 {
 		return false
 	}
 	if len(r.tm.tasks) != len(l.tasks) || r.out.made.Load() != l.writes || cp.moves.Load() != l.moves {
@@ -202,16 +206,15 @@ func (cp *checkpointer) checkpointTxn() bool {
 	if r.halted {
 		return false
 	}
-	// An exactly-once route checkpoints at every tick, at rest too
-	// (checkpointer.unchanged serves at-least-once routes only). With the
-	// skip here, TestExactlyOnceSharedKillJoin failed 4 runs of 4: after
-	// an instance's transaction aborted (PRODUCER_FENCED on AddOffsets),
-	// every keyed task of the window stayed held by a source partition of
-	// that instance at its frontier from before the abort; the source was
-	// read to its end, and the ticks that followed found nothing moved, so
-	// no transaction carried that writer's later frontier and the last
-	// windows never closed. Why the cut after the abort did not carry it
-	// is not understood yet (docs/ARCHITECTURE.md, invariant 80).
+	if cp.unchanged() {
+		// Nothing moved since the last committed cut, which carried
+		// every writer's frontier (task.cutMarkers), and nothing was
+		// written in the open transaction: it stays open, empty, for
+		// the next records (the broker knows nothing of it until a
+		// write adds a partition).
+		cp.rested()
+		return true
+	}
 	paused := time.Now()
 	c, err := r.cp.takeCutLocked()
 	if err == nil {
@@ -288,6 +291,11 @@ func (cp *checkpointer) takeCutLocked() (*cutPoint, error) {
 	r := cp.r
 	c := &cutPoint{t0: time.Now(), offs: make(map[int32]int64, len(r.tm.tasks)), snaps: map[string]*memSnapshot{}}
 	for _, t := range r.tm.tasks {
+		if r.txn.on {
+			// The transaction committing t.pos carries the frontier
+			// it implies (task.cutMarkers).
+			t.cutMarkers(c.t0)
+		}
 		c.offs[t.id] = t.pos
 		c.tasks = append(c.tasks, t)
 		if !t.seg.keyed() {

@@ -139,6 +139,7 @@ func (t *task) repartition(rec *operators.Record, tk *ticket) {
 		// before it; a marker brings the new one after these rows.
 		f = t.passedBefore
 	}
+	f = t.passOn(f)
 	env, err := encodeEnvelope(nil, rec, t.writer(), t.curOff, t.seq, f, raw)
 	if err != nil {
 		r.deadLetter(rec, operators.ReasonError, err, "repartition", tk)

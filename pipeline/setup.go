@@ -353,7 +353,7 @@ func (r *route) buildSegments(parts map[string]int) error {
 		}
 		seg.to = i
 		next := &segment{idx: len(r.plan.segs), topic: repartitionTopic(d.Name, s), from: i, keyStep: s,
-			changelog: changelogTopic(d.Name, s), sourceShaped: shaped}
+			changelog: changelogTopic(d.Name, s), sourceShaped: shaped, hold: s.Traits.HoldsWatermark}
 		shaped = shaped && !reshapes
 		next.nparts = parts[next.topic]
 		if next.nparts >= maxTaskPartitions {

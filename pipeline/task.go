@@ -32,6 +32,10 @@ type segment struct {
 	other   *otherInput
 	others  []*segment
 	nparts  int  // partitions of topic (for markers sent to it)
+	// hold is how far behind the watermark its keyed step emits
+	// (Traits.HoldsWatermark, a stream join): the frontier it passes on
+	// to the next segment is held back by as much.
+	hold int64
 	timed   bool // a step of the segment reacts to the watermark
 	markers bool // a later segment is timed: send it watermark markers
 	// sourceShaped: the values this segment reads still have the source's
@@ -174,6 +178,15 @@ func (t *task) frontier() (int64, bool) {
 	return t.front.frontier, t.front.has
 }
 
+// passOn is the frontier f as the next segment gets it: held back by what
+// the segment's keyed step may still emit behind it.
+func (t *task) passOn(f int64) int64 {
+	if f == minWatermark {
+		return f
+	}
+	return f - t.seg.hold
+}
+
 // observeEvent notes a source record's event time.
 func (t *task) observeEvent(ev int64) {
 	f := ev - t.r.def.Source.Watermark.Milliseconds()
@@ -197,7 +210,30 @@ const markerEvery = 20 * time.Millisecond
 // repartition topic whose last record or marker from this task carried an
 // older frontier; with force, also on those not written to for a quarter
 // of idle_timeout while records flowed (the reader counts this task active).
+// Without force, a partition sent a marker less than markerEvery ago waits
+// for a later round (the idle loop's, or the cut's: cutMarkers).
 func (t *task) sendMarkers(now time.Time, force bool) {
+	t.markerRound(now, force, force)
+}
+
+// cutMarkers sends, at the cut of an exactly-once route (cut held), the
+// markers sendMarkers held back by markerEvery: every partition of the
+// next topic whose last record or marker from this task carried an older
+// frontier gets one now, so the transaction that commits the task's
+// position also commits the frontier that position implies. Sent after
+// the cut, into the next transaction, the marker was lost when that one
+// aborted (the task rebuilt at its committed position has no frontier and
+// reads nothing again), and never committed while the route rested
+// (docs/ARCHITECTURE.md, invariant 80).
+func (t *task) cutMarkers(now time.Time) {
+	t.markerRound(now, true, false)
+}
+
+// markerRound sends the markers due: to every partition whose frontier is
+// stale (unpaced: at once, else at most every markerEvery), and with beat
+// the heartbeats of an active task to those quiet for a quarter of
+// idle_timeout.
+func (t *task) markerRound(now time.Time, unpaced, beat bool) {
 	next := t.seg.next
 	if next == nil || !t.seg.markers {
 		return
@@ -206,6 +242,7 @@ func (t *task) sendMarkers(now time.Time, force bool) {
 	if !ok {
 		return
 	}
+	f = t.passOn(f)
 	t.front.Lock()
 	if len(t.front.sent) < next.nparts {
 		for len(t.front.sent) < next.nparts {
@@ -214,21 +251,21 @@ func (t *task) sendMarkers(now time.Time, force bool) {
 		}
 	}
 	active := t.front.sinceSent > 0
-	beat := t.r.def.Source.IdleTimeout / 4
+	every := t.r.def.Source.IdleTimeout / 4
 	var targets []int32
 	for q := range next.nparts {
 		stale := t.front.sent[q] < f
-		quiet := force && active && now.Sub(t.front.sentAt[q]) >= beat
+		quiet := beat && active && now.Sub(t.front.sentAt[q]) >= every
 		if !stale && !quiet {
 			continue
 		}
-		if !force && now.Sub(t.front.sentAt[q]) < markerEvery {
+		if !unpaced && now.Sub(t.front.sentAt[q]) < markerEvery {
 			continue
 		}
 		t.front.sent[q], t.front.sentAt[q] = f, now
 		targets = append(targets, int32(q))
 	}
-	if force {
+	if beat {
 		t.front.sinceSent = 0
 	}
 	t.front.Unlock()
@@ -239,10 +276,23 @@ func (t *task) sendMarkers(now time.Time, force bool) {
 	for _, q := range targets {
 		kr := &kgo.Record{Topic: next.topic, Partition: q, Headers: []kgo.RecordHeader{{Key: headerMarker, Value: val}}}
 		t.r.send(kr, func(_ *kgo.Record, err error) {
-			if err != nil && t.r.out.ctx.Err() == nil {
-				// A later marker carries the same frontier or a newer one.
-				t.r.log.Debug("watermark marker not written", "topic", next.topic, "partition", q, "err", err)
+			if err == nil || t.r.out.ctx.Err() != nil {
+				return
 			}
+			// Nothing but a marker may carry f to q (at rest no record
+			// follows): q is stale again, and the next round (the idle
+			// loop's, the cut's) sends it once more. In a transaction the
+			// write failed it: it aborts, and the cut after the reset
+			// sends the frontier again.
+			t.front.Lock()
+			if int(q) < len(t.front.sent) && t.front.sent[q] == f {
+				t.front.sent[q] = minWatermark
+			}
+			t.front.Unlock()
+			if t.r.txn.on {
+				t.r.txnFail(fmt.Errorf("watermark marker %s[%d]: %w", next.topic, q, err))
+			}
+			t.r.log.Debug("watermark marker not written", "topic", next.topic, "partition", q, "err", err)
 		})
 	}
 }

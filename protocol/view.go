@@ -39,7 +39,10 @@ type View interface {
 	Topic() string
 	// Apply runs the view's steps on one record. It may replace
 	// rec.Value and rec.Headers (never the slices' contents in place: they
-	// alias the fetched batch); keep false filters the record out. An
+	// alias the fetched batch); the new value may be built in
+	// rec.Scratch, a buffer of the caller's that it encodes the record
+	// from before the next Apply and then reuses (Apply may leave a larger
+	// one there). keep false filters the record out. An
 	// error means the record could not be processed (not decodable, an
 	// expression failed): the proxy then never passes the original value
 	// through, and replaces it with a placeholder, saying why in a header.
@@ -54,4 +57,6 @@ type ViewRecord struct {
 	Key       []byte // nil: a null key
 	Value     []byte // nil: a null value
 	Headers   []kmsg.Header
+	// Scratch is the caller's buffer for the new value (see Apply).
+	Scratch []byte
 }

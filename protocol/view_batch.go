@@ -108,12 +108,19 @@ func viewPartition(dst []byte, v View, partition int32, in []byte, m *decodeMete
 			flush() // too far to fold
 		}
 		start := len(dst)
-		out, kind, err := viewBatch(dst, v, partition, b, m, sc, c, pending)
+		out, kind, err := sc.batch(dst, v, partition, b, m, c)
 		if err != nil {
 			return out, err
 		}
 		switch kind {
 		case batchWritten:
+			if pending >= 0 {
+				// Earlier batches were all filtered out: this one
+				// starts at the first of them instead.
+				if out, err = rebaseBatch(out, start, pending, sc); err != nil {
+					return out[:start], err
+				}
+			}
 			dst, prev, pending = out, start, -1
 		case batchControl:
 			if pending >= 0 {
@@ -150,19 +157,14 @@ const (
 	batchFiltered        // every record was filtered out: nothing was appended
 )
 
-// viewBatch rewrites one v2 batch b (whole) through v. With rebase >= 0
-// (earlier batches were all filtered out) the batch written starts at
-// that offset instead of its own. Its error is only that the connection
-// closed while the decode waited for the global budget.
-func viewBatch(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc *viewScratch, c *viewCounts, rebase int64) ([]byte, int, error) {
+// viewBatch rewrites one v2 batch b (whole) through v, appending what it
+// writes to dst. Its error is only that the connection closed while the
+// decode waited for the global budget.
+func viewBatch(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc *viewScratch, c *viewCounts) ([]byte, int, error) {
 	attrs := int16(binary.BigEndian.Uint16(b[21:23]))
 	hdr := b[:batchHeaderLen]
 	base := int64(binary.BigEndian.Uint64(b[0:8]))
 	lastDelta := int32(binary.BigEndian.Uint32(b[23:27]))
-	if rebase >= 0 {
-		lastDelta = int32(base + int64(lastDelta) - rebase)
-		base = rebase
-	}
 	if crc32.Checksum(b[21:], viewCRCTable) != binary.BigEndian.Uint32(b[17:21]) {
 		c.errors++
 		return appendErrorBatch(dst, hdr, base, lastDelta, "record batch CRC mismatch"), batchWritten, nil
@@ -172,7 +174,7 @@ func viewBatch(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc
 	}
 	mk := m.mark()
 	for {
-		out, kept, err := viewRecords(dst, v, partition, b, m, sc, c, rebase)
+		out, kept, err := viewRecords(dst, v, partition, b, m, sc, c)
 		m.unwind(mk)
 		switch {
 		case err == nil && kept == 0:
@@ -220,15 +222,20 @@ type viewScratch struct {
 	noEmpty bool
 	dropped int
 	raw     []byte // the kept records, encoded, before compression
+	val     []byte // ViewRecord.Scratch: a record's new value until encoded
 	recs    []ViewRecord
 	hdrs    []kmsg.Header
 	comp    compressors
+	// jobs, when set, rewrite the response's batches on workers
+	// (view_par.go); tmp and rebaseBufs serve rebaseBatch.
+	jobs       *viewJobs
+	tmp        []byte
+	rebaseBufs decompressBufs
 }
 
 // viewRecords decodes batch b, runs v on its records and appends the
-// batch of the kept ones (nothing when none is kept), based at rebase
-// when that is not -1.
-func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc *viewScratch, c *viewCounts, rebase int64) (out []byte, kept int32, err error) {
+// batch of the kept ones (nothing when none is kept).
+func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, sc *viewScratch, c *viewCounts) (out []byte, kept int32, err error) {
 	var bh kmsg.RecordBatch
 	if err := bh.ReadFrom(b); err != nil {
 		return dst, 0, fmt.Errorf("record batch: %w", err)
@@ -239,15 +246,11 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 	if err := m.charge(int64(bh.NumRecords)*recordCost, int64(bh.NumRecords)); err != nil {
 		return dst, 0, err
 	}
-	outBase := bh.FirstOffset
-	if rebase >= 0 {
-		outBase = rebase
-	}
 	data := bh.Records
 	codec := bh.Attributes & 0x07
 	xerial := false
 	if codec != 0 {
-		dec, err := m.decompress(data, codec)
+		dec, err := m.viewDecompress(data, codec)
 		if err != nil {
 			if errors.Is(err, ErrDecodeLimit) || errors.Is(err, errLeaseShort) {
 				return dst, 0, err
@@ -283,8 +286,13 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 	raw := sc.raw[:0]
 	for i := range recs {
 		r := &recs[i]
+		r.Scratch = sc.val[:0]
 		orig := *r
 		keep, aerr := applyView(v, r)
+		if cap(r.Scratch) > cap(sc.val) {
+			sc.val = r.Scratch[:0]
+		}
+		r.Scratch = nil
 		if aerr != nil {
 			r.Key, r.Value, r.Headers = orig.Key, nil, []kmsg.Header{{Key: ViewErrorHeader, Value: []byte(aerr.Error())}}
 			keep = true
@@ -296,7 +304,7 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 			c.kept++
 		}
 		// Offsets and timestamps are the stored ones, whatever the view did.
-		raw = appendRecord(raw, r, orig.Timestamp-bh.FirstTimestamp, int32(orig.Offset-outBase))
+		raw = appendRecord(raw, r, orig.Timestamp-bh.FirstTimestamp, int32(orig.Offset-bh.FirstOffset))
 		kept++
 	}
 	sc.raw = raw
@@ -311,8 +319,6 @@ func viewRecords(dst []byte, v View, partition int32, b []byte, m *decodeMeter, 
 		return dst[:start], 0, err
 	}
 	h := dst[start:]
-	binary.BigEndian.PutUint64(h[0:8], uint64(outBase))
-	binary.BigEndian.PutUint32(h[23:27], uint32(bh.FirstOffset+int64(bh.LastOffsetDelta)-outBase))
 	binary.BigEndian.PutUint32(h[57:61], uint32(kept))
 	return finishBatch(dst, start), kept, nil
 }

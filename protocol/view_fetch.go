@@ -216,6 +216,11 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 	defer viewScratches.Put(sc)
 	sc.noEmpty, sc.dropped = !vr.emptyOK, 0
 	defer func() { vr.delay = vr.delayIfEmpty(resp, sc.dropped) }()
+	// The view of each topic (nil for a topic no view applies to) and
+	// the name its client uses.
+	views := make([]View, len(resp.Topics))
+	clients := make([]string, len(resp.Topics))
+	batches, size := 0, 0
 	for ti := range resp.Topics {
 		t := &resp.Topics[ti]
 		real := t.Topic
@@ -236,6 +241,34 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 			}
 			continue
 		}
+		views[ti], clients[ti] = v, client
+		for pi := range t.Partitions {
+			eachViewBatch(t.Partitions[pi].RecordBatches, func(b []byte) { batches, size = batches+1, size+len(b) })
+		}
+	}
+	if viewParallel(batches, size) {
+		jobs := make([]*viewJob, 0, batches)
+		for ti, v := range views {
+			if v == nil {
+				continue
+			}
+			for pi := range resp.Topics[ti].Partitions {
+				pp := &resp.Topics[ti].Partitions[pi]
+				eachViewBatch(pp.RecordBatches, func(b []byte) {
+					jobs = append(jobs, &viewJob{v: v, partition: pp.Partition, b: b, done: make(chan struct{})})
+				})
+			}
+		}
+		sc.jobs = startViewJobsN(jobs, viewWorkers(batches), p.held, func() *decodeMeter { return p.newMeter(done, p.guardBufs) })
+		defer func() { sc.jobs.stop(); sc.jobs = nil }()
+	}
+	for ti := range resp.Topics {
+		t := &resp.Topics[ti]
+		v := views[ti]
+		if v == nil {
+			continue
+		}
+		client := clients[ti]
 		var c viewCounts
 		for pi := range t.Partitions {
 			pp := &t.Partitions[pi]

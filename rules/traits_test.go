@@ -101,7 +101,11 @@ func TestTraitsDeclared(t *testing.T) {
 		{"- drop_duplicates: { key: value.id }", operators.Traits{Keyed: true}},
 		{"- drop_duplicates: { key: value.id, ttl: 1h }", operators.Traits{Keyed: true, Timed: true}},
 		{"- join: { stream: { topic: s }, on: key, other: key, within: { after: 1m }, grace: 1s, as: s }",
-			operators.Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true}},
+			operators.Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true, HoldsWatermark: 1000}},
+		{"- join: { stream: { topic: s }, on: key, other: key, within: { before: 5m, after: 1m }, grace: 1s, kind: left, as: s }",
+			operators.Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true, HoldsWatermark: 61_000}},
+		{"- join: { stream: { topic: s }, on: key, other: key, within: { before: 5m, after: 1m }, grace: 1s, kind: outer, as: s }",
+			operators.Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true, HoldsWatermark: 301_000}},
 		{"- window: { kind: tumbling, size: 1m, aggregate: { n: count() } }",
 			operators.Traits{Keyed: true, Timed: true, Stateful: true, Absorbing: true, Closes: true, Value: operators.ValueReplaced}},
 	} {

@@ -488,13 +488,13 @@ func (v *View) Run(r *ViewRecord, dst []byte) (out []byte, keep bool, err error)
 		}
 		r = em.out
 	}
+	if dst == nil {
+		dst = []byte{} // a value, even if empty: not a null
+	}
 	if v.Format == FormatRaw {
 		if s, ok := r.Value.(string); ok {
 			return append(dst, s...), true, nil
 		}
-	}
-	if dst == nil {
-		dst = []byte{} // a value, even if empty: not a null
 	}
 	if v.Format == FormatRaw {
 		out, err = jsoncodec.Append(dst, r.Value)

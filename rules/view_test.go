@@ -192,6 +192,26 @@ func TestViewRawFormat(t *testing.T) {
 	}
 }
 
+// TestViewRawEmptyValueStaysEmpty: a raw view passes an empty value (not
+// a null) as an empty value, with or without a buffer to build it in: a
+// null is a tombstone on a compacted topic, so an empty value turned null
+// would delete its key for the view's clients.
+func TestViewRawEmptyValueStaysEmpty(t *testing.T) {
+	for _, text := range []string{
+		"view: logs.alias\ntopic: logs\nformat: raw\n",
+		"view: logs.empty\ntopic: logs\nformat: raw\nsteps:\n  - filter: value == \"\"\n",
+	} {
+		r := loadViewText(t, text)
+		for _, dst := range [][]byte{nil, make([]byte, 0, 8)} {
+			rec := &ViewRecord{Topic: "logs", Raw: []byte{}}
+			out, keep, err := r.View.Run(rec, dst)
+			if err != nil || !keep || out == nil || len(out) != 0 {
+				t.Errorf("%q, dst cap %d: %q (nil %v) %v %v, want an empty value", text, cap(dst), out, out == nil, keep, err)
+			}
+		}
+	}
+}
+
 // TestViewRefused: what check refuses in a view file, each at its place.
 func TestViewRefused(t *testing.T) {
 	cases := []struct {

@@ -12,10 +12,16 @@
 // is the process's user+system time over the sample (millicores), RSS the
 // median of one reading per second (VmRSS), threads the last reading. The
 // broker's KIP-848 heartbeat interval is Kafka's default, 5s (-heartbeat).
+//
+// -scenarios exactly-once (not in the default set) runs three exactly-once
+// routes that read 300 records and then rest: an exactly-once route's
+// checkpoint skip at rest (docs/ARCHITECTURE.md, invariants 80 and 90).
 package main
 
 import (
 	"bufio"
+	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -28,6 +34,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/rtproxy/rtproxy/internal/benchkit"
 )
@@ -42,13 +50,16 @@ var (
 	// route's wake-ups; a KIP-848 broker tells members its interval, and
 	// Kafka's default (group.consumer.heartbeat.interval.ms) is 5s.
 	heartbeat = flag.Duration("heartbeat", 5*time.Second, "the broker's KIP-848 group heartbeat interval")
-	scenSel   = flag.String("scenarios", "passthrough,quickstart,quickstart+extra", "scenarios to run")
+	scenSel   = flag.String("scenarios", "passthrough,quickstart,quickstart+extra", "scenarios to run (also: exactly-once)")
 )
 
 type scenario struct {
 	name   string
 	routes int // JSON routes besides the quickstart's (0 with quickstart false)
 	qs     bool
+	// eo: three exactly-once routes (a filter, a window, a drop_duplicates)
+	// that read a few records each, then rest.
+	eo bool
 }
 
 type result struct {
@@ -87,6 +98,8 @@ func main() {
 			scens = append(scens, scenario{name: "quickstart's 3 JSON routes, idle", qs: true})
 		case "quickstart+extra":
 			scens = append(scens, scenario{name: fmt.Sprintf("quickstart + %d idle routes", *extra), qs: true, routes: *extra})
+		case "exactly-once":
+			scens = append(scens, scenario{name: "3 exactly-once routes, at rest", eo: true})
 		default:
 			log.Fatalf("unknown scenario %q", s)
 		}
@@ -116,7 +129,7 @@ func main() {
 			fmt.Printf("| %s | %s | %.1f | %.2f | %.0f |\n", b.name, sc.name, benchkit.Median(rss), benchkit.Median(cpu), benchkit.Median(th))
 		}
 	}
-	if len(scens) == 3 {
+	if len(scens) == 3 && !scens[2].eo {
 		for _, b := range bins {
 			q := benchkit.Median(col(res[b.name+"\x00"+scens[1].name]))
 			e := benchkit.Median(col(res[b.name+"\x00"+scens[2].name]))
@@ -142,6 +155,9 @@ func measure(root, work, kfakeBin, bin string, sc scenario) result {
 	for i := 0; i < sc.routes; i++ {
 		topics = append(topics, fmt.Sprintf("idle%d:3", i))
 	}
+	if sc.eo {
+		topics = append(topics, "eo:3")
+	}
 	broker, ready := benchkit.StartProc(kfakeBin, "-brokers", "1", "-topics", strings.Join(topics, ","), "-auto-create=true", "-group-heartbeat", heartbeat.String())
 	defer benchkit.StopProc(broker)
 	addrs := strings.Split(ready, ",")
@@ -158,6 +174,9 @@ func measure(root, work, kfakeBin, bin string, sc scenario) result {
 	for i := 0; i < sc.routes; i++ {
 		y := fmt.Sprintf("route: idle%d\nsource: { topic: idle%d }\nsink: { topic: idle%d.out }\nsteps:\n  - filter: value.n > 0\n", i, i, i)
 		check(os.WriteFile(filepath.Join(rules, fmt.Sprintf("idle%d.yaml", i)), []byte(y), 0o644))
+	}
+	if sc.eo {
+		writeEORoutes(rules)
 	}
 	admin := benchkit.FreeAddr()
 	cfg := fmt.Sprintf("listen: %s\nbroker_ports: %d\nupstream: [%s]\nrules_dir: %s\nstate_dir: %s\nadmin_listen: %s\nlog_level: warn\n",
@@ -184,6 +203,9 @@ func measure(root, work, kfakeBin, bin string, sc scenario) result {
 			log.Fatalf("rtproxy not ready after 60s")
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	if sc.eo {
+		feedEO(addrs, admin)
 	}
 	time.Sleep(*settle)
 	pid := cmd.Process.Pid
@@ -237,4 +259,76 @@ func check(err error) {
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// writeEORoutes writes the exactly-once scenario's routes: a filter, a
+// tumbling window and a drop_duplicates on one source, each committing a
+// transaction per checkpoint_interval (100ms) while records move.
+func writeEORoutes(dir string) {
+	common := "source: { topic: eo, format: json, event_time: value.ts, watermark: 0s, idle_timeout: 1m }\n"
+	for name, steps := range map[string]string{
+		"eo-filter": "  - filter: int(value.n) % 5 != 0\n",
+		"eo-window": "  - window: { kind: tumbling, size: 1s, key: value.user, aggregate: { n: count() } }\n",
+		"eo-dedup":  "  - drop_duplicates: { key: value.n, ttl: 1h }\n",
+	} {
+		y := fmt.Sprintf("route: %s\n%ssink: { topic: %s.out, delivery: exactly_once }\ndead_letter: %s.dlq\nsteps:\n%s",
+			name, common, name, name, steps)
+		check(os.WriteFile(filepath.Join(dir, name+".yaml"), []byte(y), 0o644))
+	}
+}
+
+// feedEO writes a few records to the exactly-once routes' source once
+// they run, and waits until each route has checkpointed them: what rests
+// after is a route that has worked (tasks, state, a committed cut).
+func feedEO(addrs []string, admin string) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ProducerLinger(0))
+	check(err)
+	defer cl.Close()
+	var rs []*kgo.Record
+	for i := range 300 {
+		v := fmt.Sprintf(`{"n":%d,"user":"u%d","ts":%d}`, i, i%7, 1_000_000+i*10)
+		rs = append(rs, &kgo.Record{Topic: "eo", Key: []byte(strconv.Itoa(i)), Value: []byte(v)})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	check(cl.ProduceSync(ctx, rs...).FirstErr())
+	// Every route has read its source to the end (lag 0 on /routes).
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		if eoCaughtUp(admin) {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	log.Printf("the exactly-once routes did not catch up within 60s; measuring anyway")
+}
+
+// eoCaughtUp reports whether /routes shows every route running with no
+// source lag.
+func eoCaughtUp(admin string) bool {
+	r, err := http.Get("http://" + admin + "/routes")
+	if err != nil {
+		return false
+	}
+	defer r.Body.Close()
+	var routes []struct {
+		State      string `json:"state"`
+		Partitions []struct {
+			Lag int64 `json:"lag"`
+		} `json:"partitions"`
+	}
+	if json.NewDecoder(r.Body).Decode(&routes) != nil || len(routes) != 3 {
+		return false
+	}
+	for _, rt := range routes {
+		if rt.State != "running" || len(rt.Partitions) == 0 {
+			return false
+		}
+		for _, p := range rt.Partitions {
+			if p.Lag != 0 {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -117,6 +117,7 @@ func main() {
 		samples    = flag.Int("latency-samples", 5000, "sequential produce requests per target for latency")
 		rounds     = flag.Int("rounds", 8, "throughput rounds per target (best is reported)")
 		portFirst  = flag.Int("broker-ports", 29100, "first per-broker port of the proxy (each further proxy 10 above)")
+		proxyTable = flag.Bool("proxy-table", true, "run the proxy table (produce, fetch and latency without views); false: the view phase only")
 		cpuProfile = flag.String("cpuprofile", "", "write the working tree proxy's CPU profile here (each -base's to FILE.baseN, N counting the -base flags from 0)")
 		bases      revs
 	)
@@ -150,6 +151,10 @@ func main() {
 	now := &target{name: "now", bin: filepath.Join(dir, "proxyproc")}
 	build(root, now.bin, "./test/bench/proxy/proxyproc")
 	targets = append(targets, now)
+	if !*proxyTable {
+		runViewPhase(kfakeBin, targets, *portFirst+300)
+		return
+	}
 
 	var topics []string
 	for r := range *rounds {
@@ -258,7 +263,7 @@ func main() {
 			t.cpu.Seconds()/gbMoved, t.perReq.rw, t.perReq.ctx, t.perReq.cpuMicros)
 	}
 
-	runViewPhase(kfakeBin, now.bin, *portFirst+300)
+	runViewPhase(kfakeBin, targets, *portFirst+300)
 }
 
 func build(dir, out, pkg string) {

@@ -17,6 +17,7 @@ import (
 	"log"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -63,8 +64,26 @@ func viewValue(r *rand.Rand, i int) []byte {
 		i, status, r.IntN(10000), i, r.IntN(100000), r.IntN(100), note.String())
 }
 
-// runViewPhase runs the view phase with its own broker and proxy process.
-func runViewPhase(kfakeBin, proxyBin string, portFirst int) {
+// viewTarget is one proxy process of the view phase (the working tree's
+// or a -base revision's), with the view in force.
+type viewTarget struct {
+	name        string
+	proc        *exec.Cmd
+	addr        string
+	plain, view float64   // best input records/s
+	ratios      []float64 // view / no view, one per round
+	views       []float64 // through the view, records/s, one per round
+	// CPU of the proxy and of the consumer (this process) over the
+	// rounds without and through the view.
+	proxyPlain, proxyView   time.Duration
+	clientPlain, clientView time.Duration
+	plainLat                []time.Duration
+	viewLat                 []time.Duration
+}
+
+// runViewPhase runs the view phase with its own broker and one proxy
+// process per target (the working tree's is the last).
+func runViewPhase(kfakeBin string, targets []*target, portFirst int) {
 	if !*viewPhase {
 		return
 	}
@@ -79,13 +98,21 @@ func runViewPhase(kfakeBin, proxyBin string, portFirst int) {
 	}
 	kfake, brokers := benchkit.StartProc(kfakeBin, "-brokers", "3", "-topics", "vb:3")
 	defer benchkit.StopProc(kfake)
-	args := []string{"-upstream", brokers, "-broker-ports", strconv.Itoa(portFirst), "-view", vf}
-	if *viewProfile != "" {
-		abs, _ := filepath.Abs(*viewProfile)
-		args = append(args, "-cpuprofile", abs)
+	var vts []*viewTarget
+	for i, t := range targets {
+		args := []string{"-upstream", brokers, "-broker-ports", strconv.Itoa(portFirst + 10*i), "-view", vf}
+		if *viewProfile != "" {
+			abs, _ := filepath.Abs(*viewProfile)
+			if i != len(targets)-1 {
+				abs += fmt.Sprintf(".base%d", i)
+			}
+			args = append(args, "-cpuprofile", abs)
+		}
+		vt := &viewTarget{name: t.name}
+		vt.proc, vt.addr = benchkit.StartProc(t.bin, args...)
+		defer benchkit.StopProc(vt.proc)
+		vts = append(vts, vt)
 	}
-	proxy, proxyAddr := benchkit.StartProc(proxyBin, args...)
-	defer benchkit.StopProc(proxy)
 
 	n := *viewRecords
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -108,43 +135,89 @@ func runViewPhase(kfakeBin, proxyBin string, portFirst int) {
 	pc.Close()
 	kept := n - (n+9)/10
 
-	// Throughput: every round reads the whole topic from the start.
-	var direct, plain, view float64
-	var ratios []float64
+	// Throughput: every round reads the whole topic from the start, from
+	// the broker and through each proxy under both names, in an order
+	// that rotates from round to round.
+	var direct float64
 	for r := range *viewRounds {
-		var d, p, v float64
-		order := []func(){
-			func() { p = fetchAll(proxyAddr, "vb", n, n) },
-			func() { v = fetchAll(proxyAddr, "vb.view", kept, n) },
-			func() { d = fetchAll(brokers, "vb", n, n) },
+		var d float64
+		plain := make([]float64, len(vts))
+		view := make([]float64, len(vts))
+		order := []func(){func() { d = fetchAll(brokers, "vb", n, n) }}
+		for i, vt := range vts {
+			// measured runs f and adds the proxy's and this process's
+			// CPU over it.
+			measured := func(proxy, client *time.Duration, f func()) {
+				p0, c0 := benchkit.ProcCPU(vt.proc.Process.Pid), benchkit.ProcCPU(os.Getpid())
+				f()
+				*proxy += benchkit.ProcCPU(vt.proc.Process.Pid) - p0
+				*client += benchkit.ProcCPU(os.Getpid()) - c0
+			}
+			order = append(order,
+				func() {
+					measured(&vt.proxyPlain, &vt.clientPlain, func() { plain[i] = fetchAll(vt.addr, "vb", n, n) })
+				},
+				func() {
+					measured(&vt.proxyView, &vt.clientView, func() { view[i] = fetchAll(vt.addr, "vb.view", kept, n) })
+				})
 		}
+		k := r % len(order)
+		order = append(order[k:], order[:k]...)
 		if r%2 == 1 {
 			slices.Reverse(order)
 		}
 		for _, f := range order {
 			f()
 		}
-		log.Printf("view round %d: direct %.0f rec/s, proxy without view %.0f rec/s, proxy through the view %.0f rec/s", r, d, p, v)
-		direct, plain, view = max(direct, d), max(plain, p), max(view, v)
-		ratios = append(ratios, v/p)
+		line := fmt.Sprintf("view round %d: direct %.0f rec/s", r, d)
+		direct = max(direct, d)
+		for i, vt := range vts {
+			line += fmt.Sprintf("; %s: without view %.0f, through the view %.0f (%.3fx)", vt.name, plain[i], view[i], view[i]/plain[i])
+			vt.plain, vt.view = max(vt.plain, plain[i]), max(vt.view, view[i])
+			vt.ratios = append(vt.ratios, view[i]/plain[i])
+			vt.views = append(vt.views, view[i])
+		}
+		log.Print(line)
 	}
 
-	// Latency at 2,000 records/s, both names consumed at once.
-	plainLat, viewLat := viewLatency(brokers, proxyAddr)
+	// Latency at 2,000 records/s, both names through every proxy at once.
+	viewLatency(brokers, vts)
 
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	now := vts[len(vts)-1]
 	fmt.Fprintf(w, "view phase: %d records of ~1 KiB JSON (%.0f MB, zstd as stored), best of %d\tdirect\tproxy, no view\tproxy, through the view\tview vs no view\tmedian round ratio\ttarget\t\n",
 		n, float64(stored)/1e6, *viewRounds)
-	fmt.Fprintf(w, "fetch input records/s\t%.0f\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.6x\t\n", direct, plain, view, view/plain, benchkit.Median(ratios))
+	fmt.Fprintf(w, "fetch input records/s\t%.0f\t%.0f\t%.0f\t%.3fx\t%.3fx\t>= 0.6x\t\n", direct, now.plain, now.view, now.view/now.plain, benchkit.Median(now.ratios))
 	for _, q := range []struct {
 		name   string
 		q      float64
 		target string
 	}{{"end-to-end latency p50 at 2k rec/s", 0.5, ""}, {"end-to-end latency p99 at 2k rec/s", 0.99, "<= +1 ms"}} {
-		p, v := quantile(plainLat, q.q), quantile(viewLat, q.q)
+		p, v := quantile(now.plainLat, q.q), quantile(now.viewLat, q.q)
 		fmt.Fprintf(w, "%s\t-\t%dµs\t%dµs\t%+dµs\t\t%s\t\n", q.name, p.Microseconds(), v.Microseconds(), (v - p).Microseconds(), q.target)
 	}
 	w.Flush()
+
+	// Side by side, one row per proxy: best and median round ratios; the
+	// CPU per input record of the proxy and of the consumer, without the
+	// view and through it (on a shared machine the rates follow the load,
+	// the CPU per record much less); and the added end-to-end latency of
+	// the view over the same proxy without it.
+	// "view rec/s vs now" compares each proxy's view rate with the
+	// working tree's of the same round (median over the rounds): the
+	// proxies' own rates without the view swing as much as the ratio.
+	fmt.Printf("\n| proxy | no view rec/s | view rec/s | view vs no view | median round ratio | view rec/s vs now, median round | proxy CPU µs/rec, no view / view | consumer CPU µs/rec, no view / view | added p50 | added p99 |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(n**viewRounds) }
+	for _, vt := range vts {
+		var vsNow []float64
+		for r := range vt.views {
+			vsNow = append(vsNow, vt.views[r]/now.views[r])
+		}
+		fmt.Printf("| %s | %.0f | %.0f | %.3fx | %.3fx | %.3fx | %.2f / %.2f | %.2f / %.2f | %+dµs | %+dµs |\n", vt.name, vt.plain, vt.view, vt.view/vt.plain, benchkit.Median(vt.ratios), benchkit.Median(vsNow),
+			per(vt.proxyPlain), per(vt.proxyView), per(vt.clientPlain), per(vt.clientView),
+			(quantile(vt.viewLat, 0.5) - quantile(vt.plainLat, 0.5)).Microseconds(),
+			(quantile(vt.viewLat, 0.99) - quantile(vt.plainLat, 0.99)).Microseconds())
+	}
 }
 
 // fetchAll reads topic from the start until want records arrived, and
@@ -168,19 +241,19 @@ func fetchAll(seeds, topic string, want, in int) float64 {
 }
 
 // viewLatency produces to vb at 2,000 records/s (linger 0, zstd) and
-// consumes it through the proxy as vb and as vb.view at once; it returns
-// each one's sorted end-to-end latencies.
-func viewLatency(brokers, proxyAddr string) (plain, view []time.Duration) {
+// consumes it through every proxy as vb and as vb.view at once; it sets
+// each target's sorted end-to-end latencies.
+func viewLatency(brokers string, vts []*viewTarget) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	type sample struct {
 		at  time.Time
 		lat time.Duration
 	}
-	var plainS, viewS []sample
-	consume := func(topic string, out *[]sample, ready *sync.WaitGroup, done *sync.WaitGroup) {
+	samples := make([][2][]sample, len(vts))
+	consume := func(addr, topic string, out *[]sample, ready *sync.WaitGroup, done *sync.WaitGroup) {
 		defer done.Done()
-		cc := newClient(proxyAddr, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
+		cc := newClient(addr, kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
 			kgo.FetchMaxWait(time.Second))
 		defer cc.Close()
 		cc.PollFetches(context.Background()) // none: assigned, at the end
@@ -192,14 +265,16 @@ func viewLatency(brokers, proxyAddr string) (plain, view []time.Duration) {
 		}
 	}
 	var ready, done sync.WaitGroup
-	ready.Add(2)
-	done.Add(2)
+	ready.Add(2 * len(vts))
+	done.Add(2 * len(vts))
 	// The first poll of a consumer at the end waits for a record: one is
-	// produced every 50ms until both are polling.
+	// produced every 50ms until all are polling.
 	pc := newClient(brokers, kgo.DefaultProduceTopic("vb"), kgo.ProducerBatchCompression(kgo.ZstdCompression()))
 	defer pc.Close()
-	go consume("vb", &plainS, &ready, &done)
-	go consume("vb.view", &viewS, &ready, &done)
+	for i, vt := range vts {
+		go consume(vt.addr, "vb", &samples[i][0], &ready, &done)
+		go consume(vt.addr, "vb.view", &samples[i][1], &ready, &done)
+	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	warm := time.NewTicker(50 * time.Millisecond)
 	readyC := make(chan struct{})
@@ -234,17 +309,17 @@ produce:
 	time.Sleep(time.Second)
 	cancel()
 	done.Wait()
-	for _, s := range plainS {
-		if !s.at.Before(from) {
-			plain = append(plain, s.lat)
+	since := func(ss []sample) []time.Duration {
+		var out []time.Duration
+		for _, s := range ss {
+			if !s.at.Before(from) {
+				out = append(out, s.lat)
+			}
 		}
+		slices.Sort(out)
+		return out
 	}
-	for _, s := range viewS {
-		if !s.at.Before(from) {
-			view = append(view, s.lat)
-		}
+	for i, vt := range vts {
+		vt.plainLat, vt.viewLat = since(samples[i][0]), since(samples[i][1])
 	}
-	slices.Sort(plain)
-	slices.Sort(view)
-	return plain, view
 }

@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -139,10 +140,18 @@ func (b benchViews) Virtual(c protocol.ViewClient) map[string]string {
 
 func (b benchViews) Name() string  { return b.r.Name }
 func (b benchViews) Topic() string { return b.r.View.Topic }
+
+var recordPool = sync.Pool{New: func() any { return new(operators.Record) }}
+
 func (b benchViews) Apply(rec *protocol.ViewRecord) (bool, error) {
-	r := operators.Record{Topic: b.r.View.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key,
+	r := recordPool.Get().(*operators.Record)
+	defer func() { *r = operators.Record{}; recordPool.Put(r) }()
+	*r = operators.Record{Topic: b.r.View.Topic, Partition: rec.Partition, Offset: rec.Offset, Key: rec.Key,
 		Raw: rec.Value, Timestamp: rec.Timestamp, EventTime: rec.Timestamp}
-	out, keep, err := b.r.View.Run(&r, nil)
+	out, keep, err := b.r.View.Run(r, rec.Scratch[:0])
+	if cap(out) > cap(rec.Scratch) {
+		rec.Scratch = out[:0]
+	}
 	if err != nil || !keep {
 		return false, err
 	}
