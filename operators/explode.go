@@ -108,7 +108,8 @@ func (e *explode) Process(r *Record, out Emitter) {
 // copyWith is a copy of r with elem bound under the step's name. The value
 // object is copied one level deep: `set` writes only top-level members,
 // and nothing writes inside nested ones. A value that was still the
-// decoding of the record's bytes stays so, and goes out as those bytes.
+// decoding of the record's bytes stays so, and goes out as those bytes;
+// one a step had changed stays changed.
 func (e *explode) copyWith(r *Record, elem any) *Record {
 	c := &Record{
 		Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
@@ -123,6 +124,11 @@ func (e *explode) copyWith(r *Record, elem any) *Record {
 	}
 	if _, ok := r.ValueBytes(); ok {
 		c.rawValue, c.rawFrom, c.rawSet = c.Value, r.rawFrom, true
+	} else if r.rawSet {
+		// A step changed the value since it was decoded from Raw: the
+		// copy is as rewritten (Rewritten), so a dead letter of it
+		// encodes its value, not Raw, which no longer holds it.
+		c.rawValue, c.rawFrom, c.rawSet, c.valueChanged = r.rawValue, r.rawFrom, true, true
 	}
 	if r.Partial() {
 		// The copy is as partial as the original: it keeps the bytes the

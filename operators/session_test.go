@@ -17,13 +17,27 @@ import (
 // refSessions is the brute-force model of session windows, from the rules
 // in docs/RULES.md ("Session windows"): per key a list of sessions by
 // start, each holding the indexes of its records; rows are recomputed from
-// the records (refWindow.row).
-func refSessions(evs []event, gap, maxDur int64) (rows []string, late []int) {
+// the records (refWindow.row). rows are what on_close emits; updates what
+// on_update emits: after each record that is not late, the row of the
+// session it is in then (after a merge, the merged session's: the rows of
+// the sessions it absorbed were emitted before, and are not taken back);
+// merges counts the records that merged sessions.
+func refSessions(evs []event, gap, maxDur int64) (rows []string, late []int, updates []string, merges int) {
 	type sess struct {
 		start, end int64
 		members    []int
 	}
 	open := map[string][]*sess{}
+	rowOf := func(key string, s *sess) string {
+		w := &refWindow{start: s.start, end: s.end, key: key}
+		idx := slices.Clone(s.members)
+		slices.Sort(idx)
+		for _, i := range idx {
+			w.members = append(w.members, evs[i])
+		}
+		b, _ := jsoncodec.Append(nil, w.row())
+		return string(b)
+	}
 	var wm int64
 	hasWM := false
 	closeUpTo := func(to int64) {
@@ -56,14 +70,7 @@ func refSessions(evs []event, gap, maxDur int64) (rows []string, late []int) {
 			return int(a.s.start - b.s.start)
 		})
 		for _, c := range cs {
-			w := &refWindow{start: c.s.start, end: c.s.end, key: c.key}
-			idx := slices.Clone(c.s.members)
-			slices.Sort(idx)
-			for _, i := range idx {
-				w.members = append(w.members, evs[i])
-			}
-			b, _ := jsoncodec.Append(nil, w.row())
-			rows = append(rows, string(b))
+			rows = append(rows, rowOf(c.key, c.s))
 		}
 	}
 	for i, e := range evs {
@@ -106,14 +113,19 @@ func refSessions(evs []event, gap, maxDur int64) (rows []string, late []int) {
 			late = append(late, i)
 			continue
 		}
+		var s *sess
 		if into < 0 {
 			at := 0
 			for at < len(list) && list[at].start < e.t {
 				at++
 			}
-			list = slices.Insert(list, at, &sess{start: start, end: end, members: []int{i}})
+			s = &sess{start: start, end: end, members: []int{i}}
+			list = slices.Insert(list, at, s)
 		} else {
-			s := list[into]
+			s = list[into]
+			if to > into {
+				merges++
+			}
 			for _, o := range list[into+1 : to+1] {
 				s.members = append(s.members, o.members...)
 			}
@@ -122,9 +134,10 @@ func refSessions(evs []event, gap, maxDur int64) (rows []string, late []int) {
 			s.members = append(s.members, i)
 		}
 		open[e.key] = list
+		updates = append(updates, rowOf(e.key, s))
 	}
 	closeUpTo(math.MaxInt64)
-	return rows, late
+	return rows, late, updates, merges
 }
 
 // TestSessionMatchesBruteForce: random out-of-order streams with late
@@ -132,12 +145,12 @@ func refSessions(evs []event, gap, maxDur int64) (rows []string, late []int) {
 // without max_duration, on_close and on_update), snapshotted and restored
 // into a fresh step now and then, against refSessions.
 func TestSessionMatchesBruteForce(t *testing.T) {
-	var totalRows, totalLate, multi int
+	var totalRows, totalLate, multi, totalMerges int
 	defer func() {
-		if !t.Failed() && (totalRows < 1000 || totalLate < 100 || multi < 100) {
-			t.Fatalf("weak streams: %d rows, %d late records, %d sessions of several records in all seeds", totalRows, totalLate, multi)
+		if !t.Failed() && (totalRows < 1000 || totalLate < 100 || multi < 100 || totalMerges < 100) {
+			t.Fatalf("weak streams: %d rows, %d late records, %d sessions of several records, %d merges in all seeds", totalRows, totalLate, multi, totalMerges)
 		}
-		t.Logf("%d session rows, %d late records, %d sessions of several records checked", totalRows, totalLate, multi)
+		t.Logf("%d session rows, %d late records, %d sessions of several records, %d merges checked", totalRows, totalLate, multi, totalMerges)
 	}()
 	for seed := int64(1); seed <= 120; seed++ {
 		rng := rand.New(rand.NewSource(seed))
@@ -147,7 +160,8 @@ func TestSessionMatchesBruteForce(t *testing.T) {
 			maxDur = gap * int64(1+rng.Intn(6))
 		}
 		evs := randomStream(rng, 50+rng.Intn(300), 1+rng.Intn(6), int64(rng.Intn(3000)))
-		wantRows, wantLate := refSessions(evs, gap, maxDur)
+		wantRows, wantLate, wantUpdates, merges := refSessions(evs, gap, maxDur)
+		totalMerges += merges
 		totalRows += len(wantRows)
 		totalLate += len(wantLate)
 		spec := func(onUpdate bool) WindowSpec {
@@ -213,6 +227,13 @@ func TestSessionMatchesBruteForce(t *testing.T) {
 			}
 			if c.after != 0 {
 				t.Fatalf("seed %d: on_update emitted %d rows at close", seed, c.after)
+			}
+			// Every row, in order: one per record that is not late, the
+			// row of its session then; a merge emits the merged
+			// session's row and takes back none of the rows of the
+			// sessions it absorbed (docs/RULES.md, Session windows).
+			if !slices.Equal(c.rows, wantUpdates) {
+				t.Fatalf("seed %d gap=%d max=%d on_update: %d rows, want %d\nfirst diff: %s", seed, gap, maxDur, len(c.rows), len(wantUpdates), firstDiff(c.rows, wantUpdates))
 			}
 			// The last update of each final session is its row.
 			var got []string

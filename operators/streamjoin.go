@@ -154,8 +154,8 @@ steps:
 				},
 				Traits: Traits{Keyed: true, Timed: true, Absorbing: true, TwoInputs: true,
 					HoldsWatermark: joinHold(within, grace, kind)},
-				Binds:  as,
-				Input:  &in,
+				Binds: as,
+				Input: &in,
 			}, nil
 		},
 	})

@@ -127,7 +127,7 @@ func (c *chain) restore() error {
 		if !ok || c.names[i] == "" {
 			continue
 		}
-		rd := c.r.m.db.SnapshotReader(c.r.name, c.names[i])
+		rd := c.r.m.store().SnapshotReader(c.r.name, c.names[i])
 		if err := sf.Restore(rd); err != nil {
 			return fmt.Errorf("restore step %s: %w", c.names[i], err)
 		}
@@ -204,7 +204,7 @@ func (r *route) buildChain(t *task, tables map[string]operators.Table) (*chain, 
 		name := ""
 		if i == seg.from && seg.keyed() {
 			name = t.stepName
-			env.KV = r.m.db.Namespace(d.Name, name)
+			env.KV = r.m.store().Namespace(d.Name, name)
 		}
 		if spec.Build == nil {
 			return nil, fmt.Errorf("route %q step %d (%s): not buildable", d.Name, spec.Index, spec.Kind)

@@ -247,7 +247,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 		dump = true
 	default:
 		for _, n := range []string{t.stepName, t.inboxName} {
-			if err := r.m.db.ReplaceStep(r.name, n, nil, nil); err != nil {
+			if err := r.m.store().ReplaceStep(r.name, n, nil, nil); err != nil {
 				return err
 			}
 		}
@@ -259,7 +259,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 		binary.BigEndian.AppendUint64(nil, uint64(fenceAt)))}
 	prev := map[string]uint64{}
 	add := func(tag byte, name string, log bool) error {
-		return r.m.db.SnapshotReader(r.name, name).Each(func(k, v []byte) error {
+		return r.m.store().SnapshotReader(r.name, name).Each(func(k, v []byte) error {
 			prev[string(append([]byte{tag}, k...))] = hashValue(v)
 			if log {
 				recs = append(recs, r.clRecord(t, tag, k, v))
@@ -274,7 +274,7 @@ func (r *route) prepareState(ctx context.Context, t *task, c committed, hasCommi
 		return err
 	}
 	if dump {
-		err := r.m.db.Namespace(r.name, t.stepName).Scan(nil, nil, func(k, v []byte) bool {
+		err := r.m.store().Namespace(r.name, t.stepName).Scan(nil, nil, func(k, v []byte) bool {
 			recs = append(recs, r.clRecord(t, clKV, k, v))
 			return true
 		})
@@ -419,14 +419,14 @@ func (r *route) restoreFromChangelog(ctx context.Context, t *task, bound int64) 
 			m[string(e.key[1:])] = e.val
 		}
 	}
-	if err := r.m.db.ReplaceStep(r.name, t.stepName, kv, snap); err != nil {
+	if err := r.m.store().ReplaceStep(r.name, t.stepName, kv, snap); err != nil {
 		return err
 	}
-	if err := r.m.db.ReplaceStep(r.name, t.inboxName, nil, inbox); err != nil {
+	if err := r.m.store().ReplaceStep(r.name, t.inboxName, nil, inbox); err != nil {
 		return err
 	}
 	if journal != nil {
-		if err := r.m.db.PutDurable(r.name, t.stepName, journal); err != nil {
+		if err := r.m.store().PutDurable(r.name, t.stepName, journal); err != nil {
 			return err
 		}
 	}

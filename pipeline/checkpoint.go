@@ -174,7 +174,7 @@ func (cp *checkpointer) unchanged() bool {
 			return false
 		}
 	}
-	return r.m.db.PendingBytes(r.name) == 0
+	return r.m.store().PendingBytes(r.name) == 0
 }
 
 // rested notes a checkpoint tick that had nothing to write: the durable
@@ -315,7 +315,7 @@ func (cp *checkpointer) takeCutLocked() (*cutPoint, error) {
 		}
 	}
 	c.writes, c.moves = r.out.made.Load(), cp.moves.Load()
-	f, err := r.m.db.Freeze(r.name)
+	f, err := r.m.store().Freeze(r.name)
 	if err != nil {
 		return nil, err
 	}
@@ -385,7 +385,7 @@ func (cp *checkpointer) checkpointed(c *cutPoint) {
 	met.checkpointLast.WithLabelValues(r.name).Set(float64(now.UnixNano()) / 1e9)
 	// Sizes as committed: keyed state (KV) plus snapshots, per step summed
 	// over its partitions (one namespace per task: "<step>/p<q>").
-	steps, err := r.m.db.StepStats(r.name)
+	steps, err := r.m.store().StepStats(r.name)
 	if err != nil {
 		r.noteError(fmt.Errorf("state stats: %w", err))
 		return

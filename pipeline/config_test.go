@@ -39,7 +39,7 @@ func TestNewRequiresTheProxysSettings(t *testing.T) {
 		c.mod(&cfg)
 		m, err := New(cfg)
 		if err == nil {
-			m.db.Close()
+			m.closeState()
 			t.Errorf("%s: accepted (a default was filled in)", name)
 			continue
 		}
@@ -52,7 +52,7 @@ func TestNewRequiresTheProxysSettings(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.db.Close()
+	defer m.closeState()
 	r := &route{m: m}
 	if r.writeLinger() != 0 {
 		t.Errorf("batch_window 0: linger %v, want none", r.writeLinger())

@@ -41,6 +41,7 @@ func (c *costCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *costCollector) Collect(ch chan<- prometheus.Metric) {
 	m := c.m
+	db := m.store() // nil while no route has opened it: nothing held
 	m.mu.Lock()
 	rs := make([]*route, 0, len(m.mu.routes))
 	for _, r := range m.mu.routes {
@@ -48,18 +49,21 @@ func (c *costCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	m.mu.Unlock()
 	for _, r := range rs {
-		if !r.ready.Load() {
+		if !r.ready.Load() || db == nil {
 			continue
 		}
 		var fetched, produce int64
 		if cl := r.cl; cl != nil {
 			fetched, produce = cl.BufferedFetchBytes(), cl.BufferedProduceBytes()
 		}
-		ch <- prometheus.MustNewConstMetric(c.routeMemory, prometheus.GaugeValue, float64(m.db.PendingBytes(r.name)), r.name, "state_uncommitted")
+		ch <- prometheus.MustNewConstMetric(c.routeMemory, prometheus.GaugeValue, float64(db.PendingBytes(r.name)), r.name, "state_uncommitted")
 		ch <- prometheus.MustNewConstMetric(c.routeMemory, prometheus.GaugeValue, float64(fetched), r.name, "fetch_buffered")
 		ch <- prometheus.MustNewConstMetric(c.routeMemory, prometheus.GaugeValue, float64(produce), r.name, "produce_buffered")
 	}
-	cache, mem := m.db.Memory()
+	var cache, mem int64
+	if db != nil {
+		cache, mem = db.Memory()
+	}
 	ch <- prometheus.MustNewConstMetric(c.stateMemory, prometheus.GaugeValue, float64(cache), "block_cache")
 	ch <- prometheus.MustNewConstMetric(c.stateMemory, prometheus.GaugeValue, float64(mem), "memtables")
 }

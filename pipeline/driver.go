@@ -87,6 +87,7 @@ type Driver struct {
 	sinks     *sinkSet // the route's sinks, in memory
 	// lastIn is the clock when the last record was sent (or the start).
 	lastIn time.Time
+	reg    *prometheus.Registry // the route's metrics
 }
 
 // DefaultDriverStart is where a Driver's clock starts by default.
@@ -121,7 +122,8 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	met, err := newMetrics(prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	met, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
@@ -136,10 +138,11 @@ func NewDriver(def *rules.Route, cfg DriverConfig) (*Driver, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("pipeline: state for a test: %w", err)
 	}
-	m := &Manager{cfg: Config{StateDir: dir, Logger: cfg.Logger}, log: cfg.Logger, db: db, met: met}
+	m := &Manager{cfg: Config{StateDir: dir, Logger: cfg.Logger}, log: cfg.Logger, met: met}
+	m.db.Store(db)
 	d := &Driver{dir: dir, now: cfg.Start, lastIn: cfg.Start, next: make([]int64, cfg.Partitions),
 		ends: map[string][]int64{}, keyed: map[string]map[int32]*task{},
-		other: map[string][]*task{}, otherNext: map[string][]int64{}}
+		other: map[string][]*task{}, otherNext: map[string][]int64{}, reg: reg}
 	r := newRoute(m, def)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.plan.clock = func() time.Time { return d.now }
@@ -301,6 +304,7 @@ func (d *Driver) SendTo(topic string, in DriverInput) error {
 	d.lastIn = d.now
 	t.processOther(kr)
 	t.pos = off + 1
+	d.r.mx.addOther(topic, 1)
 	d.settle()
 	return nil
 }
@@ -354,6 +358,10 @@ func (d *Driver) AdvanceIdle(dur time.Duration) {
 // Outputs returns what the route wrote so far, in the order written.
 func (d *Driver) Outputs() []DriverOutput { return d.out }
 
+// Metrics is the route's metrics as a run would export them (drops per
+// step, dead letters, outputs per sink…), counted since the Driver started.
+func (d *Driver) Metrics() prometheus.Gatherer { return d.reg }
+
 // Errors returns the route's last error ("" when none), such as a
 // watermark marker it could not read.
 func (d *Driver) Errors() string {
@@ -365,7 +373,7 @@ func (d *Driver) Errors() string {
 // Close releases the driver's state.
 func (d *Driver) Close() error {
 	d.r.cancel()
-	err := d.r.m.db.Close()
+	err := d.r.m.store().Close()
 	if errors.Is(err, state.ErrBroken) {
 		err = nil
 	}

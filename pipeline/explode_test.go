@@ -122,3 +122,66 @@ steps:
 		t.Errorf("%v dead letters, want none", dl)
 	}
 }
+
+// TestExplodeDeadLetterKeepsChanges: a dead letter after an explode
+// carries the value as it was when it failed, with what a set before the
+// explode and one after it changed (docs/RULES.md, dead_letter), not the
+// bytes the record arrived with; in a source segment and past a
+// repartition. The copies an explode made of a value a step had changed
+// used to look unchanged, so their dead letters went out as the original
+// bytes (test/shapes seed 249 found it).
+func TestExplodeDeadLetterKeepsChanges(t *testing.T) {
+	for _, keyed := range []bool{false, true} {
+		t.Run(fmt.Sprint("repartitioned=", keyed), func(t *testing.T) {
+			dir := t.TempDir()
+			dedup := ""
+			if keyed {
+				dedup = "  - drop_duplicates: { key: value.id }\n"
+			}
+			rule := `route: exdl
+source: { topic: in, event_time: value.ts }
+sink: { topic: out }
+tables:
+  tb: { file: tb.jsonl, key: id }
+steps:
+` + dedup + `  - set: { a: value.a + 2 }
+  - explode: { each: value.tags, as: tg }
+  - set: { tag: tg }
+  - join: { table: tb, on: value.k, as: tb, missing: dead_letter }
+`
+			if err := os.WriteFile(filepath.Join(dir, "tb.jsonl"), []byte(`{"id":"known"}`+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "r.yaml"), []byte(rule), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			def, err := rules.LoadFile(filepath.Join(dir, "r.yaml"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := NewDriver(def, DriverConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			if err := d.Send(DriverInput{Offset: -1, Key: []byte("r1"), Value: []byte(`{"id":"r1","a":1,"k":"none","tags":["t0","t1"],"ts":1767225600000}`)}); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, o := range d.Outputs() {
+				if !o.DeadLetter {
+					t.Errorf("output %s, want dead letters only", o.Value)
+					continue
+				}
+				var v map[string]any
+				if err := json.Unmarshal(o.Value, &v); err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, fmt.Sprint(v["a"], "/", v["tag"]))
+			}
+			if want := []string{"3/t0", "3/t1"}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("dead letters (a/tag) %v, want %v: the value as the join saw it", got, want)
+			}
+		})
+	}
+}

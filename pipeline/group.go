@@ -338,6 +338,7 @@ func (r *route) newTask(seg *segment, p int32, pos int64) (*task, error) {
 		t.mIn = r.m.met.recordsIn.WithLabelValues(r.name, t.label)
 	case seg.other != nil:
 		t.label = fmt.Sprintf("%s:%d", seg.topic, p)
+		t.mIn = r.m.met.recordsIn.WithLabelValues(r.name, t.label)
 	default:
 		t.label = fmt.Sprintf("%d:%d", seg.idx, p)
 		t.stepName = taskStepName(seg.keyStep, p)
@@ -401,7 +402,7 @@ func (r *route) buildTaskChain(t *task) error {
 		return err
 	}
 	t.inbox = map[int32]origin{}
-	err = r.m.db.SnapshotReader(r.name, t.inboxName).Each(func(k, v []byte) error {
+	err = r.m.store().SnapshotReader(r.name, t.inboxName).Each(func(k, v []byte) error {
 		p, o, err := decodeInboxEntry(k, v)
 		if err != nil {
 			return err

@@ -120,7 +120,7 @@ func (w *task) journalAfterAck(wm int64) {
 		if wm <= w.jwm {
 			return
 		}
-		if err := r.m.db.PutDurable(r.name, w.journal, val); err != nil {
+		if err := r.m.store().PutDurable(r.name, w.journal, val); err != nil {
 			r.noteError(fmt.Errorf("close journal: %w", err))
 			return
 		}
@@ -141,7 +141,7 @@ func (w *task) journalAfterAck(wm int64) {
 // later journal record still covers the records applied before the crash.
 func (w *task) loadJournal() error {
 	r := w.r
-	b, ok, err := r.m.db.GetDurable(r.name, w.journal)
+	b, ok, err := r.m.store().GetDurable(r.name, w.journal)
 	if err != nil || !ok {
 		return err
 	}

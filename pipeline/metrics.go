@@ -44,6 +44,9 @@ type metrics struct {
 	sinkWriteErrors *prometheus.CounterVec // route, sink
 	stateFailed     prometheus.Gauge
 	retentionSweeps prometheus.Counter
+	// http are the HTTP sinks' request metrics (sink_http.go), on the
+	// same registry.
+	http *httpMetrics
 }
 
 // latencyBuckets span 100µs to ~10s: the pipeline aims at single-digit
@@ -53,7 +56,7 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2, 18)
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		recordsIn: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtproxy_pipeline_records_in_total", Help: "Source records read by a route, per partition.",
+			Name: "rtproxy_pipeline_records_in_total", Help: "Records read by a route, per partition of every topic it reads: the source's (partition=\"<p>\") and each stream join's second topic's (partition=\"<topic>:<p>\").",
 		}, []string{"route", "partition"}),
 		recordsOut: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_pipeline_records_out_total", Help: "Records written to a route's sink and acknowledged.",
@@ -154,6 +157,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, fmt.Errorf("pipeline metrics: %w", err)
 		}
 	}
+	h, err := httpMetricsOn(reg)
+	if err != nil {
+		return nil, fmt.Errorf("pipeline metrics: %w", err)
+	}
+	m.http = h
 	return m, nil
 }
 
@@ -165,7 +173,23 @@ func (m *metrics) forgetRoute(route string) {
 		m.recordsIn, m.recordsOut, m.dropped, m.deadLetters, m.panics, m.staleFetches, m.processing, m.endToEnd, m.lag, m.watermark,
 		m.sinkErrors, m.sinkOut, m.sinkWriteErrors, m.stateKeys, m.stateBytes, m.checkpointDur, m.checkpointLast, m.checkpointSkipped, m.busy, m.partitionsOwned,
 		m.rebalances, m.restoreRecords, m.restoreSeconds, m.repeatsSkipped, m.txnCommit, m.txnAborts, m.tapped, m.tapDropped,
+		m.http.requests, m.http.retries, m.http.latency,
 	} {
 		v.DeletePartialMatch(only)
+	}
+}
+
+// forgetSinks deletes the series of the sinks of route named (their
+// `sink` label): the per-sink records and errors, and an HTTP sink's
+// requests, retries and latencies. Only series of those sinks go; the
+// route's other sinks keep theirs, and their counts.
+func (m *metrics) forgetSinks(route string, sinks []string) {
+	for _, s := range sinks {
+		only := prometheus.Labels{"route": route, "sink": s}
+		for _, v := range []interface{ DeletePartialMatch(prometheus.Labels) int }{
+			m.sinkOut, m.sinkWriteErrors, m.http.requests, m.http.retries, m.http.latency,
+		} {
+			v.DeletePartialMatch(only)
+		}
 	}
 }

@@ -7,7 +7,8 @@ import (
 )
 
 // TestForgetRouteDeletesItsSeries: a route whose state retention dropped
-// leaves no series on /metrics; other routes keep theirs (issue 14).
+// leaves no series on /metrics, its HTTP sinks' included; other routes
+// keep theirs (issue 14).
 func TestForgetRouteDeletesItsSeries(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := newMetrics(reg)
@@ -21,6 +22,14 @@ func TestForgetRouteDeletesItsSeries(t *testing.T) {
 		m.lag.WithLabelValues(r, "0").Set(3)
 		m.checkpointDur.WithLabelValues(r).Observe(0.1)
 		m.partitionsOwned.WithLabelValues(r).Set(2)
+		// An HTTP sink's series, per sink (sink_http.go).
+		hm, err := httpMetricsOn(reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := hm.of(r, "http-2")
+		h.retries.Inc()
+		h.latency.Observe(0.01)
 	}
 	m.forgetRoute("gone")
 	mfs, err := reg.Gather()
@@ -40,7 +49,8 @@ func TestForgetRouteDeletesItsSeries(t *testing.T) {
 			}
 		}
 	}
-	if stays != 6 {
-		t.Errorf("%d series of the other route, want 6", stays)
+	// 6 above, and the HTTP sink's 5 request classes, retries, latency.
+	if stays != 6+5+2 {
+		t.Errorf("%d series of the other route, want %d", stays, 6+5+2)
 	}
 }

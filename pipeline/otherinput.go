@@ -93,6 +93,7 @@ func (t *task) processOther(kr *kgo.Record) {
 	r := t.r
 	now := r.plan.clock()
 	in := t.seg.other.in
+	t.mIn.Inc()
 	r.tm.tracker.Begin(t.id, kr.Offset)
 	t.curOff, t.seq = kr.Offset, 0
 	tk := &ticket{r: r, p: t.id, off: kr.Offset, fetched: now, n: 1}

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,8 +102,15 @@ var ErrClosed = errors.New("pipeline: manager closed")
 type Manager struct {
 	cfg Config
 	log *slog.Logger
-	db  *state.DB
 	met *metrics
+
+	// db is the state store, nil until the first route opens it, or
+	// opened by New when the state directory holds an earlier run's state
+	// (statestore.go). dbMu serializes the open; dbClosed is set when Run
+	// closes it, so no route opens it again.
+	db       atomic.Pointer[state.DB]
+	dbMu     sync.Mutex
+	dbClosed bool
 
 	recent recentDeadLetters // the last dead letters per route (recentdl.go)
 
@@ -125,8 +133,9 @@ type Manager struct {
 	}
 }
 
-// New opens the state directory and returns a Manager that runs nothing
-// until Run.
+// New returns a Manager that runs nothing until Run. It opens the state
+// directory when an earlier run left state in it; otherwise the first route
+// to start opens it (statestore.go).
 func New(cfg Config) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -174,18 +183,22 @@ func New(cfg Config) (*Manager, error) {
 			return nil, err
 		}
 	}
-	db, err := state.OpenWithOptions(cfg.StateDir, cfg.Logger, cfg.StateOptions)
+	m := &Manager{cfg: cfg, log: cfg.Logger, met: met}
+	// Opened here only when an earlier run left state (statestore.go);
+	// otherwise by the first route that starts.
+	held, err := holdsState(cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("pipeline: open state %s: %w", cfg.StateDir, err)
 	}
-	m := &Manager{cfg: cfg, log: cfg.Logger, db: db, met: met}
+	if held {
+		if _, err := m.openState(); err != nil {
+			return nil, err
+		}
+	}
 	if err := cfg.Registerer.Register(newCostCollector(m)); err != nil {
-		db.Close()
+		m.closeState()
 		return nil, fmt.Errorf("pipeline metrics: %w", err)
 	}
-	// Whatever write finds the store broken (a checkpoint, a final one at a
-	// reload, a drop), the gauge says so at once.
-	db.OnBroken(func(error) { met.stateFailed.Set(1) })
 	m.mu.routes = map[string]*route{}
 	m.mu.stopped = map[string]*rules.Route{}
 	m.mu.swapping = map[string]*route{}
@@ -224,7 +237,7 @@ func (m *Manager) Run(ctx context.Context) error {
 	wg.Wait()
 	m.applyMu.Unlock()
 	m.shared.close()
-	if err := m.db.Close(); err != nil {
+	if err := m.closeState(); err != nil {
 		if errors.Is(err, state.ErrBroken) {
 			// Reported when it happened, and shown by every route since;
 			// the last checkpoint on disk is where the next run starts.
@@ -267,6 +280,9 @@ func (m *Manager) reconcile() {
 	}
 	var stop []*route
 	var start []*rules.Route
+	// was: the version before of each route that starts again, swapped
+	// or removed earlier (its sinks' series are still on the registry).
+	was := map[string]*rules.Route{}
 	for name, r := range m.mu.routes {
 		d, ok := want[name]
 		if !ok {
@@ -280,11 +296,15 @@ func (m *Manager) reconcile() {
 			delete(m.mu.routes, name)
 			m.mu.swapping[name] = r
 			start = append(start, d)
+			was[name] = r.def
 		}
 	}
 	for name, d := range want {
 		if _, ok := m.mu.routes[name]; !ok && !containsRoute(start, name) {
 			start = append(start, d)
+			if old, ok := m.mu.stopped[name]; ok {
+				was[name] = old
+			}
 		}
 	}
 	m.mu.Unlock()
@@ -298,6 +318,13 @@ func (m *Manager) reconcile() {
 	}
 	wg.Wait()
 	for _, d := range start {
+		// The sinks the new version no longer has: the old version has
+		// stopped (nothing counts on them any more), so their series go
+		// before the new one runs; a sink that stays keeps its series,
+		// and the new version's outlets count on in them.
+		if old := was[d.Name]; old != nil {
+			m.met.forgetSinks(d.Name, goneSinks(old, d))
+		}
 		r := newRoute(m, d)
 		m.mu.Lock()
 		m.mu.routes[d.Name] = r
@@ -409,6 +436,12 @@ type RouteStatus struct {
 	// every source record it processed.
 	TappedRecords int64   `json:"tapped_records"`
 	TappedShare   float64 `json:"tapped_share"`
+	// RecordsIn are the records this instance's version of the route read
+	// from every topic it reads (its source, and the second topic of each
+	// stream join), as rtproxy_pipeline_records_in_total summed over its
+	// partitions; RecordsInByTopic the same per topic.
+	RecordsIn        int64            `json:"records_in"`
+	RecordsInByTopic map[string]int64 `json:"records_in_by_topic,omitempty"`
 }
 
 // OwnedPartition is one partition a route's instance owns in its group.

@@ -45,7 +45,7 @@ type KafkaState struct {
 // returns the source topic recorded before ("" when none was).
 func (r *route) recordKafkaState() (prevSource string, err error) {
 	ks := KafkaState{Group: r.def.GroupID(), Source: r.def.Source.Topic}
-	if old, ok, err := r.m.db.GetDurable(r.name, kafkaStateStep); err != nil {
+	if old, ok, err := r.m.store().GetDurable(r.name, kafkaStateStep); err != nil {
 		return "", fmt.Errorf("route %q: %w", r.name, err)
 	} else if ok {
 		var prev KafkaState
@@ -80,7 +80,7 @@ func (r *route) recordKafkaState() (prevSource string, err error) {
 	}
 	slices.Sort(ks.Topics)
 	b, _ := json.Marshal(ks)
-	if err := r.m.db.PutDurable(r.name, kafkaStateStep, b); err != nil {
+	if err := r.m.store().PutDurable(r.name, kafkaStateStep, b); err != nil {
 		return "", fmt.Errorf("route %q: %w", r.name, err)
 	}
 	return prevSource, nil
@@ -128,7 +128,11 @@ func ResetKafkaState(ctx context.Context, cl *kgo.Client, ks KafkaState) error {
 // local state. When the Kafka part fails, the local state stays too, so
 // that a retry finds the names again.
 func (m *Manager) dropRouteState(ctx context.Context, route string) error {
-	ks, ok, err := ReadKafkaState(m.db.GetDurable, route)
+	db := m.store()
+	if db == nil {
+		return nil // never opened: no state of any route is kept
+	}
+	ks, ok, err := ReadKafkaState(db.GetDurable, route)
 	if err != nil {
 		return err
 	}
@@ -144,7 +148,7 @@ func (m *Manager) dropRouteState(ctx context.Context, route string) error {
 		}
 		m.log.Info("route's Kafka state reset", "route", route, "group", ks.Group, "topics", ks.Topics)
 	}
-	return m.db.DropRoute(route)
+	return db.DropRoute(route)
 }
 
 // ReadKafkaState returns what the route recorded about its Kafka state in

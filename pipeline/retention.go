@@ -81,7 +81,11 @@ func (m *Manager) dropExpired(now time.Time, d time.Duration, absentSince map[st
 	}
 	m.mu.Unlock()
 
-	infos, err := m.db.Routes()
+	db := m.store()
+	if db == nil {
+		return // never opened: the directory held no state at the start, and no route has run since
+	}
+	infos, err := db.Routes()
 	if err != nil {
 		m.log.Warn("state retention: cannot list routes' state; will retry", "err", err)
 		return

@@ -188,7 +188,33 @@ type routeMetrics struct {
 	out, tapped prometheus.Counter
 	busy        prometheus.Counter // rtproxy_route_busy_seconds_total
 	e2e, proc   prometheus.Observer
-	in, nTapped atomic.Int64
+	in, nTapped atomic.Int64 // in: the source's records
+	// inOther counts the records of each stream join's second topic, by
+	// topic (*atomic.Int64): records_in covers every input.
+	inOther sync.Map
+}
+
+// addOther counts n records read from topic, a stream join's second
+// input.
+func (x *routeMetrics) addOther(topic string, n int64) {
+	c, ok := x.inOther.Load(topic)
+	if !ok {
+		c, _ = x.inOther.LoadOrStore(topic, new(atomic.Int64))
+	}
+	c.(*atomic.Int64).Add(n)
+}
+
+// recordsIn are the records read from every input, in all and by topic.
+func (x *routeMetrics) recordsIn(source string) (int64, map[string]int64) {
+	by := map[string]int64{source: x.in.Load()}
+	all := by[source]
+	x.inOther.Range(func(k, v any) bool {
+		n := v.(*atomic.Int64).Load()
+		by[k.(string)] += n
+		all += n
+		return true
+	})
+	return all, by
 }
 
 // recreateState is the topics a version of the route created, and when
@@ -397,7 +423,7 @@ func (r *route) stopNow() {
 // next run replays from the last checkpoint: at least once, never lost.
 func (r *route) discardUncommitted() {
 	r.cp.pending = nil
-	cuts, n, err := r.m.db.Discard(r.name)
+	cuts, n, err := r.m.store().Discard(r.name)
 	if err != nil {
 		r.log.Error("uncommitted state not discarded", "err", err)
 		return

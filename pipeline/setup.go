@@ -122,7 +122,13 @@ func (r *route) setupCheck() error {
 	if err := checkDefinition(d); err != nil {
 		return err
 	}
-	if err := r.m.db.Broken(); err != nil {
+	// The first route to start opens the state store (statestore.go); a
+	// failed open is this setup's error, and the next try opens again.
+	db, err := r.m.openState()
+	if err != nil {
+		return fmt.Errorf("route %q: %w", d.Name, err)
+	}
+	if err := db.Broken(); err != nil {
 		// Nothing could be checkpointed: the route waits in state error
 		// for a restart of the process.
 		return fmt.Errorf("route %q: %w", d.Name, err)
@@ -191,14 +197,14 @@ func (r *route) setupState(parts map[string]int) error {
 			keep = append(keep, taskStepName(seg.keyStep, q), inboxName(seg.keyStep, q))
 		}
 	}
-	if err := r.m.db.DropStepsExcept(d.Name, keep); err != nil {
+	if err := r.m.store().DropStepsExcept(d.Name, keep); err != nil {
 		return fmt.Errorf("route %q: drop changed steps: %w", d.Name, err)
 	}
 	prevSource, err := r.recordKafkaState()
 	if err != nil {
 		return err
 	}
-	cp, ok, err := r.m.db.LoadCheckpoint(d.Name)
+	cp, ok, err := r.m.store().LoadCheckpoint(d.Name)
 	if err != nil {
 		return fmt.Errorf("route %q: load checkpoint: %w", d.Name, err)
 	}

@@ -66,6 +66,7 @@ const httpRetryMax = 5 * time.Second
 type httpSink struct {
 	r       *route
 	spec    *rules.HTTPSink
+	name    string // the `sink` label
 	cl      *http.Client
 	headers http.Header
 	ctx     context.Context
@@ -89,11 +90,14 @@ func newHTTPSink(r *route, snk *rules.Sink) (sink, bool, error) {
 	if spec == nil {
 		return nil, false, nil
 	}
-	s, err := buildHTTPSink(r, spec)
+	s, err := buildHTTPSink(r, spec, sinkLabel(snk))
 	return s, true, err
 }
 
-func buildHTTPSink(r *route, spec *rules.HTTPSink) (*httpSink, error) {
+// buildHTTPSink builds the sink of spec; name is its `sink` label (http,
+// or http-<branch> in a switch), the metrics' as the route's per-sink
+// counters'.
+func buildHTTPSink(r *route, spec *rules.HTTPSink, name string) (*httpSink, error) {
 	if spec.URL == "" {
 		return nil, errors.New("sink.http: no url")
 	}
@@ -129,13 +133,10 @@ func buildHTTPSink(r *route, spec *rules.HTTPSink) (*httpSink, error) {
 	if timeout <= 0 {
 		timeout = rules.DefaultHTTPTimeout
 	}
-	met, err := httpMetricsOn(r.m.cfg.Registerer)
-	if err != nil {
-		return nil, err
-	}
-	s := &httpSink{r: r, spec: spec, headers: hs, slots: make(chan struct{}, inFlight),
+	met := r.m.met.http
+	s := &httpSink{r: r, spec: spec, name: name, headers: hs, slots: make(chan struct{}, inFlight),
 		cl: &http.Client{Transport: tr, Timeout: timeout}, lanes: map[*task]*httpLane{},
-		met: met.of(r.name)}
+		met: met.of(r.name, name)}
 	s.ctx, s.cancel = context.WithCancel(r.out.ctx)
 	return s, nil
 }
@@ -257,13 +258,13 @@ func (s *httpSink) request(o *outRecord, id string) (int, error) {
 		if errors.As(err, &ne) && ne.Timeout() {
 			class = "timeout"
 		}
-		s.met.requests.WithLabelValues(s.r.name, class).Inc()
+		s.met.requests.WithLabelValues(s.r.name, s.name, class).Inc()
 		return 0, err
 	}
 	// Read (a bounded part of) the body, so the connection is reused.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
-	s.met.requests.WithLabelValues(s.r.name, strconv.Itoa(resp.StatusCode/100)+"xx").Inc()
+	s.met.requests.WithLabelValues(s.r.name, s.name, strconv.Itoa(resp.StatusCode/100)+"xx").Inc()
 	return resp.StatusCode, nil
 }
 
@@ -306,24 +307,25 @@ func redactURL(s string) string {
 
 // httpMetrics are the HTTP sinks' collectors, registered once per registry.
 type httpMetrics struct {
-	requests *prometheus.CounterVec   // route, class: 2xx 3xx 4xx 5xx timeout error
-	retries  *prometheus.CounterVec   // route
-	latency  *prometheus.HistogramVec // route
+	requests *prometheus.CounterVec   // route, sink, class: 2xx 3xx 4xx 5xx timeout error
+	retries  *prometheus.CounterVec   // route, sink
+	latency  *prometheus.HistogramVec // route, sink
 }
 
-// httpSinkMetrics are one route's children.
+// httpSinkMetrics are one sink's children (the route's sink, or a switch
+// branch's: labelled as rtproxy_pipeline_sink_records_out_total is).
 type httpSinkMetrics struct {
 	requests *prometheus.CounterVec
 	retries  prometheus.Counter
 	latency  prometheus.Observer
 }
 
-func (m *httpMetrics) of(route string) httpSinkMetrics {
+func (m *httpMetrics) of(route, sink string) httpSinkMetrics {
 	for _, c := range []string{"2xx", "4xx", "5xx", "timeout", "error"} {
-		m.requests.WithLabelValues(route, c) // zero series: alerts read 0, not "no data"
+		m.requests.WithLabelValues(route, sink, c) // zero series: alerts read 0, not "no data"
 	}
-	return httpSinkMetrics{requests: m.requests, retries: m.retries.WithLabelValues(route),
-		latency: m.latency.WithLabelValues(route)}
+	return httpSinkMetrics{requests: m.requests, retries: m.retries.WithLabelValues(route, sink),
+		latency: m.latency.WithLabelValues(route, sink)}
 }
 
 // httpMetricsOn registers the collectors on reg, or finds them registered
@@ -331,15 +333,15 @@ func (m *httpMetrics) of(route string) httpSinkMetrics {
 func httpMetricsOn(reg prometheus.Registerer) (*httpMetrics, error) {
 	m := &httpMetrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtproxy_sink_http_requests_total", Help: "Requests of HTTP sinks, by answer class (2xx, 3xx, 4xx, 5xx) or timeout / error (no answer).",
-		}, []string{"route", "class"}),
+			Name: "rtproxy_sink_http_requests_total", Help: "Requests of HTTP sinks, per sink (http, or http-<branch> in a switch), by answer class (2xx, 3xx, 4xx, 5xx) or timeout / error (no answer).",
+		}, []string{"route", "sink", "class"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "rtproxy_sink_http_retries_total", Help: "Requests of HTTP sinks sent again after a 5xx, 408, 429, timeout or broken connection.",
-		}, []string{"route"}),
+			Name: "rtproxy_sink_http_retries_total", Help: "Requests of HTTP sinks sent again after a 5xx, 408, 429, timeout or broken connection, per sink.",
+		}, []string{"route", "sink"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "rtproxy_sink_http_request_seconds", Help: "Time from sending an HTTP sink's request to its answer.",
+			Name: "rtproxy_sink_http_request_seconds", Help: "Time from sending an HTTP sink's request to its answer, per sink.",
 			Buckets: latencyBuckets,
-		}, []string{"route"}),
+		}, []string{"route", "sink"}),
 	}
 	if reg == nil {
 		return m, nil

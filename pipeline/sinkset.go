@@ -198,3 +198,22 @@ func sinkText(d *rules.Route) string {
 	}
 	return strings.Join(t, ", ")
 }
+
+// goneSinks are the `sink` labels of was that now does not have: the
+// sinks a new version of a route no longer writes to (a switch branch
+// removed, a switch become a single sink), whose series go once the old
+// version has stopped.
+func goneSinks(was, now *rules.Route) []string {
+	keep := map[string]bool{}
+	for _, s := range now.Sinks() {
+		keep[sinkLabel(&s)] = true
+	}
+	var gone []string
+	for _, s := range was.Sinks() {
+		if l := sinkLabel(&s); !keep[l] {
+			keep[l] = true // once, when two sinks share a label
+			gone = append(gone, l)
+		}
+	}
+	return gone
+}

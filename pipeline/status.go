@@ -51,8 +51,11 @@ func (r *route) status() RouteStatus {
 		s.State = "error"
 	}
 	s.LastError = r.st.lastErr
-	if err := r.m.db.Broken(); err != nil {
-		s.State, s.LastError = "error", err.Error()
+	// Before the first setup opened the store there is nothing to break.
+	if db := r.m.store(); db != nil {
+		if err := db.Broken(); err != nil {
+			s.State, s.LastError = "error", err.Error()
+		}
 	}
 	s.CheckpointPauseMs = float64(r.st.lastPause) / 1e6
 	s.MaxCheckpointPauseMs = float64(r.st.maxPause) / 1e6
@@ -65,6 +68,7 @@ func (r *route) status() RouteStatus {
 	s.Delivery = d.Sink.Delivery
 	s.Transaction = r.txnStatus()
 	s.TappedRecords = r.mx.nTapped.Load()
+	s.RecordsIn, s.RecordsInByTopic = r.mx.recordsIn(d.Source.Topic)
 	if in := r.mx.in.Load(); in > 0 {
 		s.TappedShare = float64(s.TappedRecords) / float64(in)
 	}

@@ -19,7 +19,7 @@ func TestStatusRuleErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m.db.Close()
+	defer m.closeState()
 	d := newRouteDef("pay", "h", "in", "out")
 	m.Apply([]*rules.Route{d}) // before Run: desired, not started
 	m.mu.Lock()

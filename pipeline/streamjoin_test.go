@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -488,5 +489,72 @@ func TestStreamJoinBadStreamRecords(t *testing.T) {
 		if got := testutil.ToFloat64(d.r.m.met.deadLetters.WithLabelValues(d.r.name, reason)); got != want {
 			t.Errorf("dead letters with reason %s counted %v, want %v", reason, got, want)
 		}
+	}
+}
+
+// TestStreamJoinRecordsInCountsBothInputs: a stream join's route reads two
+// topics, and rtproxy_pipeline_records_in_total covers both: the source's
+// partitions under partition="<p>", the second topic's under
+// partition="<topic>:<p>" (the lag metric's label), so summed by route it
+// is every record the route read. /routes says the same in records_in,
+// and per topic in records_in_by_topic.
+func TestStreamJoinRecordsInCountsBothInputs(t *testing.T) {
+	const parts = 2
+	b := startBroker(t, map[string]int{"payments": parts, "auths": parts})
+	p := filepath.Join(t.TempDir(), "payauth.yaml")
+	if err := os.WriteFile(p, fmt.Appendf(nil, streamJoinKfakeRoute, rules.DeliveryAtLeastOnce), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	def, err := rules.LoadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := time.Now().Add(-time.Hour).UnixMilli()
+	var rs []*kgo.Record
+	const payments, auths = 30, 17
+	for i := range payments {
+		r := jsonRecord("payments", fmt.Sprint("p", i), map[string]any{"id": fmt.Sprint("p", i), "auth_id": fmt.Sprint("k", i%5), "ts": base + int64(i)*100})
+		r.Partition = int32(i % parts)
+		rs = append(rs, r)
+	}
+	for i := range auths {
+		r := jsonRecord("auths", fmt.Sprint("a", i), map[string]any{"id": fmt.Sprint("k", i%5), "aid": fmt.Sprint("a", i), "ts": base + int64(i)*100})
+		r.Partition = int32(i % parts)
+		rs = append(rs, r)
+	}
+	cl := b.tmpClient(t, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, rs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	cl.Close()
+	reg := prometheus.NewRegistry()
+	m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg}, def)
+	in := func(labels map[string]string) float64 {
+		return gatheredLabels(t, reg, "rtproxy_pipeline_records_in_total", labels)
+	}
+	waitFor(t, 30*time.Second, "every record of both topics counted in", func() bool {
+		return in(map[string]string{"route": "payauth"}) >= payments+auths
+	})
+	if n := in(map[string]string{"route": "payauth"}); n != payments+auths {
+		t.Errorf("records_in summed over the route: %v, want %d (payments and authorizations)", n, payments+auths)
+	}
+	var src, other float64
+	for q := range parts {
+		src += in(map[string]string{"route": "payauth", "partition": fmt.Sprint(q)})
+		other += in(map[string]string{"route": "payauth", "partition": fmt.Sprintf("auths:%d", q)})
+	}
+	if src != payments || other != auths {
+		t.Errorf("records_in: %v under the source's partitions, %v under auths:<p>; want %d and %d", src, other, payments, auths)
+	}
+	var st RouteStatus
+	for _, s := range m.Routes() {
+		if s.Name == "payauth" {
+			st = s
+		}
+	}
+	if st.RecordsIn != payments+auths || st.RecordsInByTopic["payments"] != payments || st.RecordsInByTopic["auths"] != auths {
+		t.Errorf("/routes: records_in %d, by topic %v; want %d, payments %d, auths %d", st.RecordsIn, st.RecordsInByTopic, payments+auths, payments, auths)
 	}
 }

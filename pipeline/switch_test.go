@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -464,4 +466,110 @@ steps:
 	if even = b.consume(t, "swc.even", 6, 10*time.Second, 500*time.Millisecond); len(even) != 6 {
 		t.Errorf("swc.even holds %d records after recovery, want 6 (at least once, and no replay here)", len(even))
 	}
+}
+
+// TestSwitchHTTPSinkMetricsPerBranch: a switch with two HTTP branches; the
+// HTTP sink's request metrics are per sink, labelled as
+// rtproxy_pipeline_sink_records_out_total is (http-<branch>): the
+// requests and answers of each endpoint, its retries and its latencies,
+// apart from the other's.
+func TestSwitchHTTPSinkMetricsPerBranch(t *testing.T) {
+	var nA, nB atomic.Int64
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { nA.Add(1) }))
+	defer a.Close()
+	// B answers its first three requests 503 (retried), then 200.
+	bsrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if nB.Add(1) <= 3 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	defer bsrv.Close()
+	b := startBroker(t, map[string]int{"swh": 2})
+	def := loadHTTPRoute(t, fmt.Sprintf(`
+route: swh
+source: { topic: swh }
+checkpoint_interval: 200ms
+steps:
+  - switch:
+      - when: value.amount > 1000
+        sink: { http: { url: %s/large } }
+      - sink: { http: { url: %s/rest } }
+`, a.URL, bsrv.URL), &rules.Allow{URLs: []string{a.URL, bsrv.URL}})
+	const large, rest = 20, 15
+	var rs []*kgo.Record
+	for i := range large + rest {
+		amount := 5
+		if i < large {
+			amount = 5000
+		}
+		r := jsonRecord("swh", fmt.Sprint("k", i), map[string]any{"amount": amount})
+		r.Partition = int32(i % 2)
+		rs = append(rs, r)
+	}
+	b.produce(t, rs...)
+	reg := prometheus.NewRegistry()
+	runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir(), Registerer: reg}, def)
+	waitFor(t, 30*time.Second, "every output acknowledged by its endpoint", func() bool {
+		return gatheredLabels(t, reg, "rtproxy_pipeline_sink_records_out_total", map[string]string{"route": "swh"}) >= large+rest
+	})
+	for _, c := range []struct {
+		name, sink, class string
+		want              float64
+	}{
+		{"rtproxy_sink_http_requests_total", "http-1", "2xx", large},
+		{"rtproxy_sink_http_requests_total", "http-1", "5xx", 0},
+		{"rtproxy_sink_http_requests_total", "http-2", "2xx", rest},
+		{"rtproxy_sink_http_requests_total", "http-2", "5xx", 3},
+		{"rtproxy_sink_http_retries_total", "http-1", "", 0},
+		{"rtproxy_sink_http_retries_total", "http-2", "", 3},
+		{"rtproxy_pipeline_sink_records_out_total", "http-1", "", large},
+		{"rtproxy_pipeline_sink_records_out_total", "http-2", "", rest},
+	} {
+		l := map[string]string{"route": "swh", "sink": c.sink}
+		if c.class != "" {
+			l["class"] = c.class
+		}
+		if got := gatheredLabels(t, reg, c.name, l); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, l, got, c.want)
+		}
+	}
+	// Each request's latency under its sink: B's 18 attempts, A's 20.
+	for sink, want := range map[string]uint64{"http-1": large, "http-2": rest + 3} {
+		if got := histogramCount(t, reg, "rtproxy_sink_http_request_seconds", map[string]string{"route": "swh", "sink": sink}); got != want {
+			t.Errorf("rtproxy_sink_http_request_seconds{sink=%q} counts %d requests, want %d", sink, got, want)
+		}
+	}
+	if nA.Load() != large || nB.Load() != rest+3 {
+		t.Errorf("endpoints got %d and %d requests, want %d and %d", nA.Load(), nB.Load(), large, rest+3)
+	}
+}
+
+// histogramCount sums the sample counts of the histograms of name whose
+// labels include want.
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range mf.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue metric
+				}
+			}
+			n += m.GetHistogram().GetSampleCount()
+		}
+	}
+	return n
 }

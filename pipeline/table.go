@@ -62,7 +62,7 @@ func openTopicTable(ctx, catchUp context.Context, r *route, base []kgo.Opt, adm 
 	if err != nil {
 		return nil, err
 	}
-	rows := r.m.db.Rows(r.name, ts.Name)
+	rows := r.m.store().Rows(r.name, ts.Name)
 	if err := rows.Reset(); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("route %q table %s: %w", r.name, ts.Name, err)

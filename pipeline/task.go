@@ -29,13 +29,13 @@ type segment struct {
 	changelog string          // of a keyed segment
 	// other is set on the segment of a stream join's second topic
 	// (otherinput.go); others are those that write to this keyed segment.
-	other   *otherInput
-	others  []*segment
-	nparts  int  // partitions of topic (for markers sent to it)
+	other  *otherInput
+	others []*segment
+	nparts int // partitions of topic (for markers sent to it)
 	// hold is how far behind the watermark its keyed step emits
 	// (Traits.HoldsWatermark, a stream join): the frontier it passes on
 	// to the next segment is held back by as much.
-	hold int64
+	hold    int64
 	timed   bool // a step of the segment reacts to the watermark
 	markers bool // a later segment is timed: send it watermark markers
 	// sourceShaped: the values this segment reads still have the source's
@@ -93,7 +93,7 @@ type task struct {
 	resetPoint       // where an exactly-once task goes back to (txn.go)
 	hwm        atomic.Int64
 	label      string
-	mIn        prometheus.Counter // source tasks only
+	mIn        prometheus.Counter // tasks reading an input: the source, a stream join's second topic
 
 	// keyer evaluates the next segment's key (a private instance: an
 	// expression program is not shared between goroutines).
@@ -420,6 +420,9 @@ func (t *task) dispatch(recs []*kgo.Record, tapped bool) bool {
 			n++
 		}
 		r.cut.RUnlock()
+	}
+	if t.seg.other != nil && n > 0 {
+		r.mx.addOther(t.seg.topic, int64(n))
 	}
 	if t.seg.idx == 0 {
 		r.mx.in.Add(int64(n))

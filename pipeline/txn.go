@@ -135,7 +135,7 @@ const txnInstanceStep = "txn-instance"
 // volume) fences its previous incarnation, and two instances never share
 // one.
 func (r *route) txnID() (string, error) {
-	v, ok, err := r.m.db.GetDurable(r.name, txnInstanceStep)
+	v, ok, err := r.m.store().GetDurable(r.name, txnInstanceStep)
 	if err != nil {
 		return "", err
 	}
@@ -145,7 +145,7 @@ func (r *route) txnID() (string, error) {
 			return "", err
 		}
 		v = []byte(hex.EncodeToString(b))
-		if err := r.m.db.PutDurable(r.name, txnInstanceStep, v); err != nil {
+		if err := r.m.store().PutDurable(r.name, txnInstanceStep, v); err != nil {
 			return "", err
 		}
 	}
@@ -443,7 +443,7 @@ func (r *route) resetTasks() {
 		old = append(old, t)
 	}
 	r.cp.pending = nil
-	if _, _, err := r.m.db.Discard(r.name); err != nil {
+	if _, _, err := r.m.store().Discard(r.name); err != nil {
 		r.resetFailed(fmt.Errorf("discard uncommitted state: %w", err))
 		return
 	}

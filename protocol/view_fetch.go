@@ -141,10 +141,19 @@ func (w *reqWalker) tags() {
 }
 
 // viewFetchRequest renames a Fetch request's view topics and records its
-// session's; it reports whether the response has view topics.
+// session's; it reports whether the response has view topics. A request
+// that would put one real topic under two names into one fetch, or into
+// one fetch session, is sent without a session (view_names.go).
 func (pr *pair) viewFetchRequest(vr *viewReq, st *viewConn, r *kmsg.FetchRequest) bool {
 	byID := r.Version >= 13
-	if r.Version < 7 || r.SessionEpoch <= 0 {
+	full := r.Version < 7 || r.SessionEpoch <= 0
+	vr.emptyOK = st.software != ""
+	if pr.fetchCollides(vr, st, r, full) {
+		pr.fanFetchRequest(vr, st, r)
+		vr.capFetch(pr.p.cfg.MaxHeldBytes, r)
+		return true
+	}
+	if full {
 		st.sess = nil // a full fetch: the session (if any) is what it names
 	}
 	for i := range r.ForgottenTopics {
@@ -153,56 +162,90 @@ func (pr *pair) viewFetchRequest(vr *viewReq, st *viewConn, r *kmsg.FetchRequest
 		if !ok {
 			continue
 		}
-		if real, in := st.sess[client]; in {
+		s, in := st.sess[client]
+		if !in {
+			continue
+		}
+		for _, p := range t.Partitions {
+			delete(s.parts, p)
+		}
+		if len(s.parts) == 0 {
 			delete(st.sess, client)
-			if byID {
-				if rid, ok := pr.p.topicID(real); ok {
-					t.TopicID = rid
-				}
-			} else {
-				t.Topic = real
+		}
+		if !s.view {
+			continue
+		}
+		if byID {
+			if rid, ok := pr.p.topicID(s.real); ok {
+				t.TopicID = rid
 			}
+		} else {
+			t.Topic = s.real
 		}
 	}
 	for i := range r.Topics {
 		t := &r.Topics[i]
-		client, _ := pr.resolveName(st, t.Topic, t.TopicID, byID)
-		if pr.toReal(vr, st, &t.Topic, &t.TopicID, byID) {
-			if st.sess == nil {
-				st.sess = map[string]string{}
-			}
-			if v := vr.views.Lookup(client, vr.client); v != nil {
-				st.sess[client] = v.Topic()
-			}
-		}
-	}
-	for client, real := range st.sess {
-		if _, ok := vr.byReal[real]; ok {
+		client, known := pr.resolveName(st, t.Topic, t.TopicID, byID)
+		isView := pr.toReal(vr, st, &t.Topic, &t.TopicID, byID)
+		if !known {
 			continue
 		}
-		vr.byReal[real] = client
+		real := client
+		if isView {
+			if v := vr.views.Lookup(client, vr.client); v != nil {
+				real = v.Topic()
+			}
+		}
+		if st.sess == nil {
+			st.sess = map[string]*sessTopic{}
+		}
+		s := st.sess[client]
+		if s == nil {
+			s = &sessTopic{real: real, view: isView, parts: map[int32]struct{}{}}
+			st.sess[client] = s
+		}
+		for _, p := range t.Partitions {
+			s.parts[p.Partition] = struct{}{}
+		}
+	}
+	views := 0
+	for client, s := range st.sess {
+		if !s.view {
+			continue
+		}
+		views++
+		if _, ok := vr.byReal[s.real]; ok {
+			continue
+		}
+		vr.byReal[s.real] = client
 		if byID {
-			if rid, ok := pr.p.topicID(real); ok {
+			if rid, ok := pr.p.topicID(s.real); ok {
 				vr.byRealID[rid] = client
 			}
 		}
 	}
-	if len(st.sess) == 0 {
-		st.sess = nil
+	if views == 0 || r.Version < 7 || r.SessionEpoch < 0 {
+		st.sess = nil // no view in the session, or no session at all
 	}
+	vr.capFetch(pr.p.cfg.MaxHeldBytes, r)
+	return len(vr.byReal) > 0
+}
+
+// capFetch caps the request's byte limits to a quarter of max_held_bytes
+// (the response is read whole) and notes what the response needs.
+func (vr *viewReq) capFetch(maxHeld int64, r *kmsg.FetchRequest) {
 	vr.maxWait = time.Duration(r.MaxWaitMillis) * time.Millisecond
-	vr.emptyOK = st.software != ""
-	if m := pr.p.cfg.MaxHeldBytes; m > 0 {
-		capBytes := int32(min(max(m/4, 64<<10), 1<<30))
-		r.MaxBytes = min(r.MaxBytes, capBytes)
-		for i := range r.Topics {
-			for j := range r.Topics[i].Partitions {
-				pp := &r.Topics[i].Partitions[j]
-				pp.PartitionMaxBytes = min(pp.PartitionMaxBytes, capBytes)
-			}
+	if maxHeld <= 0 {
+		return
+	}
+	capBytes := int32(min(max(maxHeld/4, 64<<10), 1<<30))
+	r.MaxBytes = min(r.MaxBytes, capBytes)
+	for i := range r.Topics {
+		for j := range r.Topics[i].Partitions {
+			pp := &r.Topics[i].Partitions[j]
+			pp.PartitionMaxBytes = min(pp.PartitionMaxBytes, capBytes)
 		}
 	}
-	return len(vr.byReal) > 0
 }
 
 var viewScratches = sync.Pool{New: func() any { return new(viewScratch) }}
@@ -216,6 +259,9 @@ func (p *Proxy) viewFetchResponse(vr *viewReq, resp *kmsg.FetchResponse, done <-
 	defer viewScratches.Put(sc)
 	sc.noEmpty, sc.dropped = !vr.emptyOK, 0
 	defer func() { vr.delay = vr.delayIfEmpty(resp, sc.dropped) }()
+	if vr.fan != nil {
+		return nil, p.fanFetchResponse(vr, resp, done, sc)
+	}
 	// The view of each topic (nil for a topic no view applies to) and
 	// the name its client uses.
 	views := make([]View, len(resp.Topics))

@@ -7,7 +7,8 @@ type viewMetrics struct {
 	// records{view, outcome}: kept, filtered, error (the record's value
 	// replaced by null and the rtproxy-view-error header).
 	records *prometheus.CounterVec
-	// refused{api}: requests (Produce partitions) refused for naming a view.
+	// refused{api}: requests (or their topics or partitions) refused for
+	// naming a view (view_admin.go, view_names.go, Produce in guard.go).
 	refused *prometheus.CounterVec
 }
 
@@ -19,7 +20,7 @@ func newViewMetrics(reg prometheus.Registerer) (*viewMetrics, error) {
 		}, []string{"view", "outcome"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rtproxy_proxy_view_refused_total",
-			Help: "Produce partitions refused because they name a view (a read-only virtual topic).",
+			Help: "Requests (or their topics or partitions) refused because they name a view: produce to or changes of a virtual topic, share groups reading a view, a real topic under two names at odds in one commit or offset lookup.",
 		}, []string{"api"}),
 	}
 	for _, c := range []prometheus.Collector{m.records, m.refused} {

@@ -12,7 +12,9 @@ package protocol
 // that holds one, is decoded, rewritten and its response read whole.
 // Metadata, ListOffsets, OffsetCommit, TxnOffsetCommit, OffsetFetch and
 // OffsetForLeaderEpoch requests are decoded (they are small and rare) and
-// rewritten when they name a virtual topic; Produce to a virtual topic is
+// rewritten when they name a virtual topic (a real topic named under
+// several names: view_names.go), as are the other requests that name
+// topics (view_admin.go: answered from the real topic, or refused); Produce to a virtual topic is
 // refused in the proxy (guard.go's refused partitions) with
 // INVALID_TOPIC_EXCEPTION and a message, its records never reaching a
 // broker.
@@ -38,6 +40,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -89,11 +93,20 @@ type viewConn struct {
 	byID  map[[16]byte]string
 	hit   map[string]bool
 	hitID map[[16]byte]bool
-	// sess are the view topics of the connection's fetch session (KIP-227)
-	// by client name, with the real topic each reads: an incremental
-	// fetch names only what changed, and the response may carry any
-	// topic of the session.
-	sess map[string]string
+	// sess are the topics of the connection's fetch session (KIP-227)
+	// by client name, with the real topic each reads and its partitions,
+	// while the session holds a view topic (nil otherwise, and when the
+	// proxy did not see the session start): an incremental fetch names
+	// only what changed, and the response may carry any topic of the
+	// session.
+	sess map[string]*sessTopic
+	// fresh: the view set (or who the client is) changed since the
+	// connection's last fetch; a fetch session opened before holds topics
+	// under what the old set made of them (view_names.go).
+	fresh bool
+	// cgSubs are the KIP-848 subscriptions of the connection's members
+	// to virtual topics, by group: real topic -> the view's name.
+	cgSubs map[string]map[string]string
 	// saslMech is the mechanism of the last SaslHandshake.
 	saslMech string
 	// software is the client software name ApiVersions v3+ declared
@@ -113,7 +126,7 @@ func (pr *pair) viewClient(vs *Views, h RequestHeader) (Views, *viewConn) {
 		principal = *p
 	}
 	if st.set != vs || string(h.ClientID) != st.client.ClientID || principal != st.client.Principal || st.virt == nil {
-		st.set = vs
+		st.set, st.fresh = vs, true
 		st.client = ViewClient{ClientID: string(h.ClientID), Principal: principal, TLSSubject: pr.tlsSubject}
 		set := orViews(vs)
 		st.virt = set.Virtual(st.client)
@@ -130,6 +143,13 @@ func (pr *pair) viewClient(vs *Views, h RequestHeader) (Views, *viewConn) {
 	return orViews(vs), st
 }
 
+// sessTopic is one topic of a fetch session as the proxy follows it.
+type sessTopic struct {
+	real  string
+	view  bool // a view's name (virtual or in place), not the real topic as stored
+	parts map[int32]struct{}
+}
+
 // viewReq is what a response to a request that named a view needs.
 type viewReq struct {
 	views  Views
@@ -140,6 +160,22 @@ type viewReq struct {
 	byRealID map[[16]byte]string
 	// meta is set for Metadata.
 	meta *metaView
+	// fan is set for a Fetch that names one real topic under several
+	// names (view_names.go): by real topic (its name, or its id's 16
+	// bytes from v13 on), the names it was asked under.
+	fan map[string]*fanTopic
+	// multi is set for ListOffsets, OffsetForLeaderEpoch and OffsetFetch
+	// naming a view: by scope and real topic, the names it was asked by.
+	multi map[string][]*multiName
+	// commitRefused are the topics taken out of an OffsetCommit or
+	// TxnOffsetCommit (view_names.go).
+	commitRefused []commitRefusal
+	// allOffsets are the client's virtual topics (name -> real topic)
+	// for an OffsetFetch of every topic of a group.
+	allOffsets map[string]string
+	allGroups  []string // the groups asked for every topic (v8+)
+	// admin is set for the other requests that name topics (view_admin.go).
+	admin *viewAdmin
 	// Fetch: emptyOK when the client can read a batch of no records;
 	// maxWait is the request's; delay holds the response (delayIfEmpty).
 	emptyOK bool
@@ -238,7 +274,7 @@ func viewKey(key int16) bool {
 		kmsg.OffsetFetch, kmsg.OffsetForLeaderEpoch:
 		return true
 	}
-	return false
+	return viewAdminKey(key)
 }
 
 // viewRequest rewrites a request that names a view (virtual topics to
@@ -251,7 +287,7 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 		return frame, rest, nil, nil
 	}
 	vs, st := pr.viewClient(vsp, h)
-	if h.APIKey == int16(kmsg.Fetch) && len(st.sess) == 0 && rest == 0 &&
+	if h.APIKey == int16(kmsg.Fetch) && len(st.sess) == 0 && !st.fresh && rest == 0 &&
 		!pr.fetchNamesView(vs, st, h, frame[4+h.BodyOffset:]) {
 		return frame, rest, nil, nil // the fast path: no view in this fetch
 	}
@@ -283,33 +319,82 @@ func (pr *pair) viewRequest(vsp *Views, h RequestHeader, frame []byte, rest int)
 	case *kmsg.MetadataRequest:
 		changed = pr.viewMetadataRequest(vr, st, r)
 	case *kmsg.ListOffsetsRequest:
-		for i := range r.Topics {
-			changed = pr.toReal(vr, st, &r.Topics[i].Topic, new([16]byte), false) || changed
-		}
+		r.Topics, changed = mergeNames(vr, "", r.Topics, func(t *kmsg.ListOffsetsRequestTopic) *string { return &t.Topic },
+			func(t *kmsg.ListOffsetsRequestTopic) *[]kmsg.ListOffsetsRequestTopicPartition { return &t.Partitions },
+			func(p *kmsg.ListOffsetsRequestTopicPartition) int32 { return p.Partition },
+			func(a, b *kmsg.ListOffsetsRequestTopicPartition) bool {
+				return a.Timestamp == b.Timestamp && a.MaxNumOffsets == b.MaxNumOffsets
+			})
 	case *kmsg.OffsetForLeaderEpochRequest:
-		for i := range r.Topics {
-			changed = pr.toReal(vr, st, &r.Topics[i].Topic, new([16]byte), false) || changed
-		}
+		r.Topics, changed = mergeNames(vr, "", r.Topics, func(t *kmsg.OffsetForLeaderEpochRequestTopic) *string { return &t.Topic },
+			func(t *kmsg.OffsetForLeaderEpochRequestTopic) *[]kmsg.OffsetForLeaderEpochRequestTopicPartition {
+				return &t.Partitions
+			},
+			func(p *kmsg.OffsetForLeaderEpochRequestTopicPartition) int32 { return p.Partition },
+			func(a, b *kmsg.OffsetForLeaderEpochRequestTopicPartition) bool { return a.LeaderEpoch == b.LeaderEpoch })
 	case *kmsg.OffsetCommitRequest:
+		r.Topics = splitCommit(pr, vr, st, r.Topics, r.Version >= 10, func(t *kmsg.OffsetCommitRequestTopic) (*string, *[16]byte) { return &t.Topic, &t.TopicID },
+			func(t *kmsg.OffsetCommitRequestTopic) []int32 {
+				ps := make([]int32, 0, len(t.Partitions))
+				for _, p := range t.Partitions {
+					ps = append(ps, p.Partition)
+				}
+				return ps
+			})
+		changed = len(vr.commitRefused) > 0
 		for i := range r.Topics {
 			t := &r.Topics[i]
 			changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, r.Version >= 10) || changed
 		}
 	case *kmsg.TxnOffsetCommitRequest:
+		r.Topics = splitCommit(pr, vr, st, r.Topics, r.Version >= 6, func(t *kmsg.TxnOffsetCommitRequestTopic) (*string, *[16]byte) { return &t.Topic, &t.TopicID },
+			func(t *kmsg.TxnOffsetCommitRequestTopic) []int32 {
+				ps := make([]int32, 0, len(t.Partitions))
+				for _, p := range t.Partitions {
+					ps = append(ps, p.Partition)
+				}
+				return ps
+			})
+		changed = len(vr.commitRefused) > 0
 		for i := range r.Topics {
 			t := &r.Topics[i]
 			changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, r.Version >= 6) || changed
 		}
 	case *kmsg.OffsetFetchRequest:
-		for i := range r.Topics {
-			changed = pr.toReal(vr, st, &r.Topics[i].Topic, new([16]byte), false) || changed
-		}
-		for g := range r.Groups {
-			for i := range r.Groups[g].Topics {
-				t := &r.Groups[g].Topics[i]
-				changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, r.Version >= 10) || changed
+		var named bool
+		r.Topics, changed = mergeNames(vr, "", r.Topics, func(t *kmsg.OffsetFetchRequestTopic) *string { return &t.Topic },
+			func(t *kmsg.OffsetFetchRequestTopic) *[]int32 { return &t.Partitions },
+			func(p *int32) int32 { return *p }, func(a, b *int32) bool { return true })
+		if len(st.virt) > 0 {
+			// Every topic of a group: the client's virtual topics are
+			// listed too, with the offsets of the real topics they read
+			// (as Metadata lists both).
+			for _, g := range r.Groups {
+				if g.Topics == nil {
+					vr.allGroups = append(vr.allGroups, g.Group)
+				}
+			}
+			if (r.Version < 8 && r.Topics == nil) || len(vr.allGroups) > 0 {
+				vr.allOffsets, changed = st.virt, true
 			}
 		}
+		for g := range r.Groups {
+			if r.Version >= 10 { // by topic id
+				for i := range r.Groups[g].Topics {
+					t := &r.Groups[g].Topics[i]
+					changed = pr.toReal(vr, st, &t.Topic, &t.TopicID, true) || changed
+				}
+				continue
+			}
+			gr := &r.Groups[g]
+			gr.Topics, named = mergeNames(vr, gr.Group, gr.Topics, func(t *kmsg.OffsetFetchRequestGroupTopic) *string { return &t.Topic },
+				func(t *kmsg.OffsetFetchRequestGroupTopic) *[]int32 { return &t.Partitions },
+				func(p *int32) int32 { return *p }, func(a, b *int32) bool { return true })
+			changed = changed || named
+		}
+	}
+	if viewAdminKey(h.APIKey) {
+		changed = pr.viewAdminRequest(vr, st, req)
 	}
 	if !changed {
 		return frame, 0, nil, nil
@@ -344,39 +429,126 @@ func (pr *pair) viewResponse(req inflight, frame []byte) ([]byte, error) {
 	case *kmsg.MetadataResponse:
 		pr.p.viewMetadataResponse(vr, resp)
 	case *kmsg.ListOffsetsResponse:
-		for i := range resp.Topics {
-			vr.toClient(&resp.Topics[i].Topic, new([16]byte), false)
-		}
+		resp.Topics = fanNames(vr, "", resp.Topics, func(t *kmsg.ListOffsetsResponseTopic) *string { return &t.Topic },
+			func(t *kmsg.ListOffsetsResponseTopic) *[]kmsg.ListOffsetsResponseTopicPartition { return &t.Partitions },
+			func(p *kmsg.ListOffsetsResponseTopicPartition) int32 { return p.Partition },
+			func(p int32) kmsg.ListOffsetsResponseTopicPartition {
+				pr.p.vm.refused.WithLabelValues("ListOffsets").Inc()
+				rp := kmsg.NewListOffsetsResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p, kerr.InvalidRequest.Code
+				return rp
+			})
 	case *kmsg.OffsetForLeaderEpochResponse:
-		for i := range resp.Topics {
-			vr.toClient(&resp.Topics[i].Topic, new([16]byte), false)
-		}
+		resp.Topics = fanNames(vr, "", resp.Topics, func(t *kmsg.OffsetForLeaderEpochResponseTopic) *string { return &t.Topic },
+			func(t *kmsg.OffsetForLeaderEpochResponseTopic) *[]kmsg.OffsetForLeaderEpochResponseTopicPartition {
+				return &t.Partitions
+			},
+			func(p *kmsg.OffsetForLeaderEpochResponseTopicPartition) int32 { return p.Partition },
+			func(p int32) kmsg.OffsetForLeaderEpochResponseTopicPartition {
+				pr.p.vm.refused.WithLabelValues("OffsetForLeaderEpoch").Inc()
+				rp := kmsg.NewOffsetForLeaderEpochResponseTopicPartition()
+				rp.Partition, rp.ErrorCode = p, kerr.InvalidRequest.Code
+				return rp
+			})
 	case *kmsg.OffsetCommitResponse:
 		for i := range resp.Topics {
 			t := &resp.Topics[i]
 			vr.toClient(&t.Topic, &t.TopicID, resp.Version >= 10)
+		}
+		for _, c := range vr.commitRefused {
+			t := kmsg.NewOffsetCommitResponseTopic()
+			t.Topic, t.TopicID = c.name, c.id
+			for _, p := range c.parts {
+				t.Partitions = append(t.Partitions, kmsg.OffsetCommitResponseTopicPartition{Partition: p, ErrorCode: kerr.InvalidTopicException.Code})
+			}
+			resp.Topics = append(resp.Topics, t)
 		}
 	case *kmsg.TxnOffsetCommitResponse:
 		for i := range resp.Topics {
 			t := &resp.Topics[i]
 			vr.toClient(&t.Topic, &t.TopicID, resp.Version >= 6)
 		}
-	case *kmsg.OffsetFetchResponse:
-		for i := range resp.Topics {
-			vr.toClient(&resp.Topics[i].Topic, new([16]byte), false)
-		}
-		for g := range resp.Groups {
-			for i := range resp.Groups[g].Topics {
-				t := &resp.Groups[g].Topics[i]
-				vr.toClient(&t.Topic, &t.TopicID, resp.Version >= 10)
+		for _, c := range vr.commitRefused {
+			t := kmsg.NewTxnOffsetCommitResponseTopic()
+			t.Topic, t.TopicID = c.name, c.id
+			for _, p := range c.parts {
+				t.Partitions = append(t.Partitions, kmsg.TxnOffsetCommitResponseTopicPartition{Partition: p, ErrorCode: kerr.InvalidTopicException.Code})
 			}
+			resp.Topics = append(resp.Topics, t)
 		}
+	case *kmsg.OffsetFetchResponse:
+		pr.allOffsets(vr, resp)
+		resp.Topics = fanNames(vr, "", resp.Topics, func(t *kmsg.OffsetFetchResponseTopic) *string { return &t.Topic },
+			func(t *kmsg.OffsetFetchResponseTopic) *[]kmsg.OffsetFetchResponseTopicPartition { return &t.Partitions },
+			func(p *kmsg.OffsetFetchResponseTopicPartition) int32 { return p.Partition }, nil)
+		for g := range resp.Groups {
+			gr := &resp.Groups[g]
+			if resp.Version >= 10 {
+				for i := range gr.Topics {
+					t := &gr.Topics[i]
+					vr.toClient(&t.Topic, &t.TopicID, true)
+				}
+				continue
+			}
+			gr.Topics = fanNames(vr, gr.Group, gr.Topics, func(t *kmsg.OffsetFetchResponseGroupTopic) *string { return &t.Topic },
+				func(t *kmsg.OffsetFetchResponseGroupTopic) *[]kmsg.OffsetFetchResponseGroupTopicPartition {
+					return &t.Partitions
+				},
+				func(p *kmsg.OffsetFetchResponseGroupTopicPartition) int32 { return p.Partition }, nil)
+		}
+	}
+	if vr.admin != nil {
+		pr.viewAdminResponse(vr, r)
 	}
 	out := getBuf(len(frame) + len(frame)/16)[:0]
 	out = append(out, frame[:hdrEnd]...)
 	out = r.AppendTo(out)
 	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
 	return out, nil
+}
+
+// allOffsets adds the client's virtual topics to the answer to an
+// OffsetFetch of every topic of a group, with the offsets of the real
+// topics they read.
+func (pr *pair) allOffsets(vr *viewReq, resp *kmsg.OffsetFetchResponse) {
+	if len(vr.allOffsets) == 0 {
+		return
+	}
+	names := slices.Sorted(maps.Keys(vr.allOffsets))
+	if resp.Version < 8 {
+		n := len(resp.Topics)
+		for _, name := range names {
+			for _, t := range resp.Topics[:n] {
+				if t.Topic == vr.allOffsets[name] {
+					t.Topic = name
+					resp.Topics = append(resp.Topics, t)
+				}
+			}
+		}
+		return
+	}
+	for g := range resp.Groups {
+		gr := &resp.Groups[g]
+		if !slices.Contains(vr.allGroups, gr.Group) {
+			continue
+		}
+		n := len(gr.Topics)
+		for _, name := range names {
+			real := vr.allOffsets[name]
+			for _, t := range gr.Topics[:n] {
+				if resp.Version >= 10 {
+					if rn, ok := pr.p.TopicName(t.TopicID); !ok || rn != real {
+						continue
+					}
+					t.TopicID = viewTopicID(name)
+				} else if t.Topic != real {
+					continue
+				}
+				t.Topic = name
+				gr.Topics = append(gr.Topics, t)
+			}
+		}
+	}
 }
 
 // viewRefuses reports whether a Produce to topic (the client's name, or

@@ -469,11 +469,11 @@ func (v *View) Run(r *ViewRecord, dst []byte) (out []byte, keep bool, err error)
 		r.Value = string(raw)
 	case v.Members != nil:
 		if err := r.SetJSONMembers(raw, v.Members); err != nil {
-			return nil, false, &ViewError{Msg: "the value is not valid JSON", Detail: notJSON(err)}
+			return nil, false, viewNotJSON(raw, err)
 		}
 	default:
 		if err := r.SetJSON(raw); err != nil {
-			return nil, false, &ViewError{Msg: "the value is not valid JSON", Detail: notJSON(err)}
+			return nil, false, viewNotJSON(raw, err)
 		}
 	}
 	var em viewEmitter
@@ -505,6 +505,20 @@ func (v *View) Run(r *ViewRecord, dst []byte) (out []byte, keep bool, err error)
 		return nil, false, &ViewError{Msg: "the value the steps made cannot be encoded as JSON", Detail: err.Error()}
 	}
 	return out, true, nil
+}
+
+// viewNotJSON is the error of a value a json view cannot decode. A value
+// in the Confluent wire format (a zero byte, then a 4-byte schema id:
+// Avro, Protobuf or JSON Schema values written through a schema registry)
+// is named as such, with its schema id, so that the reader of the
+// placeholder knows why: views read json or raw values only.
+func viewNotJSON(raw []byte, err error) *ViewError {
+	if len(raw) >= 5 && raw[0] == 0 {
+		id := uint32(raw[1])<<24 | uint32(raw[2])<<16 | uint32(raw[3])<<8 | uint32(raw[4])
+		return &ViewError{Msg: fmt.Sprintf("the value is not valid JSON: it is in the Confluent wire format (schema id %d: Avro, Protobuf or JSON Schema through a schema registry), which a view (format json or raw) does not decode", id),
+			Detail: notJSON(err)}
+	}
+	return &ViewError{Msg: "the value is not valid JSON", Detail: notJSON(err)}
 }
 
 // viewEmitter takes what one step of a view makes of a record: at most

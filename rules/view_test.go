@@ -632,3 +632,39 @@ func TestViewClientListBounds(t *testing.T) {
 		t.Fatalf("%d entries refused: %v", maxViewClients, err)
 	}
 }
+
+// A json view over values in the Confluent wire format (Avro, Protobuf or
+// JSON Schema written through a schema registry) never passes them
+// through: each is an error whose message names the format and the schema
+// id, and holds none of the value's bytes.
+func TestViewConfluentWireFormat(t *testing.T) {
+	v := loadViewText(t, exampleView).View
+	card := "4111111111111111"
+	frame := func(id byte, body ...byte) string { return string(append([]byte{0, 0, 0, 1, id}, body...)) }
+	avroString := func(s string) []byte { return append([]byte{byte(2 * len(s))}, s...) }
+	avro := frame(7, append(avroString("ok"), avroString(card)...)...)                     // record {status, card}
+	proto := frame(8, append([]byte{0, 0x0a, byte(len(card))}, card...)...)                // message index 0, field 1
+	jsonSchema := frame(9, []byte(`{"status":"ok","card":"`+card+`","email":"a@b.c"}`)...) // JSON Schema's framing
+	for name, c := range map[string]struct {
+		value string
+		id    int
+	}{"avro": {avro, 256 + 7}, "protobuf": {proto, 256 + 8}, "json schema": {jsonSchema, 256 + 9}} {
+		out, keep, err := runView(t, v, c.value, false)
+		var ve *ViewError
+		if !errors.As(err, &ve) || keep || out != "" {
+			t.Errorf("%s: out %q keep %v err %v, want an error", name, out, keep, err)
+			continue
+		}
+		want := fmt.Sprintf("Confluent wire format (schema id %d", c.id)
+		if !strings.Contains(ve.Error(), want) || !strings.HasPrefix(ve.Error(), "the value is not valid JSON") {
+			t.Errorf("%s: %q, want it to name %q", name, ve.Error(), want)
+		}
+		if strings.Contains(ve.Error(), "4111") {
+			t.Errorf("%s: the message shows the value: %q", name, ve.Error())
+		}
+	}
+	// Not framed, not JSON: the plain message.
+	if _, _, err := runView(t, v, "\x00ab", false); err == nil || err.Error() != "the value is not valid JSON" {
+		t.Errorf("a short value starting with 0: %v", err)
+	}
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"testing"
 )
@@ -95,5 +96,29 @@ func TestSetMemLimit(t *testing.T) {
 	}
 	if got := debug.SetMemoryLimit(-1); got != old {
 		t.Fatalf("with GOMEMLIMIT set the limit changed to %d", got)
+	}
+}
+
+// TestSetMemProfileRate: allocations are sampled only when the heap
+// profile can be read (pprof: true) or a rate was asked for in GODEBUG.
+func TestSetMemProfileRate(t *testing.T) {
+	saved := runtime.MemProfileRate
+	defer func() { runtime.MemProfileRate = saved }()
+	for _, c := range []struct {
+		pprof   bool
+		godebug string
+		want    int
+	}{
+		{true, "", 512 << 10},
+		{false, "", 0},
+		{false, "gctrace=1", 0},
+		{false, "gctrace=1, memprofilerate=4096", 512 << 10},
+		{false, "memprofilerate=1", 512 << 10},
+	} {
+		runtime.MemProfileRate = 512 << 10
+		setMemProfileRate(c.pprof, c.godebug)
+		if runtime.MemProfileRate != c.want {
+			t.Errorf("pprof %v, GODEBUG %q: rate %d, want %d", c.pprof, c.godebug, runtime.MemProfileRate, c.want)
+		}
 	}
 }

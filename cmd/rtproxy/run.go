@@ -165,6 +165,7 @@ func run(cfg *config.Config, log *slog.Logger) error {
 	// Everything the proxy writes (pipeline state, checkpoints, the embedded
 	// cluster's data) may hold record contents and keys: owner only.
 	syscall.Umask(0o077)
+	setMemProfileRate(cfg.Pprof, os.Getenv("GODEBUG"))
 	log.Info("rtproxy starting", "version", version, "listen", cfg.Listen, "admin_listen", cfg.AdminListen,
 		"rules_dir", cfg.RulesDir, "state_dir", cfg.StateDir, "upstream", cfg.Upstream)
 	if soft := setMemLimit("/", os.LookupEnv); soft > 0 {

@@ -114,7 +114,7 @@ func (s *statusPage) serveRoute(w http.ResponseWriter, r *http.Request, ready fu
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	if err := statusTmpl.ExecuteTemplate(w, "route.html", v); err != nil {
+	if err := statusTmpl().ExecuteTemplate(w, "route.html", v); err != nil {
 		fmt.Fprintf(w, "<p>render: %s</p>", template.HTMLEscapeString(err.Error()))
 	}
 }

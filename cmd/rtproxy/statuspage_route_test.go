@@ -164,7 +164,7 @@ func FuzzRouteSource(f *testing.F) {
 			}
 		}
 		v := routePageView{Route: routeView{Name: "r", File: file, RuleError: errText}, Lines: lines, ErrorRefs: refs}
-		if err := statusTmpl.ExecuteTemplate(io.Discard, "route.html", v); err != nil {
+		if err := statusTmpl().ExecuteTemplate(io.Discard, "route.html", v); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -223,7 +223,7 @@ func TestHTTPSinkThroughKills(t *testing.T) {
 	if statuses[500] < 10 || statuses[0] < 4 {
 		t.Errorf("answers %v: the endpoint's 500s and resets did not happen", statuses)
 	}
-	if m := p.Metrics(t); !strings.Contains(m, `rtproxy_sink_http_requests_total{class="5xx",route="orders-webhook"}`) {
+	if m := p.Metrics(t); !strings.Contains(m, `rtproxy_sink_http_requests_total{class="5xx",route="orders-webhook",sink="http"}`) {
 		t.Errorf("metrics lack the sink's 5xx count")
 	}
 }

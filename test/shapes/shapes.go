@@ -9,7 +9,15 @@
 // one in-process instance against kfake, and through three rtproxy
 // binaries (test/integration), and compare every output and dead letter.
 // GenerateSessions makes the same shapes with session windows (gap,
-// max_duration) in place of the tumbling and sliding ones.
+// max_duration) in place of the tumbling and sliding ones. Two shapes of
+// three end in a switch (issue 27): one to three branches with conditions
+// on what reaches them and keys of their own, maybe a default branch,
+// maybe after a join in a table whose row the conditions read; the
+// reference sends each record to its branch's topic (the first whose
+// condition holds), drops and counts what no branch takes, and outputs
+// are compared with their topic. The switch and the join draw from a
+// random source of their own, so a seed's other steps and inputs are
+// what they were before switches.
 //
 // # The reference's assumptions
 //
@@ -84,8 +92,26 @@ type Shape struct {
 	Far int64
 	// Sessions: every window is a session window (GenerateSessions).
 	Sessions bool
+	// Branches are the sinks of the shape's last step, a switch (nil: the
+	// route writes Sink); Table the rows of its table `tb` (nil: none),
+	// which a join before the switch looks records up in.
+	Branches []Branch
+	Table    map[string]map[string]any
 	merges   int // sessions merged into another, as Expected last saw
 	capped   int // records max_duration kept from merging, as Expected last saw
+	// switchDrops counts the records no branch took, as Expected last saw
+	// them; switchDropsFlush those of them the live variants' flush
+	// records caused.
+	switchDrops, switchDropsFlush int
+}
+
+// Branch is one branch of a shape's switch: its condition ("" for the
+// default branch) and sink's topic and key ("" keeps the record's key),
+// as the rule says them, and how the reference evaluates them.
+type Branch struct {
+	When, Topic, Key string
+	when             func(*rec) (bool, error)
+	key              func(*rec) string
 }
 
 // Input is one source record.
@@ -98,6 +124,7 @@ type Input struct {
 // Output is one record the route wrote, in the form both sides are
 // compared in.
 type Output struct {
+	Topic      string // outputs: the sink's topic
 	DeadLetter bool
 	Reason     string // dead letters: rtproxy-reason
 	Step       string // dead letters: rtproxy-step
@@ -109,7 +136,7 @@ func (o Output) String() string {
 	if o.DeadLetter {
 		return fmt.Sprintf("DLQ reason=%s step=%s key=%q value=%s", o.Reason, o.Step, o.Key, o.Value)
 	}
-	return fmt.Sprintf("OUT key=%q value=%s", o.Key, o.Value)
+	return fmt.Sprintf("OUT topic=%s key=%q value=%s", o.Topic, o.Key, o.Value)
 }
 
 // Canonical is the comparable form of a written value: JSON decoded and
@@ -169,6 +196,9 @@ type stepState struct {
 	capped int // records max_duration kept from merging
 	// drop_duplicates: key → event time of the record that passed
 	seen map[string]int64
+	// switch: the records no branch took, and those of them flush
+	// records caused
+	drops, dropsFlush int
 }
 
 type acc struct {
@@ -178,6 +208,7 @@ type acc struct {
 
 // rec is a record in the reference.
 type rec struct {
+	sink  string // the topic a switch sent it to ("": the route's sink)
 	key   []byte
 	val   any // map[string]any, or rawText
 	ev    int64
@@ -232,7 +263,11 @@ func generate(seed uint64, live bool, minParts int, sessions bool) *Shape {
 	if live {
 		s.Lateness = []int64{1000, 2000}[rng.IntN(2)]
 	}
-	genSteps(s, rng)
+	shape := genSteps(s, rng)
+	// The switch and the join before it draw from their own source, so
+	// that the rest of a seed's shape and its inputs are what they were
+	// before shapes had them.
+	genSwitch(s, rand.New(rand.NewPCG(seed, 0x5317c4)), shape)
 	genInputs(s, rng)
 	return s
 }
@@ -242,8 +277,13 @@ func (s *Shape) YAML() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "route: %s\n", s.Name)
 	fmt.Fprintf(&b, "source: { topic: %s, event_time: value.ts, watermark: %dms, idle_timeout: 30s }\n", s.Topic, s.Lateness)
-	fmt.Fprintf(&b, "sink: { topic: %s }\n", s.Sink)
+	if s.Branches == nil {
+		fmt.Fprintf(&b, "sink: { topic: %s }\n", s.Sink)
+	}
 	fmt.Fprintf(&b, "dead_letter: %s\n", s.DLQ)
+	if s.Table != nil {
+		fmt.Fprintf(&b, "tables:\n  tb: { file: %s, key: id }\n", TableFile)
+	}
 	b.WriteString("checkpoint_interval: 200ms\n")
 	b.WriteString("steps:\n")
 	for _, st := range s.Steps {
@@ -254,7 +294,7 @@ func (s *Shape) YAML() string {
 
 // --- steps ---------------------------------------------------------------
 
-func genSteps(s *Shape, rng *rand.Rand) {
+func genSteps(s *Shape, rng *rand.Rand) shapeKind {
 	keyed := 1 + rng.IntN(3)
 	shape := event
 	explodes := 0
@@ -326,6 +366,7 @@ func genSteps(s *Shape, rng *rand.Rand) {
 		}
 		stateless()
 	}
+	return shape
 }
 
 func eventFilter(rng *rand.Rand) Step {
@@ -900,7 +941,11 @@ func (s *Shape) Expected() []Output {
 	var run func(i int, r *rec)
 	run = func(i int, r *rec) {
 		if i == len(s.Steps) {
-			outs = append(outs, Output{Key: string(r.key), Value: canonicalValue(r.val)})
+			topic := r.sink
+			if topic == "" {
+				topic = s.Sink
+			}
+			outs = append(outs, Output{Topic: topic, Key: string(r.key), Value: canonicalValue(r.val)})
 			return
 		}
 		st := s.Steps[i]
@@ -955,6 +1000,13 @@ func (s *Shape) Expected() []Output {
 		for _, st := range states {
 			s.merges += st.merges
 			s.capped += st.capped
+		}
+	}()
+	defer func() {
+		s.switchDrops, s.switchDropsFlush = 0, 0
+		for _, st := range states {
+			s.switchDrops += st.drops
+			s.switchDropsFlush += st.dropsFlush
 		}
 	}()
 	if !s.Live {
@@ -1054,7 +1106,7 @@ func RunLive(t testing.TB, addrs []string, s *Shape) []Output {
 		t.Fatal(err)
 	}
 	want := len(s.Expected())
-	rd, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(s.Sink, s.DLQ),
+	rd, err := kgo.NewClient(kgo.SeedBrokers(addrs...), kgo.ConsumeTopics(append(s.SinkTopics(), s.DLQ)...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -1065,7 +1117,7 @@ func RunLive(t testing.TB, addrs []string, s *Shape) []Output {
 		ctx, cancel := context.WithTimeout(context.Background(), d)
 		defer cancel()
 		rd.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-			got = append(got, fromWritten(r.Topic == s.DLQ, r.Key, r.Value, func(k string) string {
+			got = append(got, fromWritten(r.Topic, r.Topic == s.DLQ, r.Key, r.Value, func(k string) string {
 				for _, h := range r.Headers {
 					if h.Key == k {
 						return string(h.Value)
@@ -1087,10 +1139,12 @@ func RunLive(t testing.TB, addrs []string, s *Shape) []Output {
 }
 
 // fromWritten is a written record in the form outputs are compared in.
-func fromWritten(dl bool, key, value []byte, hdr func(string) string) Output {
+func fromWritten(topic string, dl bool, key, value []byte, hdr func(string) string) Output {
 	o := Output{DeadLetter: dl, Key: string(key), Value: Canonical(value)}
 	if dl {
 		o.Reason, o.Step = hdr(pipeline.HeaderReason), hdr(pipeline.HeaderStep)
+	} else {
+		o.Topic = topic
 	}
 	return o
 }
@@ -1108,3 +1162,248 @@ func eventKey(rng *rand.Rand) (string, func(*rec) string) {
 		return `value.k1 + "-" + value.g`, func(r *rec) string { return r.obj()["k1"].(string) + "-" + r.obj()["g"].(string) }
 	}
 }
+
+// --- the switch and the join before it ------------------------------------
+
+// TableFile is the file of a shape's table `tb`, next to its rule file.
+const TableFile = "tb.jsonl"
+
+// genSwitch makes two shapes of three end in a switch of one to three
+// branches with conditions on what the steps before emit (shape), maybe a
+// default branch last, and keys of their own; half of those look records
+// up in a table first (a join, with any `missing`) and branch on the
+// row.
+func genSwitch(s *Shape, rng *rand.Rand, shape shapeKind) {
+	if rng.IntN(3) == 0 {
+		return
+	}
+	joined := rng.IntN(2) == 0
+	if !joined && rng.IntN(3) != 0 {
+		// The switch right after the last keyed step (a window's,
+		// a session's or drop_duplicates' task writes the sinks).
+		for len(s.Steps) > 0 && !s.Steps[len(s.Steps)-1].Keyed {
+			s.Steps = s.Steps[:len(s.Steps)-1]
+		}
+		// Or after the last window, when drop_duplicates follows it.
+		if w := slices.IndexFunc(s.Steps, func(st Step) bool { return st.Kind == "window" }); w >= 0 && s.Steps[len(s.Steps)-1].Kind != "window" {
+			last := w
+			for i, st := range s.Steps {
+				if st.Kind == "window" {
+					last = i
+				}
+			}
+			s.Steps = s.Steps[:last+1]
+			shape = row
+		}
+	}
+	if joined {
+		s.Table = map[string]map[string]any{}
+		var ids []string
+		for i := range 3 {
+			ids = append(ids, fmt.Sprint("k", i))
+		}
+		for i := range 8 {
+			ids = append(ids, fmt.Sprint("q", i))
+		}
+		ids = append(ids, "all", "k1-y", "k2-x", "k0~")
+		for _, id := range ids {
+			s.Table[id] = map[string]any{"id": id, "tier": []string{"gold", "silver", "bronze"}[rng.IntN(3)], "w": float64(rng.IntN(10))}
+		}
+		s.Steps = append(s.Steps, joinStep(rng, shape, s.Table))
+		if rng.IntN(2) == 0 {
+			s.Steps = append(s.Steps, Step{YAML: `set: { tier: 'tb?.tier ?? "none"' }`, Kind: "set", live: true,
+				process: func(_ *stepState, r *rec, emit func(*rec), _ func(*rec, string)) {
+					m := copyObj(r.obj())
+					m["tier"] = "none"
+					if row, _ := r.bound["tb"].(map[string]any); row != nil {
+						m["tier"] = row["tier"]
+					}
+					emit(&rec{key: r.key, val: m, ev: r.ev, bound: r.bound})
+				}})
+		}
+	}
+	n := 1 + rng.IntN(3)
+	for i := range n {
+		b := Branch{Topic: fmt.Sprintf("%s.b%d", s.Name, i+1)}
+		if i < n-1 || rng.IntN(2) == 0 {
+			b.When, b.when = branchWhen(rng, shape, joined)
+		}
+		b.Key, b.key = branchKey(rng, shape)
+		s.Branches = append(s.Branches, b)
+	}
+	var parts []string
+	for _, b := range s.Branches {
+		var p []string
+		if b.When != "" {
+			p = append(p, fmt.Sprintf("when: '%s'", b.When))
+		}
+		sk := "topic: " + b.Topic
+		if b.Key != "" {
+			sk += fmt.Sprintf(", key: '%s'", b.Key)
+		}
+		p = append(p, "sink: { "+sk+" }")
+		parts = append(parts, "{ "+strings.Join(p, ", ")+" }")
+	}
+	branches := s.Branches
+	s.Steps = append(s.Steps, Step{YAML: "switch: [ " + strings.Join(parts, ", ") + " ]", Kind: "switch", live: true,
+		process: func(st *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+			for _, b := range branches {
+				if b.when != nil {
+					ok, err := b.when(r)
+					if err != nil {
+						dl(r, "error")
+						return
+					}
+					if !ok {
+						continue
+					}
+				}
+				key := r.key
+				if b.key != nil {
+					key = []byte(b.key(r))
+				}
+				emit(&rec{sink: b.Topic, key: key, val: r.val, ev: r.ev, bound: r.bound})
+				return
+			}
+			st.drops++
+			if strings.HasPrefix(string(r.key), FlushID) || strings.Contains(canonicalValue(r.val), `"`+FlushID) {
+				st.dropsFlush++
+			}
+		}})
+}
+
+// joinStep looks events up by k1 or k2 and window rows by their key, and
+// binds the row as tb; missing keep, drop or dead_letter (reason
+// missing).
+func joinStep(rng *rand.Rand, shape shapeKind, table map[string]map[string]any) Step {
+	on, key := "value.key", func(r *rec) string { return r.obj()["key"].(string) }
+	if shape == event {
+		if rng.IntN(2) == 0 {
+			on, key = "value.k1", func(r *rec) string { return r.obj()["k1"].(string) }
+		} else {
+			on, key = "value.k2", func(r *rec) string { return r.obj()["k2"].(string) }
+		}
+	}
+	missing := []string{"keep", "drop", "dead_letter"}[rng.IntN(3)]
+	return Step{YAML: fmt.Sprintf("join: { table: tb, on: %s, as: tb, missing: %s }", on, missing), Kind: "join", live: true,
+		process: func(_ *stepState, r *rec, emit func(*rec), dl func(*rec, string)) {
+			row, ok := table[key(r)]
+			if !ok {
+				switch missing {
+				case "drop":
+					return
+				case "dead_letter":
+					dl(r, "missing")
+					return
+				}
+			}
+			b := make(map[string]any, len(r.bound)+1)
+			for k, v := range r.bound {
+				b[k] = v
+			}
+			if ok {
+				b["tb"] = row
+			} else {
+				b["tb"] = nil
+			}
+			emit(&rec{key: r.key, val: r.val, ev: r.ev, bound: b})
+		}}
+}
+
+// branchWhen draws a branch's condition on what reaches the switch.
+func branchWhen(rng *rand.Rand, shape shapeKind, joined bool) (string, func(*rec) (bool, error)) {
+	if joined && rng.IntN(3) == 0 {
+		tier := []string{"gold", "silver"}[rng.IntN(2)]
+		return fmt.Sprintf(`tb?.tier == "%s"`, tier), func(r *rec) (bool, error) {
+			row, _ := r.bound["tb"].(map[string]any)
+			return row != nil && row["tier"] == tier, nil
+		}
+	}
+	if shape == event {
+		if rng.IntN(2) == 0 {
+			g := []string{"x", "y", "z"}[rng.IntN(3)]
+			return fmt.Sprintf(`value.g == "%s"`, g), func(r *rec) (bool, error) { return r.obj()["g"] == g, nil }
+		}
+		c := rng.IntN(50)
+		return fmt.Sprintf("value.a > %d", c), func(r *rec) (bool, error) {
+			a, err := num(r.obj()["a"])
+			if err != nil {
+				return false, err
+			}
+			return a > float64(c), nil
+		}
+	}
+	if rng.IntN(2) == 0 {
+		c := 1 + rng.IntN(3)
+		return fmt.Sprintf("value.n >= %d", c), func(r *rec) (bool, error) { return r.obj()["n"].(float64) >= float64(c), nil }
+	}
+	c := rng.IntN(100)
+	return fmt.Sprintf("value.s > %d", c), func(r *rec) (bool, error) { return r.obj()["s"].(float64) > float64(c), nil }
+}
+
+// branchKey draws a branch sink's key: the record's own (""), or a field
+// of what reaches the switch.
+func branchKey(rng *rand.Rand, shape shapeKind) (string, func(*rec) string) {
+	switch {
+	case rng.IntN(2) == 0:
+		return "", nil
+	case shape == event && rng.IntN(2) == 0:
+		return "value.g", func(r *rec) string { return r.obj()["g"].(string) }
+	case shape == event:
+		return `value.k2 + "/" + value.id`, func(r *rec) string { return r.obj()["k2"].(string) + "/" + r.obj()["id"].(string) }
+	}
+	return `"b-" + value.key`, func(r *rec) string { return "b-" + r.obj()["key"].(string) }
+}
+
+// SinkTopics are the topics the shape's route writes its outputs to: its
+// switch's branches', or its sink.
+func (s *Shape) SinkTopics() []string {
+	if s.Branches == nil {
+		return []string{s.Sink}
+	}
+	var ts []string
+	for _, b := range s.Branches {
+		ts = append(ts, b.Topic)
+	}
+	return ts
+}
+
+// Files are the files the rule file names (its table), by name, to be
+// written next to it.
+func (s *Shape) Files() map[string]string {
+	if s.Table == nil {
+		return nil
+	}
+	ids := make([]string, 0, len(s.Table))
+	for id := range s.Table {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	var b strings.Builder
+	for _, id := range ids {
+		j, _ := json.Marshal(s.Table[id])
+		b.Write(j)
+		b.WriteByte('\n')
+	}
+	return map[string]string{TableFile: b.String()}
+}
+
+// Seam names the step a shape's switch follows: the kind of the step
+// before it (a window of a session shape is "session"), "" without a
+// switch.
+func (s *Shape) Seam() string {
+	n := len(s.Steps)
+	if s.Branches == nil || n < 2 {
+		return ""
+	}
+	k := s.Steps[n-2].Kind
+	if k == "window" && s.Sessions {
+		return "session"
+	}
+	return k
+}
+
+// SwitchDrops is how many records no branch of the switch took, as
+// Expected last counted them; flush how many of them the live variants'
+// flush records caused.
+func (s *Shape) SwitchDrops() (all, flush int) { return s.switchDrops, s.switchDropsFlush }

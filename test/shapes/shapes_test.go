@@ -1,11 +1,14 @@
 package shapes
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rtproxy/rtproxy/pipeline"
 	"github.com/rtproxy/rtproxy/rules"
@@ -47,7 +50,13 @@ func shapeSeed0(t *testing.T) uint64 {
 // load compiles the shape's rule file as `rtproxy run` would.
 func load(t testing.TB, s *Shape) *rules.Route {
 	t.Helper()
-	p := filepath.Join(t.TempDir(), s.Name+".yaml")
+	dir := t.TempDir()
+	for name, text := range s.Files() {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := filepath.Join(dir, s.Name+".yaml")
 	if err := os.WriteFile(p, []byte(s.YAML()), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +68,8 @@ func load(t testing.TB, s *Shape) *rules.Route {
 }
 
 // runDriver runs the shape through the Driver of `rtproxy test` and
-// returns what it wrote.
+// returns what it wrote; with a switch, it checks that the route counted
+// as dropped the records the reference's switch took no branch for.
 func runDriver(t testing.TB, s *Shape) []Output {
 	t.Helper()
 	d, err := pipeline.NewDriver(load(t, s), pipeline.DriverConfig{Partitions: s.Partitions})
@@ -80,7 +90,7 @@ func runDriver(t testing.TB, s *Shape) []Output {
 	}
 	var got []Output
 	for _, o := range d.Outputs() {
-		got = append(got, fromWritten(o.DeadLetter, o.Key, o.Value, func(k string) string {
+		got = append(got, fromWritten(o.Topic, o.DeadLetter, o.Key, o.Value, func(k string) string {
 			for _, h := range o.Headers {
 				if h.Key == k {
 					return string(h.Value)
@@ -88,6 +98,13 @@ func runDriver(t testing.TB, s *Shape) []Output {
 			}
 			return ""
 		}))
+	}
+	if s.Branches != nil {
+		s.Expected() // counts the reference's drops
+		want, _ := s.SwitchDrops()
+		if got := SwitchDropped(t, d.Metrics(), s); got != float64(want) {
+			t.Errorf("the switch dropped %v records, the reference's %d\n%s", got, want, s.Describe())
+		}
 	}
 	return got
 }
@@ -101,6 +118,7 @@ func TestShapesDriver(t *testing.T) {
 	seed := shapeSeed0(t)
 	start := time.Now()
 	ran, outs := 0, 0
+	seams := map[string]int{}
 	for i := 0; ; i++ {
 		if dur > 0 && time.Since(start) >= dur || dur == 0 && i >= n {
 			break
@@ -113,8 +131,12 @@ func TestShapesDriver(t *testing.T) {
 		}
 		ran++
 		outs += len(got)
+		countSeams(seams, s)
 	}
-	t.Logf("%d shapes run, %d outputs and dead letters compared, in %v", ran, outs, time.Since(start).Round(time.Millisecond))
+	if ran >= 30 {
+		checkSeams(t, seams, "window", "drop_duplicates", "join", "table")
+	}
+	t.Logf("%d shapes run, %d outputs and dead letters compared, switches after %v, in %v", ran, outs, seams, time.Since(start).Round(time.Millisecond))
 }
 
 // TestShapesSessionsDriver is TestShapesDriver for shapes whose windows are
@@ -130,6 +152,7 @@ func TestShapesSessionsDriver(t *testing.T) {
 	seed := shapeSeed0(t)
 	start := time.Now()
 	ran, outs, merged, capped, late := 0, 0, 0, 0, 0
+	seams := map[string]int{}
 	for i := 0; ; i++ {
 		if dur > 0 && time.Since(start) >= dur || dur == 0 && i >= n {
 			break
@@ -142,6 +165,7 @@ func TestShapesSessionsDriver(t *testing.T) {
 		}
 		ran++
 		outs += len(got)
+		countSeams(seams, s)
 		merged += s.merges
 		capped += s.capped
 		for _, o := range want {
@@ -153,6 +177,59 @@ func TestShapesSessionsDriver(t *testing.T) {
 	if ran >= 20 && (merged == 0 || capped == 0 || late == 0) {
 		t.Errorf("%d session shapes with %d merges, %d records max_duration kept apart, %d late: the inputs do not test all three", ran, merged, capped, late)
 	}
-	t.Logf("%d shapes run, %d outputs and dead letters compared, %d session merges, %d records max_duration kept apart, %d late, in %v",
-		ran, outs, merged, capped, late, time.Since(start).Round(time.Millisecond))
+	if ran >= 20 {
+		checkSeams(t, seams, "session")
+	}
+	t.Logf("%d shapes run, %d outputs and dead letters compared, %d session merges, %d records max_duration kept apart, %d late, switches after %v, in %v",
+		ran, outs, merged, capped, late, seams, time.Since(start).Round(time.Millisecond))
+}
+
+// countSeams counts s's switch by the step it follows, and "table" for a
+// switch after a join in its table (maybe with a set between).
+func countSeams(seams map[string]int, s *Shape) {
+	if s.Branches == nil {
+		return
+	}
+	seams[s.Seam()]++
+	if s.Table != nil {
+		seams["table"]++
+	}
+}
+
+// checkSeams fails unless the shapes had a switch right after each of
+// kinds: the seams a run must have crossed.
+func checkSeams(t *testing.T, seams map[string]int, kinds ...string) {
+	t.Helper()
+	for _, k := range kinds {
+		if seams[k] == 0 {
+			t.Errorf("no shape put a switch after %s (switches after %v): the seeds do not test that seam", k, seams)
+		}
+	}
+}
+
+// SwitchDropped is what the route counted in
+// rtproxy_pipeline_records_dropped_total for s's switch step.
+func SwitchDropped(t testing.TB, g prometheus.Gatherer, s *Shape) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := fmt.Sprintf("%d:switch", len(s.Steps)-1)
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "rtproxy_pipeline_records_dropped_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			l := map[string]string{}
+			for _, p := range m.GetLabel() {
+				l[p.GetName()] = p.GetValue()
+			}
+			if l["route"] == s.Name && l["step"] == step {
+				n += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return n
 }
