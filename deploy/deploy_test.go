@@ -299,8 +299,6 @@ func TestDashboardMetricsExported(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(rules, "dashboard-route.yaml"), route, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
 	p := testkit.StartProxy(t, testkit.ProxyOpts{
 		RulesDir:        rules,
 		StateDir:        t.TempDir(),
@@ -308,6 +306,12 @@ func TestDashboardMetricsExported(t *testing.T) {
 		BrokerPortCount: 16, // passed as RTPROXY_BROKER_PORT_COUNT
 		ReadyTimeout:    30 * time.Second,
 	})
+	// The traffic's deadline starts once the proxy is ready: StartProxy
+	// first waits for the binary's build, which takes minutes on a loaded
+	// CI machine with a cold cache (with the deadline taken before it, a
+	// 105-s build left too little for the topics to be created).
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
 	listen, admin := p.Addr, p.AdminAddr
 
 	// Traffic through the proxy, as a client would send it.

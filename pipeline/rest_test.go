@@ -124,11 +124,29 @@ func TestIdleRouteSkipsCheckpoint(t *testing.T) {
 			s0 := skipped()
 			waitFor(t, 20*time.Second, "two checkpoint ticks with nothing moved", func() bool { return skipped() >= s0+2 })
 			// A status read may ask for the owners (an async describe):
-			// it is done before the rest is counted.
+			// it is sent before the rest is counted (a loaded machine may
+			// take longer than the 200 ms that was slept here).
+			describes := func() int {
+				w := wc.snapshot()
+				return w[int16(kmsg.ConsumerGroupDescribe)] + w[int16(kmsg.DescribeGroups)]
+			}
+			r.grp.mu.Lock()
+			asks := r.ownersStaleLocked()
+			r.grp.mu.Unlock()
+			d0 := describes()
 			lc0 := *m.Routes()[0].LastCheckpoint
+			t.Logf("the status read asks for the owners: %v", asks)
+			if asks {
+				waitFor(t, 20*time.Second, "the describe the status read asked for", func() bool { return describes() > d0 })
+			}
 			time.Sleep(200 * time.Millisecond)
-			seq0, w0 := r.cp.seq.Load(), wc.snapshot()
+			seq0, w0, sk0 := r.cp.seq.Load(), wc.snapshot(), skipped()
 			time.Sleep(1500 * time.Millisecond) // fifteen checkpoint intervals
+			// A loaded machine may run fewer ticks in that time: the rest
+			// lasts until five more ticks were skipped (the assertions below
+			// hold over the whole of it). Only the metric is read meanwhile:
+			// a status read could start a describe of the group.
+			waitFor(t, 20*time.Second, "five checkpoint ticks skipped at rest", func() bool { return skipped() >= sk0+5 })
 			seq1, w1 := r.cp.seq.Load(), wc.snapshot()
 			if seq1 != seq0 {
 				t.Errorf("%d checkpoints written at rest, want none", seq1-seq0)
@@ -145,16 +163,18 @@ func TestIdleRouteSkipsCheckpoint(t *testing.T) {
 				t.Errorf("last checkpoint %v did not advance at rest (was %v): the age alert would fire", lc1, lc0)
 			}
 			// The status asks for the owners (older than ownersMaxAge by
-			// now or not): shown as described.
-			src := 0
-			for _, a := range m.Routes()[0].Assignment {
-				if a.Topic == name && a.Self {
-					src++
+			// now or not): shown as described. A describe that timed out
+			// (2 s; a starved machine) is asked again by a status read once
+			// the owners are older than ownersRestAge.
+			waitFor(t, ownersRestAge+30*time.Second, "the assignment shown as described, with the source's 2 partitions owned here", func() bool {
+				src := 0
+				for _, a := range m.Routes()[0].Assignment {
+					if a.Topic == name && a.Self {
+						src++
+					}
 				}
-			}
-			if src != 2 {
-				t.Errorf("assignment %+v, want the source's 2 partitions, owned here", m.Routes()[0].Assignment)
-			}
+				return src == 2
+			})
 
 			// A record after the rest is checkpointed and committed.
 			b.produce(t, jsonRecord(name, "z", map[string]any{"n": 9, "id": 9}))

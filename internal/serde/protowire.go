@@ -47,22 +47,42 @@ type pfield struct {
 }
 
 // pmsgs caches pmsg by descriptor; descriptors live as long as the schema
-// that holds them.
+// that holds them. Only complete plans are stored: a task decoding the
+// first record of a schema while another builds its plan either finds the
+// plan whole or builds its own (a plan stored before its fields were
+// filled in, for recursive messages, let a concurrent decode skip every
+// field as unknown: TestProtobufFirstDecodesAtOnce).
 var pmsgs sync.Map // protoreflect.MessageDescriptor → *pmsg
 
 func msgOf(md protoreflect.MessageDescriptor) *pmsg {
 	if p, ok := pmsgs.Load(md); ok {
 		return p.(*pmsg)
 	}
+	building := map[protoreflect.MessageDescriptor]*pmsg{}
+	p := buildMsg(md, building)
+	// Published once the whole tree is built; a plan another task stored
+	// meanwhile is as complete, and kept.
+	for d, q := range building {
+		pmsgs.LoadOrStore(d, q)
+	}
+	return p
+}
+
+// buildMsg builds md's plan and those of the messages it refers to,
+// noting each in building before its fields, so that a recursive message
+// finds itself there.
+func buildMsg(md protoreflect.MessageDescriptor, building map[protoreflect.MessageDescriptor]*pmsg) *pmsg {
+	if p, ok := pmsgs.Load(md); ok {
+		return p.(*pmsg)
+	}
+	if p := building[md]; p != nil {
+		return p
+	}
 	p := &pmsg{md: md, utf8: md.ParentFile().Syntax() == protoreflect.Proto3}
 	if md.ParentFile().Package() == "google.protobuf" {
 		p.wk = string(md.Name())
 	}
-	// Stored before the fields are filled: a recursive message finds
-	// itself.
-	if q, loaded := pmsgs.LoadOrStore(md, p); loaded {
-		return q.(*pmsg)
-	}
+	building[md] = p
 	fs := md.Fields()
 	var maxNum protowire.Number
 	for i := range fs.Len() {
@@ -79,11 +99,8 @@ func msgOf(md protoreflect.MessageDescriptor) *pmsg {
 		if o := fd.ContainingOneof(); o != nil && !o.IsSynthetic() {
 			f.oneof = o
 		}
-		switch {
-		case f.isMap:
-			f.msg = msgOf(fd.Message())
-		case fd.Message() != nil:
-			f.msg = msgOf(fd.Message())
+		if fd.Message() != nil { // a message, group or map field (a map: its entry)
+			f.msg = buildMsg(fd.Message(), building)
 		}
 		switch {
 		case f.list:

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -68,18 +69,22 @@ func TestReloadUnderLoad(t *testing.T) {
 	prodDone := make(chan []*kgo.Record)
 	go func() {
 		cl := NewClient(t, k.Addrs)
+		// The acknowledged records, in a slice rather than a bounded
+		// channel read only after the Flush: a promise blocked on a full
+		// channel stalls the client's other promises, and Flush waits for
+		// them all (at 4000/s, 2^16 records fill in 16 s, which a loaded
+		// machine's slow reloads reach).
+		var mu sync.Mutex
 		var rs []*kgo.Record
-		results := make(chan *kgo.Record, 1<<16)
 		start := time.Now()
 		for i := 0; ; i++ {
 			select {
 			case <-stopProd:
 				cl.Flush(context.Background())
-				close(results)
-				for r := range results {
-					rs = append(rs, r)
-				}
-				prodDone <- rs
+				mu.Lock()
+				acked := rs
+				mu.Unlock()
+				prodDone <- acked
 				return
 			default:
 			}
@@ -93,7 +98,9 @@ func TestReloadUnderLoad(t *testing.T) {
 						return
 					}
 					produced.Add(1)
-					results <- r
+					mu.Lock()
+					rs = append(rs, r)
+					mu.Unlock()
 				})
 		}
 	}()
