@@ -730,3 +730,45 @@ func TestClientDeadlines(t *testing.T) {
 		t.Fatal("a stalled request was not closed after request_read_timeout")
 	}
 }
+
+// The idle loop does not tick while no client is connected (a sidecar at
+// rest woke every second for an empty sweep, issue 29), and the first
+// connection after it parked is still closed after client_idle_timeout,
+// as is one that comes after the loop parked again.
+func TestIdleLoopParksWithoutClients(t *testing.T) {
+	upstream := startKfake(t)
+	tp := startProxy(t, upstream, func(c *Config) {
+		c.ClientIdleTimeout = 200 * time.Millisecond // a sweep every 50ms
+	})
+	p := tp.Proxy
+	time.Sleep(200 * time.Millisecond)
+	s0 := p.idleSweeps.Load()
+	time.Sleep(time.Second)
+	if n := p.idleSweeps.Load() - s0; n > 1 {
+		t.Errorf("%d idle sweeps in 1 s with no client connected, want none", n)
+	}
+	for round := range 2 {
+		c, err := net.Dial("tcp", tp.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(rawRequest(kmsg.NewPtrApiVersionsRequest(), 1))
+		if corr, _ := readResponse(t, c); corr != 1 {
+			t.Fatalf("round %d: corr %d", round, corr)
+		}
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Read(make([]byte, 1))
+		if err == nil || isTimeout(err) {
+			t.Fatalf("round %d: an idle connection was not closed after client_idle_timeout (%v)", round, err)
+		}
+		c.Close()
+		// The loop parks again once the connection is gone.
+		waitUntil := time.Now().Add(5 * time.Second)
+		for !p.idleParked.Load() && time.Now().Before(waitUntil) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !p.idleParked.Load() {
+			t.Fatalf("round %d: the idle loop did not park after the last client left", round)
+		}
+	}
+}
