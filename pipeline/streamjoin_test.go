@@ -347,22 +347,7 @@ func TestStreamJoinOnKfake(t *testing.T) {
 					break
 				}
 			}
-			var got []string
-			for _, r := range out {
-				var v struct{ P, A *string }
-				if err := json.Unmarshal(r.Value, &v); err != nil {
-					t.Fatal(err)
-				}
-				l, a := "-", "-"
-				if v.P != nil {
-					l = *v.P
-				}
-				if v.A != nil {
-					a = *v.A
-				}
-				got = append(got, l+"|"+a)
-			}
-			slices.Sort(got)
+			got := joinRows(t, out)
 			if !slices.Equal(got, want) {
 				var extra, missing []string
 				for _, g := range got {
