@@ -40,10 +40,15 @@ steps:
 `
 
 func loadStreamJoinRoute(t testing.TB, kind string) *rules.Route {
+	return loadJoinRouteOf(t, streamJoinRoute, kind)
+}
+
+// loadJoinRouteOf loads the route whose rule file is tmpl with the join's
+// kind put in.
+func loadJoinRouteOf(t testing.TB, tmpl, kind string) *rules.Route {
 	t.Helper()
-	dir := t.TempDir()
-	p := filepath.Join(dir, "pay.yaml")
-	if err := os.WriteFile(p, fmt.Appendf(nil, streamJoinRoute, kind), 0o644); err != nil {
+	p := filepath.Join(t.TempDir(), "route.yaml")
+	if err := os.WriteFile(p, fmt.Appendf(nil, tmpl, kind), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	def, err := rules.LoadFile(p)
@@ -51,6 +56,24 @@ func loadStreamJoinRoute(t testing.TB, kind string) *rules.Route {
 		t.Fatal(err)
 	}
 	return def
+}
+
+// sendSJInputs hands ins to d: payments to the source, authorizations
+// (keyed by their id, the join's `other`; aid names the record) to the
+// stream topic.
+func sendSJInputs(t testing.TB, d *Driver, ins []sjInput) {
+	t.Helper()
+	for _, in := range ins {
+		topic := "payments"
+		v, _ := json.Marshal(map[string]any{"id": in.id, "auth_id": in.key, "ts": in.t})
+		if in.auth {
+			topic = "auths"
+			v, _ = json.Marshal(map[string]any{"id": in.key, "aid": in.id, "ts": in.t})
+		}
+		if err := d.SendTo(topic, DriverInput{Partition: in.part, Offset: -1, Key: []byte(in.id), Value: v}); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // sjInput is one record of either topic in the pipeline's reference test.
@@ -162,19 +185,7 @@ func TestStreamJoinDriverMatchesReference(t *testing.T) {
 		if got := d.StreamTopics(); !slices.Equal(got, []string{"auths"}) {
 			t.Fatalf("stream topics %v", got)
 		}
-		for _, in := range ins {
-			topic := "payments"
-			v, _ := json.Marshal(map[string]any{"id": in.id, "auth_id": in.key, "ts": in.t})
-			if in.auth {
-				// `other` reads the authorization's id (the key); aid names
-				// the record.
-				topic = "auths"
-				v, _ = json.Marshal(map[string]any{"id": in.key, "aid": in.id, "ts": in.t})
-			}
-			if err := d.SendTo(topic, DriverInput{Partition: in.part, Offset: -1, Key: []byte(in.id), Value: v}); err != nil {
-				t.Fatal(err)
-			}
-		}
+		sendSJInputs(t, d, ins)
 		d.AdvanceWatermark(time.UnixMilli(1767225600000 + 1e9))
 		var out, late []string
 		for _, o := range d.Outputs() {
@@ -336,22 +347,7 @@ func TestStreamJoinOnKfake(t *testing.T) {
 					break
 				}
 			}
-			var got []string
-			for _, r := range out {
-				var v struct{ P, A *string }
-				if err := json.Unmarshal(r.Value, &v); err != nil {
-					t.Fatal(err)
-				}
-				l, a := "-", "-"
-				if v.P != nil {
-					l = *v.P
-				}
-				if v.A != nil {
-					a = *v.A
-				}
-				got = append(got, l+"|"+a)
-			}
-			slices.Sort(got)
+			got := joinRows(t, out)
 			if !slices.Equal(got, want) {
 				var extra, missing []string
 				for _, g := range got {

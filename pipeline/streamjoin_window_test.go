@@ -5,13 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/rtproxy/rtproxy/rules"
 )
 
 // streamJoinWindowRoute counts, per minute of event time, the pairs and
@@ -45,34 +41,17 @@ func TestStreamJoinThenWindowCountsEveryRow(t *testing.T) {
 	const parts = 2
 	for seed := range uint64(6) {
 		kind := []string{"inner", "left", "outer"}[seed%3]
-		dir := t.TempDir()
-		p := filepath.Join(dir, "paywin.yaml")
-		if err := os.WriteFile(p, fmt.Appendf(nil, streamJoinWindowRoute, kind), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		def, err := rules.LoadFile(p)
-		if err != nil {
-			t.Fatal(err)
-		}
 		rng := rand.New(rand.NewPCG(seed, 4141))
 		ins := sjInputs(rng, 200, parts)
-		d, err := NewDriver(def, DriverConfig{Partitions: parts})
+		d, err := NewDriver(loadJoinRouteOf(t, streamJoinWindowRoute, kind), DriverConfig{Partitions: parts})
 		if err != nil {
 			t.Fatal(err)
 		}
 		byID := map[string]sjInput{}
 		for _, in := range ins {
 			byID[in.id] = in
-			topic := "payments"
-			v, _ := json.Marshal(map[string]any{"id": in.id, "auth_id": in.key, "ts": in.t})
-			if in.auth {
-				topic = "auths"
-				v, _ = json.Marshal(map[string]any{"id": in.key, "aid": in.id, "ts": in.t})
-			}
-			if err := d.SendTo(topic, DriverInput{Partition: in.part, Offset: -1, Key: []byte(in.id), Value: v}); err != nil {
-				t.Fatal(err)
-			}
 		}
+		sendSJInputs(t, d, ins)
 		d.AdvanceWatermark(time.UnixMilli(1767225600000 + 1e9))
 		got := map[string]int{}
 		lateAtWindow := 0
