@@ -9,8 +9,11 @@
 //	make bench-footprint ARGS='-base HEAD~10'     # before and after
 //
 // Each run settles for -settle (20 s), then samples for -sample (30 s): CPU
-// is the process's user+system time over the sample (millicores), RSS the
-// median of one reading per second (VmRSS), threads the last reading. The
+// is the process's user+system time over the sample (millicores, in clock
+// ticks of 10 ms: 0.33 millicores over 30 s), and again by the scheduler's
+// count of its threads (/proc/PID/task/*/schedstat: exact, with the
+// timeslices run per second, its wake-ups), RSS the median of one reading
+// per second (VmRSS), threads the last reading. The
 // broker's KIP-848 heartbeat interval is Kafka's default, 5s (-heartbeat).
 //
 // -scenarios exactly-once (not in the default set) runs three exactly-once
@@ -64,8 +67,11 @@ type scenario struct {
 
 type result struct {
 	rssMiB  float64
-	milli   float64
+	milli   float64 // utime+stime, in clock ticks
 	threads int
+	// schedMilli is the CPU by the scheduler's count (schedCPU), exact;
+	// slices the timeslices run per second (the process's wake-ups).
+	schedMilli, slices float64
 }
 
 func main() {
@@ -110,23 +116,28 @@ func main() {
 		for _, sc := range scens {
 			for _, b := range bins {
 				x := measure(root, work, kfakeBin, b.path, sc)
-				log.Printf("%s / %s: RSS %.1f MiB, %.2f millicores, %d threads", b.name, sc.name, x.rssMiB, x.milli, x.threads)
+				log.Printf("%s / %s: RSS %.1f MiB, %.2f millicores (%.2f by schedstat, %.1f wake-ups/s), %d threads", b.name, sc.name, x.rssMiB, x.milli, x.schedMilli, x.slices, x.threads)
 				res[b.name+"\x00"+sc.name] = append(res[b.name+"\x00"+sc.name], x)
 			}
 		}
 	}
 
-	fmt.Printf("\n| binary | scenario | RSS (MiB) | idle CPU (millicores) | threads |\n|---|---|---|---|---|\n")
+	fmt.Printf("\n| binary | scenario | RSS (MiB) | idle CPU (millicores) | threads | idle CPU, schedstat (millicores, rounds) | wake-ups/s |\n|---|---|---|---|---|---|---|\n")
 	for _, sc := range scens {
 		for _, b := range bins {
 			rs := res[b.name+"\x00"+sc.name]
-			var rss, cpu, th []float64
+			var rss, cpu, th, sch, sl []float64
+			var each []string
 			for _, x := range rs {
 				rss = append(rss, x.rssMiB)
 				cpu = append(cpu, x.milli)
 				th = append(th, float64(x.threads))
+				sch = append(sch, x.schedMilli)
+				sl = append(sl, x.slices)
+				each = append(each, fmt.Sprintf("%.2f", x.schedMilli))
 			}
-			fmt.Printf("| %s | %s | %.1f | %.2f | %.0f |\n", b.name, sc.name, benchkit.Median(rss), benchkit.Median(cpu), benchkit.Median(th))
+			fmt.Printf("| %s | %s | %.1f | %.2f | %.0f | %.2f (%s) | %.1f |\n", b.name, sc.name, benchkit.Median(rss), benchkit.Median(cpu), benchkit.Median(th),
+				benchkit.Median(sch), strings.Join(each, ", "), benchkit.Median(sl))
 		}
 	}
 	if len(scens) == 3 && !scens[2].eo {
@@ -210,17 +221,46 @@ func measure(root, work, kfakeBin, bin string, sc scenario) result {
 	time.Sleep(*settle)
 	pid := cmd.Process.Pid
 	c0, t0 := benchkit.ProcCPU(pid), time.Now()
+	ns0, sl0 := schedCPU(pid)
 	var rss []float64
 	for time.Since(t0) < *sample {
 		rss = append(rss, float64(status(pid, "VmRSS:"))/1024)
 		time.Sleep(time.Second)
 	}
 	c1, t1 := benchkit.ProcCPU(pid), time.Now()
+	ns1, sl1 := schedCPU(pid)
 	return result{
-		rssMiB:  benchkit.Median(rss),
-		milli:   float64(c1-c0) / float64(t1.Sub(t0)) * 1000,
-		threads: status(pid, "Threads:"),
+		rssMiB:     benchkit.Median(rss),
+		milli:      float64(c1-c0) / float64(t1.Sub(t0)) * 1000,
+		threads:    status(pid, "Threads:"),
+		schedMilli: float64(ns1-ns0) / float64(t1.Sub(t0)) * 1000,
+		slices:     float64(sl1-sl0) / t1.Sub(t0).Seconds(),
 	}
+}
+
+// schedCPU sums /proc/PID/task/*/schedstat over the process's threads:
+// nanoseconds on a CPU and timeslices run (each one a thread woken and
+// scheduled). The time is exact to the nanosecond, where utime+stime
+// (ProcCPU) moves in clock ticks of 10 ms, 0.33 millicores over 30 s:
+// too coarse for a process that idles near 1 millicore. A thread that
+// exits during the sample takes its counts with it (none do at rest).
+func schedCPU(pid int) (ns, slices int64) {
+	dirs, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	check(err)
+	for _, d := range dirs {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, d.Name()))
+		if err != nil {
+			continue // the thread exited
+		}
+		f := strings.Fields(string(b))
+		if len(f) < 3 {
+			continue
+		}
+		n, _ := strconv.ParseInt(f[0], 10, 64)
+		s, _ := strconv.ParseInt(f[2], 10, 64)
+		ns, slices = ns+n, slices+s
+	}
+	return ns, slices
 }
 
 // status reads one numeric field of /proc/PID/status (kB for memory).
