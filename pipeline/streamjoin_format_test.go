@@ -63,21 +63,28 @@ func joinRows(t *testing.T, out []*kgo.Record) []string {
 	t.Helper()
 	var got []string
 	for _, r := range out {
-		var v struct{ P, A *string }
-		if err := json.Unmarshal(r.Value, &v); err != nil {
-			t.Fatal(err)
-		}
-		l, a := "-", "-"
-		if v.P != nil {
-			l = *v.P
-		}
-		if v.A != nil {
-			a = *v.A
-		}
-		got = append(got, l+"|"+a)
+		got = append(got, joinRow(t, r.Value))
 	}
 	slices.Sort(got)
 	return got
+}
+
+// joinRow reads one output of a stream join route as "payment|auth" ("-"
+// for a null side).
+func joinRow(t testing.TB, value []byte) string {
+	t.Helper()
+	var v struct{ P, A *string }
+	if err := json.Unmarshal(value, &v); err != nil {
+		t.Fatal(err)
+	}
+	l, a := "-", "-"
+	if v.P != nil {
+		l = *v.P
+	}
+	if v.A != nil {
+		a = *v.A
+	}
+	return l + "|" + a
 }
 
 // TestStreamJoinAvroStream: a stream join whose second topic is Avro in

@@ -208,18 +208,7 @@ func TestStreamJoinDriverMatchesReference(t *testing.T) {
 				late = append(late, id)
 				continue
 			}
-			var v struct{ P, A *string }
-			if err := json.Unmarshal(o.Value, &v); err != nil {
-				t.Fatal(err)
-			}
-			l, r := "-", "-"
-			if v.P != nil {
-				l = *v.P
-			}
-			if v.A != nil {
-				r = *v.A
-			}
-			out = append(out, l+"|"+r)
+			out = append(out, joinRow(t, o.Value))
 		}
 		d.Close()
 		wantOut, wantLate := sjReference(ins, parts, kind)
