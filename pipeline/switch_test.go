@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/hamba/avro/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -192,11 +194,21 @@ steps:
 // gatheredLabels sums the counters of name whose labels include want.
 func gatheredLabels(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) float64 {
 	t.Helper()
+	sum := 0.0
+	for _, m := range gatheredMatching(t, reg, name, want) {
+		sum += m.GetCounter().GetValue()
+	}
+	return sum
+}
+
+// gatheredMatching is the series of name whose labels include want.
+func gatheredMatching(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) []*dto.Metric {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := 0.0
+	var out []*dto.Metric
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -212,10 +224,10 @@ func gatheredLabels(t *testing.T, reg *prometheus.Registry, name string, want ma
 					continue metric
 				}
 			}
-			sum += m.GetCounter().GetValue()
+			out = append(out, m)
 		}
 	}
-	return sum
+	return out
 }
 
 // A switch to three topics, exactly once, through injected aborts and a
@@ -548,28 +560,9 @@ steps:
 // labels include want.
 func histogramCount(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) uint64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var n uint64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metric:
-		for _, m := range mf.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range want {
-				if have[k] != v {
-					continue metric
-				}
-			}
-			n += m.GetHistogram().GetSampleCount()
-		}
+	for _, m := range gatheredMatching(t, reg, name, want) {
+		n += m.GetHistogram().GetSampleCount()
 	}
 	return n
 }
