@@ -573,8 +573,17 @@ func (t *task) advanceTask(wm int64, tk *ticket) {
 	if !t.hasPassed {
 		t.passedBefore = minWatermark
 	}
+	first := !t.hasPassed
 	t.chain.advance(wm, tk)
 	t.passing, t.passed, t.hasPassed = false, wm, true
+	if first {
+		// The route's watermark gauge has a value from now on
+		// (refreshLag). A task's first watermark may come from an idle
+		// tick, which no fetch accompanies: without this a resting lag
+		// loop never set the gauge (TestDashboardMetricsExported failed
+		// in a clean run).
+		r.noteLag()
+	}
 	if closing {
 		t.journalAfterAck(wm)
 	}
