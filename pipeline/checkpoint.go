@@ -17,8 +17,7 @@ import (
 type stateCheckpoint = state.Checkpoint
 
 // checkpointLoop writes a checkpoint every checkpoint_interval. A tick
-// that finds nothing to commit (unchanged), or only idle advances of a
-// watermark that wrote nothing (onlyMoved), rests the loop: it then ticks
+// that finds nothing to commit (unchanged) rests the loop: it then ticks
 // every checkpointRest, until the route's next batch, new high watermark,
 // assignment move or idle-loop change (noteMoved) brings it back to the
 // interval. A change the loop is not told of is committed at the next
@@ -48,11 +47,10 @@ func (cp *checkpointer) checkpointLoop() {
 		// read the route wakes the rest that follows.
 		cp.armed.Store(true)
 		cp.restedTick.Store(false)
-		cp.idleOnly.Store(false)
 		if !cp.mode.tick(cp) {
 			return
 		}
-		rest := (cp.restedTick.Load() || cp.idleOnly.Load()) && iv < checkpointRest
+		rest := cp.restedTick.Load() && iv < checkpointRest
 		if !rest {
 			cp.armed.Store(false)
 		}
@@ -179,7 +177,6 @@ func (cp *checkpointer) takeCutPaused() (c *cutPoint, halted bool, err error) {
 		cp.rested()
 		return nil, false, nil
 	}
-	cp.idleOnly.Store(cp.onlyMoved())
 	paused := time.Now()
 	defer func() { r.notePause(time.Since(paused)) }()
 	c, err = r.cp.takeCutLocked()
@@ -211,29 +208,12 @@ type cutSeen struct {
 // stayed in a transaction no tick committed, and the windows behind it
 // never closed; docs/ARCHITECTURE.md, invariant 80).
 func (cp *checkpointer) unchanged() bool {
-	return cp.sameAsLast(false)
-}
-
-// onlyMoved reports whether the one change since the last committed cut
-// is idle advances of a watermark that wrote nothing (no output, marker,
-// dead letter or keyed state): a route whose partitions are all idle
-// moves its watermark with the clock on every idle tick. Such a cut is
-// committed like any other, but the checkpoint loop rests after it: the
-// next advance is committed at the rest's tick, unless a write or a
-// record wakes the loop first (checkpointLoop).
-func (cp *checkpointer) onlyMoved() bool {
-	return cp.last != nil && cp.moves.Load() != cp.last.moves && cp.sameAsLast(true)
-}
-
-// sameAsLast is unchanged, with idle advances (moves) left out when
-// ignoreMoves.
-func (cp *checkpointer) sameAsLast(ignoreMoves bool) bool {
 	r := cp.r
 	l := cp.last
 	if l == nil || len(cp.pending) > 0 || r.grp.commitFailed.Load() || r.txn.produced.Load() != 0 {
 		return false
 	}
-	if len(r.tm.tasks) != len(l.tasks) || r.out.made.Load() != l.writes || (!ignoreMoves && cp.moves.Load() != l.moves) {
+	if len(r.tm.tasks) != len(l.tasks) || r.out.made.Load() != l.writes || cp.moves.Load() != l.moves {
 		return false
 	}
 	for id, t := range r.tm.tasks {
@@ -283,7 +263,6 @@ func (cp *checkpointer) checkpointTxn() bool {
 		cp.rested()
 		return true
 	}
-	cp.idleOnly.Store(cp.onlyMoved())
 	paused := time.Now()
 	c, err := r.cp.takeCutLocked()
 	if err == nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/rtproxy/rtproxy/operators"
 	"github.com/rtproxy/rtproxy/rules"
 )
 
@@ -387,64 +386,6 @@ func TestCheckpointLoopRests(t *testing.T) {
 				t.Errorf("the record after the rest was checkpointed %v after it was produced, want well under the rest's %v", d, checkpointRest)
 			}
 			b.consume(t, name+".out", 2, 20*time.Second, 0)
-		})
-	}
-}
-
-// A route whose partitions have all gone idle moves its watermark with the
-// clock on every idle tick. Such an advance that writes nothing is
-// committed at the resting checkpoint loop's tick, not every
-// checkpoint_interval: an exactly-once window route committed a
-// transaction every 100 ms at rest, forever, once its source went idle
-// (issue 29). A window the advance closes still leaves and is committed
-// at once, and the next record is processed as before.
-func TestAllIdleRouteCheckpointsAtRest(t *testing.T) {
-	for _, eo := range []bool{false, true} {
-		name := "allidle-alo"
-		if eo {
-			name = "allidle-eo"
-		}
-		t.Run(name, func(t *testing.T) {
-			b := startBroker(t, map[string]int{name: 1})
-			agg := []operators.Aggregate{{Name: "n", Func: operators.AggCount}}
-			def := newRouteDef(name, "v1", name, name+".out",
-				windowStep(t, 0, operators.WindowSpec{Kind: "tumbling", Size: 4 * time.Second, Key: expr(t, "value.k"), Aggregates: agg}))
-			def.Source.EventTime = expr(t, "value.ts")
-			def.Source.IdleTimeout = 300 * time.Millisecond
-			if eo {
-				def.Sink.Delivery = rules.DeliveryExactlyOnce
-			}
-			def.CheckpointInterval = 50 * time.Millisecond
-			m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir()}, def)
-			// Window [0, 4s) opens; the watermark starts at 1s and, once the
-			// partition is idle, moves with the clock: it passes 4s about
-			// 3.3 s after it went idle, closing the window.
-			b.produce(t, jsonRecord(name, "a", map[string]any{"k": "a", "ts": 1000}))
-			r := routeOf(m, name)
-			waitFor(t, 20*time.Second, "the record checkpointed", func() bool { return r.cp.seq.Load() > 0 && r.tm.tracker.DoneOffset(0) == 1 })
-			waitFor(t, 20*time.Second, "the watermark moving with the clock", func() bool { return r.cp.moves.Load() > 2 })
-			time.Sleep(200 * time.Millisecond)
-			seq0, mv0 := r.cp.seq.Load(), r.cp.moves.Load()
-			time.Sleep(2 * time.Second)
-			seq1, mv1 := r.cp.seq.Load(), r.cp.moves.Load()
-			if mv1-mv0 < 5 {
-				t.Fatalf("the watermark moved %d times in 2 s of idleness, want it to move with the clock", mv1-mv0)
-			}
-			if n := seq1 - seq0; n > 1 {
-				t.Errorf("%d checkpoints in 2 s while only the idle watermark moved (checkpoint_interval 50ms), want at most 1 (a rest ticks every %v)", n, checkpointRest)
-			}
-			// The idle advance closes the window: its row leaves (and an
-			// exactly-once route commits it) without waiting for the rest.
-			out := b.consume(t, name+".out", 1, 20*time.Second, 0)
-			if !strings.Contains(string(out[0].Value), `"n":1`) {
-				t.Errorf("window row %s, want n 1", out[0].Value)
-			}
-			// The next record is processed and checkpointed as before.
-			seq2 := r.cp.seq.Load()
-			b.produce(t, jsonRecord(name, "b", map[string]any{"k": "b", "ts": 100000}))
-			waitFor(t, 3*time.Second, "the record after the rest checkpointed", func() bool {
-				return r.tm.tracker.DoneOffset(0) == 2 && r.cp.seq.Load() > seq2
-			})
 		})
 	}
 }

@@ -171,9 +171,8 @@ type checkpointer struct {
 	// while it ticks a batch costs one atomic load, not a wake-up.
 	wake  chan struct{}
 	armed atomic.Bool
-	// restedTick: the last tick found nothing to commit (rested);
-	// idleOnly: it committed only idle advances (onlyMoved).
-	restedTick, idleOnly atomic.Bool
+	// restedTick: the last tick found nothing to commit (rested).
+	restedTick atomic.Bool
 }
 
 // routeStatus is what /routes says of the route's health (status.go,
