@@ -126,7 +126,6 @@ func (p *Proxy) serve(c net.Conn, node int32) {
 	}
 	pr.lastActive.Store(time.Now().UnixNano())
 	p.mu.conns[pr] = struct{}{}
-	p.noteConn()
 	p.mu.Unlock()
 	p.m.connsOpen.Inc()
 	p.m.connsTotal.Inc()

@@ -193,12 +193,6 @@ type Proxy struct {
 		brokers map[int32]*brokerEntry
 		conns   map[*pair]struct{}
 	}
-	// idleWake wakes an idle loop parked while no client was connected
-	// (the first connection after it parked: idleParked).
-	idleWake   chan struct{}
-	idleParked atomic.Bool
-	// idleSweeps counts the idle loop's sweeps (tests).
-	idleSweeps atomic.Int64
 }
 
 // brokerEntry is one upstream broker and its local listener.
@@ -251,7 +245,6 @@ func New(cfg Config) (*Proxy, error) {
 	p.topics.byName = make(map[string][16]byte)
 	p.mu.brokers = make(map[int32]*brokerEntry)
 	p.mu.conns = make(map[*pair]struct{})
-	p.idleWake = make(chan struct{}, 1)
 	return p, nil
 }
 
@@ -485,58 +478,27 @@ func (r *rateLog) allow(every time.Duration) (int, bool) {
 	return 0, false
 }
 
-// noteConn wakes a parked idle loop; p.mu is held (a connection was
-// just added).
-func (p *Proxy) noteConn() {
-	if !p.idleParked.Load() {
-		return
-	}
-	p.idleParked.Store(false)
-	select {
-	case p.idleWake <- struct{}{}:
-	default:
-	}
-}
-
 // idleLoop closes client connections that have had no request and no
-// response for ClientIdleTimeout while nothing is in flight. While no
-// client is connected it does not tick (a sidecar at rest woke every
-// second for an empty sweep, issue 29): the next connection wakes it
-// (noteConn).
+// response for ClientIdleTimeout while nothing is in flight.
 func (p *Proxy) idleLoop() {
 	defer p.loops.Done()
 	d := p.cfg.ClientIdleTimeout
 	if d <= 0 {
 		return
 	}
-	iv := min(max(d/4, 10*time.Millisecond), time.Second)
-	tick := time.NewTicker(iv)
+	tick := time.NewTicker(min(max(d/4, 10*time.Millisecond), time.Second))
 	defer tick.Stop()
-	var ticks <-chan time.Time = tick.C
 	for {
 		select {
 		case <-p.stopCtx.Done():
 			return
-		case <-p.idleWake:
-			if ticks == nil {
-				tick.Reset(iv)
-				ticks = tick.C
-			}
-		case now := <-ticks:
-			p.idleSweeps.Add(1)
+		case now := <-tick.C:
 			var idle []*pair
 			p.mu.Lock()
 			for pr := range p.mu.conns {
 				if len(pr.queue) == 0 && now.Sub(time.Unix(0, pr.lastActive.Load())) >= d {
 					idle = append(idle, pr)
 				}
-			}
-			if len(p.mu.conns) == 0 {
-				// Parked under mu: a connection added after this sees
-				// idleParked and wakes the loop.
-				p.idleParked.Store(true)
-				tick.Stop()
-				ticks = nil
 			}
 			p.mu.Unlock()
 			for _, pr := range idle {
