@@ -16,12 +16,7 @@ import (
 
 type stateCheckpoint = state.Checkpoint
 
-// checkpointLoop writes a checkpoint every checkpoint_interval. A tick
-// that finds nothing to commit (unchanged) rests the loop: it then ticks
-// every checkpointRest, until the route's next batch, new high watermark,
-// assignment move or idle-loop change (noteMoved) brings it back to the
-// interval. A change the loop is not told of is committed at the next
-// rest tick at the latest.
+// checkpointLoop writes a checkpoint every checkpoint_interval.
 func (cp *checkpointer) checkpointLoop() {
 	r := cp.r
 	iv := r.def.CheckpointInterval
@@ -30,57 +25,15 @@ func (cp *checkpointer) checkpointLoop() {
 	}
 	t := time.NewTicker(iv)
 	defer t.Stop()
-	resting := false
 	for {
 		select {
 		case <-r.life.stopping:
 			return
-		case <-cp.wake:
-			if resting {
-				resting = false
-				t.Reset(iv)
-			}
-			continue
 		case <-t.C:
 		}
-		// Armed before the tick looks: a change made after unchanged()
-		// read the route wakes the rest that follows.
-		cp.armed.Store(true)
-		cp.restedTick.Store(false)
 		if !cp.mode.tick(cp) {
 			return
 		}
-		rest := cp.restedTick.Load() && iv < checkpointRest
-		if !rest {
-			cp.armed.Store(false)
-		}
-		if rest != resting {
-			resting = rest
-			if rest {
-				t.Reset(checkpointRest)
-			} else {
-				t.Reset(iv)
-			}
-		}
-	}
-}
-
-// checkpointRest is how often a resting checkpoint loop ticks: the
-// longest a change it was not told of waits for its checkpoint, and how
-// often the checkpoint time of a route at rest advances (rested). The
-// default checkpoint_interval; a longer interval never rests.
-const checkpointRest = 5 * time.Second
-
-// noteMoved ends a rest of the checkpoint loop: the route may have
-// changed since its last tick. One atomic load unless the loop is armed;
-// it never blocks.
-func (cp *checkpointer) noteMoved() {
-	if cp.wake == nil || !cp.armed.Load() || !cp.armed.CompareAndSwap(true, false) {
-		return
-	}
-	select {
-	case cp.wake <- struct{}{}:
-	default:
 	}
 }
 
@@ -235,7 +188,6 @@ func (cp *checkpointer) rested() {
 	r.st.Unlock()
 	r.m.met.checkpointLast.WithLabelValues(r.name).Set(float64(now.UnixNano()) / 1e9)
 	r.m.met.checkpointSkipped.WithLabelValues(r.name).Inc()
-	cp.restedTick.Store(true)
 }
 
 // checkpointTxn takes a cut of an exactly-once route and commits it as

@@ -104,17 +104,11 @@ func (r *route) idleLoop() {
 			}
 		case now := <-tick.C:
 			quiet := true
-			made, produced, moves := r.out.made.Load(), r.txn.produced.Load(), r.cp.moves.Load()
 			r.cut.RLock()
 			if !r.halted {
 				quiet = r.idleTick(now)
 			}
 			r.cut.RUnlock()
-			if r.out.made.Load() != made || r.txn.produced.Load() != produced || r.cp.moves.Load() != moves {
-				// A watermark moved, or markers or a closed window's rows
-				// were written: the next checkpoint has work.
-				r.cp.noteMoved()
-			}
 			// Markers and the rows of windows idleness closed leave now
 			// (batch.go).
 			r.flushWrites()

@@ -142,11 +142,11 @@ func TestIdleRouteSkipsCheckpoint(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 			seq0, w0, sk0 := r.cp.seq.Load(), wc.snapshot(), skipped()
 			time.Sleep(1500 * time.Millisecond) // fifteen checkpoint intervals
-			// The checkpoint loop rests (TestCheckpointLoopRests): the rest
-			// lasts until its next tick, which skips too (the assertions
-			// below hold over the whole of it). Only the metric is read
-			// meanwhile: a status read could start a describe of the group.
-			waitFor(t, checkpointRest+20*time.Second, "a checkpoint tick skipped at rest", func() bool { return skipped() >= sk0+1 })
+			// A loaded machine may run fewer ticks in that time: the rest
+			// lasts until five more ticks were skipped (the assertions below
+			// hold over the whole of it). Only the metric is read meanwhile:
+			// a status read could start a describe of the group.
+			waitFor(t, 20*time.Second, "five checkpoint ticks skipped at rest", func() bool { return skipped() >= sk0+5 })
 			seq1, w1 := r.cp.seq.Load(), wc.snapshot()
 			if seq1 != seq0 {
 				t.Errorf("%d checkpoints written at rest, want none", seq1-seq0)
@@ -156,8 +156,8 @@ func TestIdleRouteSkipsCheckpoint(t *testing.T) {
 					t.Errorf("%d %s requests at rest, want none", n, k.Name())
 				}
 			}
-			if n := testutil.ToFloat64(m.met.checkpointSkipped.WithLabelValues(name)); n < 3 {
-				t.Errorf("rtproxy_checkpoint_skipped_total %v after three ticks at rest, want at least 3", n)
+			if n := testutil.ToFloat64(m.met.checkpointSkipped.WithLabelValues(name)); n < 5 {
+				t.Errorf("rtproxy_checkpoint_skipped_total %v after fifteen checkpoint intervals at rest, want at least 5", n)
 			}
 			if lc1 := *m.Routes()[0].LastCheckpoint; !lc1.After(lc0) {
 				t.Errorf("last checkpoint %v did not advance at rest (was %v): the age alert would fire", lc1, lc0)
@@ -338,54 +338,4 @@ func TestLagGaugeWakesFromRest(t *testing.T) {
 	held = false
 	b.consume(t, "lagrest.out", 6, 20*time.Second, 0)
 	waitFor(t, 10*time.Second, "the lag gauge back to 0", func() bool { return testutil.ToFloat64(gauge) == 0 })
-}
-
-// A route at rest does not wake its checkpoint loop every
-// checkpoint_interval: after a tick that finds nothing to commit it ticks
-// every checkpointRest, and the next record brings it back at once, so the
-// record's checkpoint (an exactly-once route's transaction: when its
-// output becomes visible) is not delayed by the rest. Exactly-once routes
-// checkpoint every 100 ms by default: at rest their checkpoint loops were
-// most of an idle sidecar's wake-ups (issue 29, docs/BENCHMARKS.md
-// "Fourth pass").
-func TestCheckpointLoopRests(t *testing.T) {
-	for _, eo := range []bool{false, true} {
-		name := "ckrest-alo"
-		if eo {
-			name = "ckrest-eo"
-		}
-		t.Run(name, func(t *testing.T) {
-			b := startBroker(t, map[string]int{name: 2})
-			def := newRouteDef(name, "v1", name, name+".out", filterStep(t, 0, "value.n >= 0"))
-			if eo {
-				def.Sink.Delivery = rules.DeliveryExactlyOnce
-			}
-			def.CheckpointInterval = 50 * time.Millisecond
-			m, _ := runManagerWith(t, Config{Seeds: b.addrs, StateDir: t.TempDir()}, def)
-			b.produce(t, jsonRecord(name, "a", map[string]any{"n": 1}))
-			b.consume(t, name+".out", 1, 20*time.Second, 0)
-			r := routeOf(m, name)
-			skipped := func() float64 { return testutil.ToFloat64(m.met.checkpointSkipped.WithLabelValues(name)) }
-			waitFor(t, 20*time.Second, "a checkpoint tick with nothing moved", func() bool { return skipped() >= 1 })
-			time.Sleep(100 * time.Millisecond)
-			s0, seq0 := skipped(), r.cp.seq.Load()
-			// Forty checkpoint intervals at rest: at most one rest tick.
-			time.Sleep(2 * time.Second)
-			if n := skipped() - s0; n > 1 {
-				t.Errorf("%v checkpoint ticks in 2 s at rest (checkpoint_interval 50ms), want at most 1 (a rest ticks every %v)", n, checkpointRest)
-			}
-			if seq := r.cp.seq.Load(); seq != seq0 {
-				t.Errorf("%d checkpoints written at rest, want none", seq-seq0)
-			}
-			// The next record wakes the loop: checkpointed well before
-			// the rest's next tick.
-			sent := time.Now()
-			b.produce(t, jsonRecord(name, "b", map[string]any{"n": 2}))
-			waitFor(t, 20*time.Second, "the record after the rest checkpointed", func() bool { return r.cp.seq.Load() > seq0 })
-			if d := time.Since(sent); d >= checkpointRest-time.Second {
-				t.Errorf("the record after the rest was checkpointed %v after it was produced, want well under the rest's %v", d, checkpointRest)
-			}
-			b.consume(t, name+".out", 2, 20*time.Second, 0)
-		})
-	}
 }

@@ -166,13 +166,6 @@ type checkpointer struct {
 	// moves counts idle advances of a watermark (idleTickTask): they
 	// change a task's state without a record.
 	moves atomic.Uint64
-	// wake ends a rest of the checkpoint loop (checkpointRest): armed
-	// says the loop wants to hear of the next change (noteMoved), so
-	// while it ticks a batch costs one atomic load, not a wake-up.
-	wake  chan struct{}
-	armed atomic.Bool
-	// restedTick: the last tick found nothing to commit (rested).
-	restedTick atomic.Bool
 }
 
 // routeStatus is what /routes says of the route's health (status.go,
@@ -244,7 +237,6 @@ func newRoute(m *Manager, d *rules.Route) *route {
 	r.mx.busy = m.met.busy.WithLabelValues(d.Name)
 	r.outs = r.newOutlets()
 	r.idleWake = make(chan struct{}, 1)
-	r.cp.wake = make(chan struct{}, 1)
 	r.lagWake, r.ownersWake = make(chan struct{}, 1), make(chan struct{}, 1)
 	r.st.state = "starting"
 	r.plan.clock = time.Now
@@ -569,10 +561,8 @@ func (r *route) refreshLag(last *lagView) (changed bool) {
 // noteLag wakes a resting lag loop: a fetch brought records or a new high
 // watermark, a batch finished, or the tasks changed. While the loop ticks
 // it costs one atomic load (it is called per batch: a channel send per
-// batch woke the loop's goroutine for nothing); it never blocks. It ends
-// a rest of the checkpoint loop too (checkpointer.noteMoved).
+// batch woke the loop's goroutine for nothing); it never blocks.
 func (r *route) noteLag() {
-	r.cp.noteMoved()
 	if !r.lagResting.Load() || !r.lagResting.CompareAndSwap(true, false) {
 		return
 	}
