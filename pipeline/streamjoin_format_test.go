@@ -125,18 +125,7 @@ func TestStreamJoinAvroStream(t *testing.T) {
 	}
 	jsonDef, avroDef := load("auths.json", "json"), load("auths.avro", "avro")
 
-	rng := rand.New(rand.NewPCG(11, 27))
-	base := time.Now().Add(-time.Hour).UnixMilli()
-	var ins []sjInput
-	for i := range 300 {
-		in := sjInput{auth: rng.IntN(2) == 0, part: int32(rng.IntN(parts)), key: fmt.Sprint("k", rng.IntN(30)),
-			t: base + int64(i)*2000 - rng.Int64N(10_000)}
-		in.id = fmt.Sprint("p", i)
-		if in.auth {
-			in.id = fmt.Sprint("a", i)
-		}
-		ins = append(ins, in)
-	}
+	ins := sjInOrder(rand.New(rand.NewPCG(11, 27)), 300, parts, 30)
 	want, late := sjReference(ins, parts, "left")
 	if len(late) > 0 {
 		t.Fatalf("the inputs have late records: %v", late)
@@ -144,7 +133,7 @@ func TestStreamJoinAvroStream(t *testing.T) {
 	// A last record far ahead on every partition of both topics moves
 	// the watermark past every window: the unmatched payments are
 	// emitted. Their keys match nothing, and they are not emitted.
-	end := base + 3*3600_000
+	end := time.Now().Add(2 * time.Hour).UnixMilli() // past every record (sjInOrder)
 	for q := range int32(parts) {
 		ins = append(ins, sjInput{part: q, id: fmt.Sprint("endp", q), key: "none-p", t: end},
 			sjInput{auth: true, part: q, id: fmt.Sprint("enda", q), key: "none-a", t: end})

@@ -148,6 +148,25 @@ func sjReference(ins []sjInput, parts int, kind string) (out, late []string) {
 	return out, late
 }
 
+// sjInOrder draws n records of both topics over keys keys, one every 2 s
+// of event time from an hour ago, each up to 10 s early: in order enough
+// that none is late (grace is 30 s) whatever order the partitions are
+// read in.
+func sjInOrder(rng *rand.Rand, n, parts, keys int) []sjInput {
+	base := time.Now().Add(-time.Hour).UnixMilli()
+	var ins []sjInput
+	for i := range n {
+		in := sjInput{auth: rng.IntN(2) == 0, part: int32(rng.IntN(parts)), key: fmt.Sprint("k", rng.IntN(keys)),
+			t: base + int64(i)*2000 - rng.Int64N(10_000)}
+		in.id = fmt.Sprint("p", i)
+		if in.auth {
+			in.id = fmt.Sprint("a", i)
+		}
+		ins = append(ins, in)
+	}
+	return ins
+}
+
 func sjInputs(rng *rand.Rand, n, parts int) []sjInput {
 	now := int64(1767225600000)
 	var ins []sjInput
@@ -269,18 +288,7 @@ func TestStreamJoinOnKfake(t *testing.T) {
 			}
 			// In order enough that nothing is late whatever order the
 			// partitions are read in: jitter well within grace.
-			rng := rand.New(rand.NewPCG(7, 27))
-			base := time.Now().Add(-time.Hour).UnixMilli()
-			var ins []sjInput
-			for i := range 400 {
-				in := sjInput{auth: rng.IntN(2) == 0, part: int32(rng.IntN(parts)), key: fmt.Sprint("k", rng.IntN(40)),
-					t: base + int64(i)*2000 - rng.Int64N(10_000)}
-				in.id = fmt.Sprint("p", i)
-				if in.auth {
-					in.id = fmt.Sprint("a", i)
-				}
-				ins = append(ins, in)
-			}
+			ins := sjInOrder(rand.New(rand.NewPCG(7, 27)), 400, parts, 40)
 			rec := func(in sjInput) *kgo.Record {
 				if in.auth {
 					r := jsonRecord("auths", in.id, map[string]any{"id": in.key, "aid": in.id, "ts": in.t})
@@ -302,7 +310,7 @@ func TestStreamJoinOnKfake(t *testing.T) {
 			// A last record far ahead on every partition of both topics
 			// moves the watermark past every window: the unmatched
 			// payments are emitted. Their keys match nothing.
-			end := base + 3*3600_000
+			end := time.Now().Add(2 * time.Hour).UnixMilli() // past every record (sjInOrder)
 			for q := range int32(parts) {
 				second = append(second, rec(sjInput{part: q, id: fmt.Sprint("endp", q), key: "none-p", t: end}),
 					rec(sjInput{auth: true, part: q, id: fmt.Sprint("enda", q), key: "none-a", t: end}))
